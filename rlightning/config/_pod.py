@@ -1,0 +1,64 @@
+"""What a pod of either role asks of the scheduler: resources and placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from rlightning.config._base import StrictModel
+
+# A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+class ResourceRequirements(StrictModel):
+    """Requests and limits in Kubernetes' own form, for example `{"cpu": "2", "memory": "4Gi"}`.
+
+    GPUs are the extended resource `nvidia.com/gpu`; Kubernetes needs it in limits (requests default to it).
+    """
+
+    requests: dict[str, str] = Field(
+        default_factory=dict,
+        description="Resources the scheduler reserves, by name (cpu, memory, nvidia.com/gpu), as quantities.",
+    )
+    limits: dict[str, str] = Field(
+        default_factory=dict,
+        description="Hard caps by resource name, as quantities. nvidia.com/gpu must be set here to get GPUs.",
+    )
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for name, quantity in value.items():
+            if not re.match(QUANTITY_PATTERN, str(quantity)):
+                raise ValueError(f"{name}={quantity!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
+        return value
+
+    def gpus(self) -> int:
+        """Number of `nvidia.com/gpu` in limits (or requests), 0 when none."""
+        raw = self.limits.get("nvidia.com/gpu", self.requests.get("nvidia.com/gpu", "0"))
+        return int(float(raw))
+
+
+class PodConfig(StrictModel):
+    """Scheduling of the pods of one role: resources, node selection, tolerations, affinity."""
+
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Container resources; cluster autoscalers size nodes from the requests of pending pods.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pod requires (pod.spec.nodeSelector)."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Taints the pod tolerates, as Kubernetes Toleration objects."
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict, description="A Kubernetes Affinity object (node, pod and anti-pod affinity)."
+    )
+    image: str | None = Field(
+        default=None, description="Container image for this role; defaults to spec.image."
+    )

@@ -1,0 +1,104 @@
+"""Settings of the two roles: trainers (DDP under torchrun) and the evaluation fleet."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlightning.config._base import StrictModel
+from rlightning.config._pod import PodConfig
+
+
+class CheckpointConfig(StrictModel):
+    """When trainers write checkpoints and whether a restarted trainer resumes from the newest."""
+
+    interval_iterations: int = Field(
+        default=10, ge=1, description="Write a checkpoint every this many training iterations, and at the end."
+    )
+    keep: int = Field(default=3, ge=1, description="Number of newest checkpoints kept; older ones are deleted.")
+    resume: bool = Field(
+        default=True, description="On start, resume from the newest checkpoint in the run directory if any."
+    )
+
+
+class TrainConfig(StrictModel):
+    """The trainers: `nodes` pods, each running torchrun with `procs_per_node` DDP ranks."""
+
+    nodes: int = Field(default=1, ge=1, le=1024, description="Trainer pods (torchrun nodes).")
+    procs_per_node: int = Field(
+        default=1, ge=1, le=64, description="DDP ranks per trainer pod (torchrun --nproc-per-node)."
+    )
+    parallel: Literal["ddp"] | None = Field(
+        default=None, description="Data-parallel mode; DDP is used whenever the world size is above 1."
+    )
+    total_env_steps: int = Field(
+        default=500_000, ge=1, description="Stop after this many environment steps, summed over all ranks."
+    )
+    rollout_steps: int = Field(
+        default=128, ge=1, description="Steps per vector-env copy collected by each rank per iteration."
+    )
+    target_eval_return: float | None = Field(
+        default=None, description="Stop early once the evaluators' mean return reaches this value."
+    )
+    seed: int = Field(default=0, ge=0, description="Base seed; rank r seeds its RNGs and envs with seed + r.")
+    backoff_limit: int = Field(
+        default=3, ge=0, description="Pod failures tolerated before the trainer Job fails (Job backoffLimit)."
+    )
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of trainer pods.")
+
+    @property
+    def world_size(self) -> int:
+        """DDP world size: nodes * procs_per_node."""
+        return self.nodes * self.procs_per_node
+
+
+class EvalConfig(StrictModel):
+    """The evaluation fleet: replicas that roll out the newest weights they received."""
+
+    replicas: int = Field(
+        default=1, ge=0, description="Evaluator pods; the scale subresource (kubectl scale, HPA) sets this field."
+    )
+    min_replicas: int = Field(default=0, ge=0, description="Lower bound accepted for replicas.")
+    max_replicas: int = Field(default=1000, ge=0, description="Upper bound accepted for replicas.")
+    episodes_per_report: int = Field(
+        default=5, ge=1, description="Episodes an evaluator averages before it reports a mean return."
+    )
+    deterministic: bool = Field(default=True, description="Act greedily (mode of the action distribution).")
+    pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")
+
+    @model_validator(mode="after")
+    def _replicas_within_bounds(self) -> EvalConfig:
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                f"replicas must satisfy minReplicas <= replicas <= maxReplicas, "
+                f"got {self.min_replicas} <= {self.replicas} <= {self.max_replicas}"
+            )
+        return self
+
+
+class WeightSyncConfig(StrictModel):
+    """How weights travel from trainers to evaluators over torch.distributed broadcast groups."""
+
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="auto: nccl when trainers and evaluators have CUDA, else gloo."
+    )
+    bucket_size_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        le=4 * 1024**3,
+        description="Upper bound of one flat bucket in bytes; a tensor larger than this gets a bucket of its own.",
+    )
+    group_size: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Most receivers per broadcast group; a slow or dead receiver affects only its group.",
+    )
+    timeout_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="Bound on forming a group, one broadcast and waiting for acks."
+    )
+    interval_iterations: int = Field(
+        default=1, ge=1, description="Publish weights every this many training iterations."
+    )

@@ -1,0 +1,71 @@
+"""The PolicyGroup manifest: `PolicyGroupSpec` is the single source of truth for the CRD and the pods."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlightning import contract
+from rlightning.config._base import StrictModel
+from rlightning.config._policy import EnvConfig, PolicyConfig
+from rlightning.config._roles import EvalConfig, TrainConfig, WeightSyncConfig
+
+# RFC 1035 label: children's names and DNS names derive from it.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class PortsConfig(StrictModel):
+    """Ports of trainer and evaluator processes."""
+
+    torchrun: int = Field(default=contract.TORCHRUN_PORT, ge=1, le=65535, description="torchrun rendezvous port.")
+    weight_sync: int = Field(
+        default=contract.WEIGHT_SYNC_PORT, ge=1, le=65535, description="Weight-sync store port on trainer rank 0."
+    )
+    metrics: int = Field(
+        default=contract.METRICS_PORT, ge=0, le=65535, description="Prometheus metrics port; 0 disables it."
+    )
+
+
+class PolicyGroupSpec(StrictModel):
+    """spec of a PolicyGroup: what to train, on what, and how the evaluation fleet follows."""
+
+    image: str = Field(default=contract.DEFAULT_IMAGE, min_length=1, description="Container image of both roles.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Kubernetes imagePullPolicy of both roles."
+    )
+    env: EnvConfig = Field(description="The gymnasium environment.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy class and its settings.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="The trainers.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="The evaluation fleet.")
+    weight_sync: WeightSyncConfig = Field(
+        default_factory=WeightSyncConfig, description="Weight sync from trainers to evaluators."
+    )
+    ports: PortsConfig = Field(default_factory=PortsConfig, description="Ports of trainer and evaluator processes.")
+
+
+class ObjectMeta(StrictModel):
+    """The part of Kubernetes object metadata a manifest file may carry."""
+
+    model_config = StrictModel.model_config | {"extra": "ignore"}
+
+    name: str = Field(
+        min_length=1,
+        max_length=contract.MAX_GROUP_NAME_LENGTH,
+        pattern=NAME_PATTERN,
+        description="PolicyGroup name: lower-case letters, digits and '-', starting with a letter.",
+    )
+    namespace: str | None = Field(default=None, description="Namespace; the CLI ignores it.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PolicyGroupManifest(StrictModel):
+    """A whole PolicyGroup object as written in a file or read from the API server."""
+
+    model_config = StrictModel.model_config | {"extra": "ignore"}  # status, and server-set fields
+
+    api_version: Literal["rlightning.io/v1alpha1"] = Field(description="Must be rlightning.io/v1alpha1.")
+    kind: Literal["PolicyGroup"] = Field(description="Must be PolicyGroup.")
+    metadata: ObjectMeta
+    spec: PolicyGroupSpec

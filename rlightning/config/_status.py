@@ -1,0 +1,67 @@
+"""status of a PolicyGroup: written by the operator (children, conditions) and trainer rank 0 (training)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlightning.config._base import StrictModel
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Invalid"]
+
+
+class Condition(StrictModel):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    type: str = Field(description="Condition type, for example Ready, TrainersReady, EvaluatorsReady, Valid.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str | None = Field(default=None, description="RFC 3339 time of the last status change.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation this was computed for.")
+
+
+class TrainStatus(StrictModel):
+    """Trainer pods of the Job."""
+
+    desired: int = Field(default=0, ge=0, description="Trainer pods wanted (spec.train.nodes).")
+    ready: int = Field(default=0, ge=0, description="Trainer pods running and ready.")
+    succeeded: int = Field(default=0, ge=0, description="Trainer pods that completed.")
+    failed: int = Field(default=0, ge=0, description="Trainer pod failures counted by the Job.")
+
+
+class EvalStatus(StrictModel):
+    """Evaluator pods of the StatefulSet."""
+
+    desired: int = Field(default=0, ge=0, description="Evaluators wanted (spec.eval.replicas).")
+    ready: int = Field(default=0, ge=0, description="Evaluators running and ready.")
+
+
+class TrainingStatus(StrictModel):
+    """Progress reported by trainer rank 0."""
+
+    iteration: int = Field(default=0, ge=0, description="Training iterations done.")
+    env_steps: int = Field(default=0, ge=0, description="Environment steps done, summed over ranks.")
+    weight_version: int = Field(default=0, ge=0, description="Newest weight version published to evaluators.")
+    train_return: float | None = Field(default=None, description="Mean return of recent training episodes.")
+    eval_return: float | None = Field(default=None, description="Mean return reported by the evaluators.")
+    consistent: bool | None = Field(
+        default=None, description="Whether every evaluator's weights match the trainer's (digest and fingerprint)."
+    )
+    last_sync_seconds: float | None = Field(default=None, ge=0, description="Duration of the last sync in seconds.")
+    last_sync_bytes: int | None = Field(default=None, ge=0, description="Bytes sent by the last sync.")
+    updated_at: str | None = Field(default=None, description="RFC 3339 time of this report.")
+
+
+class PolicyGroupStatus(StrictModel):
+    """The whole status subresource."""
+
+    phase: Phase | None = Field(default=None, description="Pending, Running, Succeeded, Failed or Invalid.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Latest observations, one per type.")
+    train: TrainStatus = Field(default_factory=TrainStatus, description="Trainer pods.")
+    eval: EvalStatus = Field(default_factory=EvalStatus, description="Evaluator pods.")
+    replicas: int = Field(default=0, ge=0, description="Evaluator pods that exist (scale subresource).")
+    selector: str = Field(default="", description="Label selector of evaluator pods (scale subresource, HPA).")
+    training: TrainingStatus = Field(default_factory=TrainingStatus, description="Progress from trainer rank 0.")

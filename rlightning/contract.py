@@ -1,0 +1,105 @@
+"""Names shared by the pod runtime, the local launcher and the operator.
+
+Every API coordinate, label, annotation, environment variable and default port lives here and nowhere
+else. Pure constants: this module imports neither torch nor kopf, so the operator can import it and stay
+small.
+"""
+
+from __future__ import annotations
+
+# -- API coordinates of the PolicyGroup custom resource ------------------------------------------------
+API_GROUP = "rlightning.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+KIND = "PolicyGroup"
+PLURAL = "policygroups"
+SINGULAR = "policygroup"
+SHORT_NAMES = ("pg",)
+CATEGORIES = ("rlightning",)
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+
+# -- Image ------------------------------------------------------------------------------------------------
+DEFAULT_IMAGE = "ghcr.io/rlightning/rlightning:0.1.0"
+
+# -- Default ports (a PolicyGroup may override each in spec.ports) -----------------------------------------
+TORCHRUN_PORT = 29500
+"""torchrun's c10d rendezvous and the DDP default group's store, on trainer node rank 0."""
+WEIGHT_SYNC_PORT = 29600
+"""The weight-sync rendezvous store, hosted by trainer rank 0; never the DDP store."""
+METRICS_PORT = 9400
+"""Prometheus metrics of a trainer or evaluator process."""
+OPERATOR_HEALTH_PORT = 8080
+"""The operator's liveness endpoint (kopf's /healthz)."""
+OPERATOR_METRICS_PORT = 9090
+"""The operator's Prometheus metrics."""
+
+# -- Port names, as they appear in Services and containers -------------------------------------------------
+TORCHRUN_PORT_NAME = "torchrun"
+WEIGHT_SYNC_PORT_NAME = "weight-sync"
+METRICS_PORT_NAME = "metrics"
+
+# -- Labels and annotations --------------------------------------------------------------------------------
+LABEL_PREFIX = API_GROUP
+LABEL_GROUP = f"{LABEL_PREFIX}/policy-group"
+"""The PolicyGroup a child object belongs to (its metadata.name)."""
+LABEL_ROLE = f"{LABEL_PREFIX}/role"
+"""`train` or `eval` (values of rlightning.policy.PolicyRole)."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "rlightning-operator"
+ANNOTATION_SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
+"""Hash of the part of the spec a child's template depends on; replicas are excluded."""
+
+# -- Environment variables read by the pod runtime ----------------------------------------------------------
+ENV_GROUP_NAME = "RLIGHTNING_GROUP_NAME"
+"""metadata.name of the PolicyGroup."""
+ENV_NAMESPACE = "RLIGHTNING_NAMESPACE"
+"""Namespace of the PolicyGroup; unset when running locally."""
+ENV_ROLE = "RLIGHTNING_ROLE"
+"""`train` or `eval`."""
+ENV_SPEC_PATH = "RLIGHTNING_SPEC_PATH"
+"""Path of the validated manifest (YAML) the process runs."""
+ENV_RUN_DIR = "RLIGHTNING_RUN_DIR"
+"""Directory for metrics.jsonl, checkpoints and summary.json."""
+ENV_EVAL_ORDINAL = "RLIGHTNING_EVAL_ORDINAL"
+"""An evaluator's ordinal (0-based, stable: the StatefulSet ordinal in a cluster)."""
+ENV_POD_NAME = "RLIGHTNING_POD_NAME"
+"""The pod's name (downward API); an evaluator derives its ordinal from it when ENV_EVAL_ORDINAL is unset."""
+ENV_TRAIN_MASTER_ADDR = "RLIGHTNING_TRAIN_MASTER_ADDR"
+"""Host of trainer node rank 0: torchrun's rendezvous and the weight-sync store."""
+ENV_WEIGHT_SYNC_PORT = "RLIGHTNING_WEIGHT_SYNC_PORT"
+"""Port of the weight-sync store on ENV_TRAIN_MASTER_ADDR."""
+ENV_METRICS_PORT = "RLIGHTNING_METRICS_PORT"
+"""Port for the process's Prometheus metrics; 0 disables the endpoint."""
+ENV_NODE_RANK = "RLIGHTNING_NODE_RANK"
+"""A trainer pod's node rank (the Indexed Job's completion index)."""
+ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
+"""`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
+
+# -- Files -------------------------------------------------------------------------------------------------
+SPEC_MOUNT_DIR = "/etc/rlightning"
+SPEC_FILE_NAME = "policygroup.yaml"
+DEFAULT_RUN_DIR_IN_POD = "/var/run/rlightning"
+
+# -- Names of children for a PolicyGroup ------------------------------------------------------------------
+MAX_GROUP_NAME_LENGTH = 40
+"""Longest PolicyGroup name: child names add suffixes and pod names must fit 63-character labels."""
+
+
+def train_name(group: str) -> str:
+    """Name of the trainers' Job and headless Service for PolicyGroup `group`."""
+    return f"{group}-train"
+
+
+def eval_name(group: str) -> str:
+    """Name of the evaluators' StatefulSet and Service for PolicyGroup `group`."""
+    return f"{group}-eval"
+
+
+def config_name(group: str) -> str:
+    """Name of the ConfigMap holding the validated spec of PolicyGroup `group`."""
+    return f"{group}-spec"
+
+
+def service_account_name(group: str) -> str:
+    """Name of the per-group ServiceAccount, Role and RoleBinding of PolicyGroup `group`."""
+    return f"{group}-runtime"
