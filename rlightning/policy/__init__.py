@@ -1,0 +1,36 @@
+"""Policies: the seed's `BasePolicy` API, the `PolicyGroup` handle, the policy-class loader and PPO.
+
+Belongs here: what a policy is and does (build, act, learn, receive weights, checkpoint) and the handle that
+keeps evaluators in step with the trainer. Not here: moving bytes between processes (`rlightning.weights`),
+env stepping loops and process entrypoints (`rlightning.runtime`).
+"""
+
+from rlightning.policy._env_meta import EnvMeta, make_env
+from rlightning.policy._loader import build_policy, load_policy_class
+from rlightning.policy._rng import seed_everything
+from rlightning.policy.base_policy import (
+    BasePolicy,
+    PolicyRole,
+    clone_checkpoint_value,
+    infer_train_dp_world_size,
+    set_nested_attr,
+)
+from rlightning.policy.policy_group import PolicyGroup, SyncedWeights
+from rlightning.policy.ppo import PPOKwargs, PPOPolicy
+
+__all__ = [
+    "BasePolicy",
+    "EnvMeta",
+    "PPOKwargs",
+    "PPOPolicy",
+    "PolicyGroup",
+    "PolicyRole",
+    "SyncedWeights",
+    "build_policy",
+    "clone_checkpoint_value",
+    "infer_train_dp_world_size",
+    "load_policy_class",
+    "make_env",
+    "seed_everything",
+    "set_nested_attr",
+]

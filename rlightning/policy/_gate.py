@@ -1,0 +1,138 @@
+"""Mutual exclusion of rollouts (forward passes) and weight updates, for threads and asyncio tasks.
+
+Any number of rollouts (at most one in sync mode) may run at once, a weight update runs alone, and a waiting
+update closes the admission of new rollouts so a steady stream of requests cannot starve it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+
+class RolloutGate:
+    """A readers-writer gate: rollouts are readers, a weight update is the writer, the writer has priority.
+
+    Args:
+        max_concurrent_rollouts (int | None, optional): Rollouts allowed in flight at once; None is unbounded.
+            Defaults to None.
+    """
+
+    def __init__(self, max_concurrent_rollouts: int | None = None) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._max = max_concurrent_rollouts
+        self._active = 0
+        self._updating = False
+        self._updates_waiting = 0
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def active_rollouts(self) -> int:
+        """int: Rollouts in flight now."""
+        with self._cond:
+            return self._active
+
+    def _can_enter(self) -> bool:
+        room = self._max is None or self._active < self._max
+        return room and not self._updating and self._updates_waiting == 0
+
+    def _wake(self) -> None:
+        # Called with the lock held: wake threads and every asyncio task waiting for admission.
+        self._cond.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, future)
+
+    def enter_rollout(self, timeout: float | None = None) -> bool:
+        """Admit one rollout, blocking while an update runs or waits.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait; None waits forever. Defaults to None.
+
+        Returns:
+            bool: True when admitted (call `exit_rollout` afterwards), False on timeout.
+        """
+        with self._cond:
+            if not self._cond.wait_for(self._can_enter, timeout):
+                return False
+            self._active += 1
+            return True
+
+    async def enter_rollout_async(self) -> None:
+        """Admit one rollout from an asyncio task without blocking the event loop.
+
+        Cancelling the waiting task leaves the gate unchanged.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            future: asyncio.Future[None] = loop.create_future()
+            with self._cond:
+                if self._can_enter():
+                    self._active += 1
+                    return
+                self._async_waiters.append((loop, future))
+            await future
+
+    def exit_rollout(self) -> None:
+        """Release one admitted rollout."""
+        with self._cond:
+            if self._active <= 0:
+                raise RuntimeError("exit_rollout called without a matching enter_rollout")
+            self._active -= 1
+            self._wake()
+
+    @contextlib.contextmanager
+    def exclusive(self, timeout: float | None = None) -> Iterator[bool]:
+        """Hold the gate alone for a weight update: wait for running rollouts, keep new ones out.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait for running rollouts; None waits forever.
+                Defaults to None.
+
+        Yields:
+            bool: True when held exclusively; False on timeout (the body must then not touch the weights).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._updates_waiting += 1
+            try:
+                while self._active > 0 or self._updating:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                acquired = self._active == 0 and not self._updating
+                if acquired:
+                    self._updating = True
+            finally:
+                self._updates_waiting -= 1
+                if not self._updates_waiting and not self._updating:
+                    self._wake()
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                with self._cond:
+                    self._updating = False
+                    self._wake()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no rollout and no update is in flight.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait; None waits forever. Defaults to None.
+
+        Returns:
+            bool: True when idle, False on timeout.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active == 0 and not self._updating, timeout)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,713 @@
+"""`BasePolicy`: the seed's policy API (an `nn.Module` that rolls out, trains and receives weights), defects fixed.
+
+A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess` and learns in
+`update_dataset`/`train`. The base class owns everything concurrent: rollouts and weight updates are mutually
+exclusive (`RolloutGate`), update requests are counted by generation so none is lost, and an exception in a
+rollout releases the gate. Weights are named by `rlightning.weights.named_state`, so bare parameters and
+buffers are synced, fingerprinted and checkpointed like any other tensor.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import copy
+import enum
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel
+from tensordict import TensorDict
+from torch import nn
+
+from rlightning import weights
+from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
+from rlightning.policy import _gate, _rng
+from rlightning.policy._env_meta import EnvMeta
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT_VERSION = 1
+"""Version of the dict `BasePolicy.save_checkpoint` writes; bumped on incompatible changes."""
+
+
+class PolicyRole(enum.StrEnum):
+    """What a policy process does: train (DDP rank) or eval (a member of the evaluation fleet)."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+def set_nested_attr(obj: Any, name: str, value: Any) -> None:
+    """Set a dotted attribute, `set_nested_attr(policy, "agent.actor", module)`.
+
+    Args:
+        obj (Any): The root object.
+        name (str): Dotted attribute path; every part but the last must exist.
+        value (Any): The new value.
+
+    Raises:
+        AttributeError: When an intermediate attribute is missing.
+    """
+    *parents, last = name.split(".")
+    for part in parents:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+def infer_train_dp_world_size() -> int:
+    """The data-parallel world size of this trainer process.
+
+    Returns:
+        int: `torch.distributed`'s world size when the default group is initialised, else torchrun's
+            `WORLD_SIZE` environment variable, else 1.
+
+    Raises:
+        ValueError: When `WORLD_SIZE` is set but not a positive integer.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None:
+        return 1
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"environment variable WORLD_SIZE must be a positive integer, got {raw!r}")
+    return size
+
+
+def clone_checkpoint_value(value: Any) -> Any:
+    """Deep-clone a checkpoint value so later training cannot change the snapshot; tensors move to the CPU.
+
+    Args:
+        value (Any): A tensor, a dict/list/tuple of values, or any other (deep-copied) object.
+
+    Returns:
+        Any: The clone, with every tensor detached, on the CPU and owning its memory.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        return {key: clone_checkpoint_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(clone_checkpoint_value(item) for item in value)
+    return copy.deepcopy(value)
+
+
+def resolve_device(setting: str) -> torch.device:
+    """Map `spec.policy.device` to a torch device.
+
+    Args:
+        setting (str): `auto` (the local CUDA device `LOCAL_RANK` when CUDA is available, else cpu), `cpu` or
+            `cuda`.
+
+    Returns:
+        torch.device: The device.
+
+    Raises:
+        RuntimeError: When `cuda` is asked for and CUDA is not available.
+    """
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("spec.policy.device is 'cuda' but this process sees no CUDA device")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
+    """A policy that rolls out, trains and receives weights; subclass it for an algorithm.
+
+    Note that `train(...)` is the algorithm's update step (the seed's API), not `nn.Module.train(mode)`:
+    the base class switches modes with `nn.Module.train(self, mode)` and overrides `eval()` accordingly.
+
+    Args:
+        config (PolicyConfig): `spec.policy`.
+        role_type (PolicyRole | str): `train` or `eval`.
+
+    Raises:
+        TypeError: When `config` is not a PolicyConfig.
+        ValueError: When `role_type` is not a PolicyRole value.
+
+    Attributes:
+        kwargs_model (type[BaseModel] | None): Strict pydantic model of `policy_kwargs`; None accepts anything.
+        device (torch.device): Where the network lives.
+        model_list (list[tuple[str, nn.Module]]): Child modules with trainable parameters, by attribute name.
+        iteration (int): Completed `train` calls.
+        env_steps (int): Environment steps consumed by training, summed over all data-parallel ranks.
+        timing_raw (dict[str, list[float]]): Durations in seconds by phase (`rollout`, `update_weights`, ...).
+    """
+
+    kwargs_model: ClassVar[type[BaseModel] | None] = None
+
+    def __init__(self, config: PolicyConfig, role_type: PolicyRole | str) -> None:
+        nn.Module.__init__(self)
+        if not isinstance(config, PolicyConfig):
+            raise TypeError(f"config must be a PolicyConfig, got {type(config).__name__}")
+        self.config = config
+        self.role_type = self._sanity_check(role_type)
+        self.ready = False
+        self.is_init = False
+        self.device = resolve_device(config.device)
+        self.model_list: list[tuple[str, nn.Module]] = []
+        self.rollout_mode = config.rollout_mode
+        self.env_meta: EnvMeta | None = None
+        self.train_config: TrainConfig | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.dp_world_size = 1
+        self.iteration = 0
+        self.env_steps = 0
+        self.timing_raw: dict[str, list[float]] = defaultdict(list)
+        self.weight_update_error: BaseException | None = None
+        self._gate = _gate.RolloutGate(1 if self.rollout_mode == "sync" else None)
+        self._update_cond = threading.Condition()
+        self._update_requested = 0  # generation of the newest notify_update_weights
+        self._update_handled = 0  # newest generation whose update was applied (or failed)
+        self._update_stop = False
+        self._update_thread: threading.Thread | None = None
+        self.__init_weight_buffer_mixin__(config.weight_buffer.buffer_strategy)
+
+    @staticmethod
+    def _sanity_check(role_type: PolicyRole | str) -> PolicyRole:
+        try:
+            return PolicyRole(role_type)
+        except ValueError:
+            allowed = ", ".join(repr(role.value) for role in PolicyRole)
+            raise ValueError(f"role_type must be one of {allowed}, got {role_type!r}") from None
+
+    # -- abstract: the algorithm -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def construct_network(self, env_meta: EnvMeta) -> None:
+        """Create the network modules as attributes of `self` (on the CPU; the base class moves them).
+
+        Args:
+            env_meta (EnvMeta): The environment's spaces.
+        """
+
+    @abc.abstractmethod
+    def setup_optimizer(self, optim_cfg: OptimConfig) -> torch.optim.Optimizer:
+        """Create the optimizer over the (possibly DDP-wrapped) trainable parameters.
+
+        Args:
+            optim_cfg (OptimConfig): `spec.policy.optim`.
+
+        Returns:
+            torch.optim.Optimizer: The optimizer; the base class stores it as `self.optimizer`.
+        """
+
+    @abc.abstractmethod
+    def rollout_step(self, env_ret: Mapping[str, Any]) -> Any:
+        """Act on a batch of observations; runs under `torch.inference_mode`, admitted by the gate.
+
+        Args:
+            env_ret (Mapping[str, Any]): What the environment returned, for example `{"observation": [N, *O]}`.
+
+        Returns:
+            Any: The raw policy response handed to `postprocess`.
+        """
+
+    @abc.abstractmethod
+    def postprocess(self, env_ret: Mapping[str, Any], policy_resp: Any) -> Any:
+        """Turn the raw response into what the caller gets; runs under `torch.inference_mode`.
+
+        Args:
+            env_ret (Mapping[str, Any]): The input of `rollout_step`.
+            policy_resp (Any): The output of `rollout_step`.
+
+        Returns:
+            Any: The rollout result.
+        """
+
+    @abc.abstractmethod
+    def update_dataset(self, dataset: TensorDict) -> None:
+        """Hand a batch of collected experience to the next `train` call.
+
+        Args:
+            dataset (TensorDict): Experience of shape `[T, N]` (time first).
+        """
+
+    @abc.abstractmethod
+    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Run one update on the dataset given to `update_dataset`; increments `iteration` and `env_steps`.
+
+        Returns:
+            dict[str, float]: Training metrics (losses, learning rate, ...).
+        """
+
+    @abc.abstractmethod
+    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The state dicts of the trainable modules, by attribute name, with clean keys.
+
+        Returns:
+            dict[str, dict[str, torch.Tensor]]: `{module name: state dict}`.
+        """
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load a whole-policy state dict, also one saved from a DDP-wrapped or torch.compile'd policy.
+
+        Args:
+            state_dict (Mapping[str, Any]): Tensors by (possibly prefixed) name.
+            strict (bool, optional): Raise on missing or unexpected keys. Defaults to True.
+        """
+
+    def clean_state_dict(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        """Remove wrapper prefixes from a whole-policy state dict, for `load_state_dict` implementations.
+
+        Besides what `weights.clean_state_dict_keys` strips (a leading `module.` or `_orig_mod.`, any
+        `_orig_mod` segment), a `module.` right after a child's name is dropped when every key of that child
+        has it: that is a child wrapped in DDP by `init_train` (`agent.module.fc.weight` -> `agent.fc.weight`).
+
+        Args:
+            state_dict (Mapping[str, Any]): Keys of a possibly wrapped policy.
+
+        Returns:
+            dict[str, Any]: The same values under clean keys.
+        """
+        clean = weights.clean_state_dict_keys(state_dict)
+        for child in {key.split(".", 1)[0] for key in clean}:
+            keys = [key for key in clean if key.startswith(f"{child}.")]
+            wrapped = f"{child}.module."
+            if keys and all(key.startswith(wrapped) for key in keys):
+                clean = {
+                    (f"{child}.{key[len(wrapped):]}" if key.startswith(wrapped) else key): value
+                    for key, value in clean.items()
+                }
+        return clean
+
+    # -- building ------------------------------------------------------------------------------------------------
+
+    def eval(self) -> BasePolicy:
+        """Put the network in evaluation mode (`nn.Module.eval`; `train` here is the algorithm's update).
+
+        Returns:
+            BasePolicy: self.
+        """
+        return nn.Module.train(self, False)
+
+    def _find_model(self) -> list[tuple[str, nn.Module]]:
+        return [
+            (name, module)
+            for name, module in self.named_children()
+            if any(param.requires_grad for param in module.parameters())
+        ]
+
+    def _build(self, env_meta: EnvMeta, seed: int | None) -> None:
+        if seed is not None:
+            _rng.seed_everything(seed)
+        self.construct_network(env_meta)
+        self.to(self.device)
+        self.env_meta = env_meta
+        self.model_list = self._find_model()
+
+    def init_eval(self, env_meta: EnvMeta, seed: int | None = None) -> None:
+        """Build the network for serving: evaluation mode, and the weight-update thread unless the buffer
+        strategy is `none`.
+
+        Args:
+            env_meta (EnvMeta): The environment's spaces.
+            seed (int | None, optional): Seed the global RNGs first. Defaults to None.
+        """
+        self._build(env_meta, seed)
+        nn.Module.train(self, False)
+        if self.weight_buffer_strategy != "none" and self._update_thread is None:
+            self._update_stop = False
+            self._update_thread = threading.Thread(
+                target=self.update_weights, name=f"{type(self).__name__}-weight-update", daemon=True
+            )
+            self._update_thread.start()
+        self.is_init = self.ready = True
+
+    def init_train(self, env_meta: EnvMeta, train_config: TrainConfig | None = None, seed: int | None = None) -> None:
+        """Build the network for training: train mode, DDP when the data-parallel world size is above 1, the
+        optimizer, counters at zero. The weight version is kept (it only grows).
+
+        Args:
+            env_meta (EnvMeta): The environment's spaces.
+            train_config (TrainConfig | None, optional): `spec.train` (learning-rate annealing reads
+                `total_env_steps`). Defaults to None.
+            seed (int | None, optional): Seed the global RNGs before building. Defaults to None.
+
+        Raises:
+            RuntimeError: When the world size is above 1 but the default process group is not initialised.
+            ValueError: With DDP, when a trainable parameter lies outside every child module (DDP could not
+                all-reduce its gradient).
+        """
+        self._build(env_meta, seed)
+        nn.Module.train(self, True)
+        self.dp_world_size = infer_train_dp_world_size()
+        if self.dp_world_size > 1:
+            self._wrap_ddp()
+        self.optimizer = self.setup_optimizer(self.config.optim)
+        self.train_config = train_config
+        self.iteration = 0
+        self.env_steps = 0
+        self.is_init = self.ready = True
+
+    def _wrap_ddp(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                f"data-parallel world size is {self.dp_world_size} but torch.distributed is not initialised; "
+                "call torch.distributed.init_process_group first"
+            )
+        bare = [name for name, param in self.named_parameters(recurse=False) if param.requires_grad]
+        if bare:
+            raise ValueError(
+                f"{type(self).__name__}: trainable parameters {bare} are not inside a child module, so DDP "
+                "cannot all-reduce their gradients; register them on a child module"
+            )
+        # CPU modules take no device_ids (gloo); a CUDA module takes its own device.
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped = []
+        for name, module in self.model_list:
+            ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+            set_nested_attr(self, name, ddp)
+            wrapped.append((name, ddp))
+        self.model_list = wrapped
+
+    def is_initialized(self) -> bool:
+        """Whether `init_train` or `init_eval` has run.
+
+        Returns:
+            bool: True once initialised.
+        """
+        return self.is_init
+
+    def reset_training_state(self, train_config: TrainConfig, env_meta: EnvMeta, seed: int) -> None:
+        """Start training afresh: seed, rebuild the network and optimizer, zero the counters.
+
+        Args:
+            train_config (TrainConfig): `spec.train`.
+            env_meta (EnvMeta): The environment's spaces.
+            seed (int): Seed of the global RNGs.
+
+        Raises:
+            RuntimeError: When the policy's role is not train.
+        """
+        if self.role_type is not PolicyRole.TRAIN:
+            raise RuntimeError(f"reset_training_state needs role 'train', this policy has {self.role_type.value!r}")
+        self.init_train(env_meta, train_config, seed)
+
+    # -- rollouts --------------------------------------------------------------------------------------------------
+
+    def _forward_and_release(self, env_ret: Mapping[str, Any]) -> Any:
+        # Runs with the gate entered; always releases it, also when the forward raises.
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                return self.postprocess(env_ret, self.rollout_step(env_ret))
+        finally:
+            self._gate.exit_rollout()
+            self.timing_raw["rollout"].append(time.perf_counter() - start)
+
+    def _require_init(self) -> None:
+        if not self.is_init:
+            raise RuntimeError(f"{type(self).__name__} is not initialised: call init_eval or init_train first")
+
+    def _rollout(self, env_ret: Mapping[str, Any], timeout: float | None = None) -> Any:
+        """Run `rollout_step` then `postprocess`, never while a weight update is applied.
+
+        Args:
+            env_ret (Mapping[str, Any]): Input of `rollout_step`.
+            timeout (float | None, optional): Seconds to wait for admission. Defaults to None (forever).
+
+        Returns:
+            Any: The output of `postprocess`.
+
+        Raises:
+            TimeoutError: When not admitted within `timeout`.
+        """
+        self._require_init()
+        if not self._gate.enter_rollout(timeout):
+            raise TimeoutError(f"rollout not admitted within {timeout} s (a weight update holds the policy)")
+        return self._forward_and_release(env_ret)
+
+    async def _rollout_async(self, env_ret: Mapping[str, Any]) -> Any:
+        """Like `_rollout`, from an asyncio task: admission waits without blocking the loop and the forward
+        runs in the loop's default executor, so concurrent requests overlap (async mode).
+
+        Args:
+            env_ret (Mapping[str, Any]): Input of `rollout_step`.
+
+        Returns:
+            Any: The output of `postprocess`.
+        """
+        self._require_init()
+        await self._gate.enter_rollout_async()
+        try:
+            future = asyncio.get_running_loop().run_in_executor(None, self._forward_and_release, env_ret)
+        except BaseException:
+            self._gate.exit_rollout()
+            raise
+        # Cancelling the caller does not cut the forward short: the worker releases the gate when done.
+        return await future
+
+    def rollout(self, env_ret: Mapping[str, Any], timeout: float | None = None) -> Any:
+        """Public name of `_rollout`: one admitted forward pass."""
+        return self._rollout(env_ret, timeout)
+
+    async def rollout_async(self, env_ret: Mapping[str, Any]) -> Any:
+        """Public name of `_rollout_async`: one admitted forward pass from an asyncio task."""
+        return await self._rollout_async(env_ret)
+
+    def check_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no rollout and no weight update is in flight.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait. Defaults to None (forever).
+
+        Returns:
+            bool: True when idle, False on timeout.
+        """
+        return self._gate.wait_idle(timeout)
+
+    def get_num_requests(self) -> int:
+        """Rollouts in flight now (at most 1 in sync mode).
+
+        Returns:
+            int: The count.
+        """
+        return self._gate.active_rollouts
+
+    # -- weight updates --------------------------------------------------------------------------------------------
+
+    def notify_update_weights(self) -> int:
+        """Ask for the staged weights to be applied; safe from any thread, never lost during an update.
+
+        Returns:
+            int: The request's generation; `wait_for_weight_update_done` waits for it.
+        """
+        with self._update_cond:
+            self._update_requested += 1
+            self._update_cond.notify_all()
+            return self._update_requested
+
+    def push_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> bool:
+        """Hand received weights to the policy the way its buffer strategy wants, never during a rollout.
+
+        With strategy `single` the state is staged and the update thread notified (applied between
+        rollouts); with `none` it is applied now, after running rollouts drain.
+
+        Args:
+            version (int): The weight version (>= 1); a version not newer than the newest staged or applied
+                one is ignored.
+            state (Mapping[str, torch.Tensor]): Clean name -> tensor (`named_state` form); not copied, so the
+                caller must not modify it afterwards.
+
+        Returns:
+            bool: True when staged or applied, False when ignored as not newer.
+        """
+        if self.weight_buffer_strategy == "none":
+            with self._gate.exclusive():
+                return self.stage_weights(version, state)
+        if not self.stage_weights(version, state):
+            return False
+        self.notify_update_weights()
+        return True
+
+    def wait_for_weight_update_done(self, timeout: float | None = None) -> bool:
+        """Wait until every update requested so far has been applied.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait. Defaults to None (forever).
+
+        Returns:
+            bool: True when applied without error, False on timeout or when the last update failed
+                (see `weight_update_error`).
+        """
+        with self._update_cond:
+            target = self._update_requested
+            done = self._update_cond.wait_for(lambda: self._update_handled >= target, timeout)
+            return done and self.weight_update_error is None
+
+    def apply_staged_weights(self, timeout: float | None = None) -> int | None:
+        """Apply the staged weights now, exclusive of rollouts; marks every request so far as handled.
+
+        The update thread calls this; with buffer strategy `none` the caller does.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait for running rollouts. Defaults to None (forever).
+
+        Returns:
+            int | None: The weight version applied, or None when nothing newer was staged.
+
+        Raises:
+            TimeoutError: When rollouts did not drain within `timeout` (nothing applied, request kept).
+            Exception: Whatever applying raised (also kept in `weight_update_error`).
+        """
+        with self._update_cond:
+            generation = self._update_requested
+        start = time.perf_counter()
+        with self._gate.exclusive(timeout) as held:
+            if not held:
+                raise TimeoutError(f"rollouts did not finish within {timeout} s; weights not applied")
+            version: int | None = None
+            error: Exception | None = None
+            try:
+                version = self.update_weights_from_buffer()
+            except Exception as exc:
+                error = exc
+            with self._update_cond:
+                self.weight_update_error = error
+                self._update_handled = max(self._update_handled, generation)
+                self._update_cond.notify_all()
+        self.timing_raw["update_weights"].append(time.perf_counter() - start)
+        if error is not None:
+            raise error
+        return version
+
+    def update_weights(self) -> None:
+        """The update thread's loop: wait for a request, wait for rollouts to drain, apply, repeat.
+
+        A request that arrives while an update runs has a newer generation and triggers another pass.
+        Errors are logged and kept in `weight_update_error`; the loop continues. Returns after `close`.
+        """
+        while True:
+            with self._update_cond:
+                self._update_cond.wait_for(
+                    lambda: self._update_stop or self._update_requested > self._update_handled
+                )
+                if self._update_stop:
+                    return
+            try:
+                self.apply_staged_weights()
+            except Exception:
+                logger.exception("%s: applying staged weights failed", type(self).__name__)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the update thread (idempotent).
+
+        Args:
+            timeout (float, optional): Seconds to wait for the thread to finish its current update.
+                Defaults to 5.0.
+        """
+        with self._update_cond:
+            self._update_stop = True
+            self._update_cond.notify_all()
+        if self._update_thread is not None:
+            self._update_thread.join(timeout)
+            self._update_thread = None
+
+    # -- fingerprints -----------------------------------------------------------------------------------------------
+
+    def get_param_fingerprint(self) -> dict[str, float]:
+        """Per-tensor float32 L2 norms of every parameter and buffer, keyed `"<module>.<param>"`.
+
+        Returns:
+            dict[str, float]: Norms by clean name (no DDP/compile prefixes).
+        """
+        return weights.l2_fingerprint(weights.named_state(self))
+
+    def get_param_digests(self) -> dict[str, str]:
+        """Exact sha256 digests of every parameter and buffer.
+
+        Returns:
+            dict[str, str]: Hex digests by clean name.
+        """
+        return weights.tensor_digests(weights.named_state(self))
+
+    # -- checkpoints ------------------------------------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a resume needs, cloned to the CPU.
+
+        Returns:
+            dict[str, Any]: `format_version`, `policy_class`, `weights` (named_state), `optimizer` (state dict
+                or None), `counters` (`iteration`, `env_steps`), `weight_version`, `rng` (python, numpy,
+                torch, cuda).
+        """
+        cls = type(self)
+        return {
+            "format_version": CHECKPOINT_FORMAT_VERSION,
+            "policy_class": f"{cls.__module__}:{cls.__qualname__}",
+            "weights": clone_checkpoint_value(dict(weights.named_state(self))),
+            "optimizer": None if self.optimizer is None else clone_checkpoint_value(self.optimizer.state_dict()),
+            "counters": {"iteration": self.iteration, "env_steps": self.env_steps},
+            "weight_version": self.weight_version,
+            "rng": _rng.capture_rng_state(),
+        }
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write `checkpoint_state()` atomically (temporary file, then rename).
+
+        Args:
+            path (str | os.PathLike[str]): Destination file; parent directories are created.
+
+        Returns:
+            Path: The path written.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        torch.save(self.checkpoint_state(), tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self, path: str | os.PathLike[str], restore_rng: bool = True) -> dict[str, Any]:
+        """Resume from a checkpoint: weights, optimizer, counters, weight version and (optionally) RNG states.
+
+        Call after `init_train` (or `init_eval`, which ignores the optimizer state).
+
+        Args:
+            path (str | os.PathLike[str]): A file written by `save_checkpoint`.
+            restore_rng (bool, optional): Also restore the global RNG states. Defaults to True.
+
+        Returns:
+            dict[str, Any]: The checkpoint as loaded.
+
+        Raises:
+            RuntimeError: When the policy is not initialised.
+            ValueError: When the file's format version is unknown.
+        """
+        self._require_init()
+        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+            raise ValueError(
+                f"{path}: checkpoint format_version must be {CHECKPOINT_FORMAT_VERSION}, "
+                f"got {state.get('format_version')!r}"
+            )
+        with self._gate.exclusive():
+            self.load_state_dict(state["weights"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state["counters"]["iteration"])
+        self.env_steps = int(state["counters"]["env_steps"])
+        self.weight_version = int(state["weight_version"])
+        if restore_rng:
+            _rng.restore_rng_state(state["rng"])
+        return state
+
+    # -- timing ------------------------------------------------------------------------------------------------------
+
+    def print_timing_summary(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """Print count, total and mean seconds per timed phase.
+
+        Args:
+            reset (bool, optional): Clear the recorded durations afterwards. Defaults to False.
+
+        Returns:
+            dict[str, dict[str, float]]: `{phase: {"count", "total_s", "mean_s"}}`.
+        """
+        summary = {}
+        for phase, durations in sorted(self.timing_raw.items()):
+            samples = list(durations)
+            if samples:
+                total = sum(samples)
+                summary[phase] = {"count": float(len(samples)), "total_s": total, "mean_s": total / len(samples)}
+        for phase, row in summary.items():
+            print(f"{phase:>16}: n={int(row['count'])} total={row['total_s']:.3f}s mean={row['mean_s'] * 1e3:.3f}ms")
+        if reset:
+            self.timing_raw.clear()
+        return summary

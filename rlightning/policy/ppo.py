@@ -1,0 +1,369 @@
+"""PPO with a clipped surrogate objective and GAE, for Discrete and Box action spaces.
+
+Algorithm: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); advantages:
+Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation"
+(arXiv:1506.02438). Network shape, orthogonal initialisation (gain sqrt(2) hidden, 0.01 policy head, 1.0 value
+head), per-minibatch advantage normalisation, clipped value loss and linear learning-rate annealing follow
+CleanRL's ppo.py and ppo_continuous_action.py (https://github.com/vwxyzjn/cleanrl). Continuous actions use a
+Gaussian with a state-independent log standard deviation (an `nn.Parameter` on the network itself).
+
+Experience batches are TensorDicts of shape `[T, N]` (time first, N vector-env copies) with keys:
+
+    observation  [T, N, *O] float32   what the policy saw
+    action       [T, N] int64 (Discrete) or [T, N, A] float32 (Box; unclipped sample)
+    log_prob     [T, N] float32       log-probability of `action` when it was taken
+    value        [T, N] float32       value estimate of `observation`
+    reward       [T, N] float32
+    terminated   [T, N] bool          the episode ended in a terminal state
+    truncated    [T, N] bool          the episode was cut (time limit); bootstrapped with `next_value`
+    next_value   [T, N] float32       value estimate of the true next state (the final observation on
+                                      truncation; ignored on termination)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import gymnasium
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic.alias_generators import to_camel
+from tensordict import TensorDict
+from torch import nn
+
+from rlightning import weights
+from rlightning.config import OptimConfig, PolicyConfig
+from rlightning.policy import base_policy
+from rlightning.policy._env_meta import EnvMeta
+
+DATASET_KEYS = (
+    "observation",
+    "action",
+    "log_prob",
+    "value",
+    "reward",
+    "terminated",
+    "truncated",
+    "next_value",
+)
+"""Keys `PPOPolicy.update_dataset` requires (see the module docstring for shapes and dtypes)."""
+
+
+class PPOKwargs(BaseModel):
+    """`spec.policy.policyKwargs` of `PPOPolicy` (camelCase keys; unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    hidden_sizes: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 64], min_length=1, description="Widths of the hidden layers of both MLPs."
+    )
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
+    clip_coef: float = Field(default=0.2, gt=0, description="Surrogate clipping range epsilon.")
+    gamma: float = Field(default=0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
+    update_epochs: int = Field(default=4, ge=1, description="Passes over each batch.")
+    num_minibatches: int = Field(default=4, ge=1, description="Minibatches per pass.")
+    entropy_coef: float = Field(default=0.01, ge=0, description="Weight of the entropy bonus.")
+    value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
+    normalize_advantages: bool = Field(default=True, description="Normalise advantages per minibatch.")
+    clip_value_loss: bool = Field(default=True, description="Clip the value update like the policy update.")
+    init_log_std: float = Field(default=0.0, description="Initial log standard deviation (Box actions).")
+
+
+def _layer(inputs: int, outputs: int, gain: float) -> nn.Linear:
+    layer = nn.Linear(inputs, outputs)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(inputs: int, hidden: list[int], outputs: int, activation: str, out_gain: float) -> nn.Sequential:
+    act = nn.Tanh if activation == "tanh" else nn.ReLU
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [_layer(inputs, width, math.sqrt(2)), act()]
+        inputs = width
+    layers.append(_layer(inputs, outputs, out_gain))
+    return nn.Sequential(*layers)
+
+
+class PPONetwork(nn.Module):
+    """Separate actor and critic MLPs; a Gaussian log-std parameter for Box actions.
+
+    Args:
+        observation_space (gymnasium.spaces.Box): Observations `[*O]`, flattened to `prod(O)` inputs.
+        action_space (gymnasium.spaces.Discrete | gymnasium.spaces.Box): Actions; Box must be 1-D `[A]`.
+        kwargs (PPOKwargs): Layer sizes, activation, initial log-std.
+
+    Raises:
+        ValueError: On an unsupported space.
+    """
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, kwargs: PPOKwargs):
+        super().__init__()
+        if not isinstance(observation_space, gymnasium.spaces.Box):
+            raise ValueError(f"PPOPolicy needs a Box observation space, got {observation_space}")
+        obs_dim = math.prod(observation_space.shape)
+        self.critic = _mlp(obs_dim, kwargs.hidden_sizes, 1, kwargs.activation, 1.0)
+        if isinstance(action_space, gymnasium.spaces.Discrete):
+            self.continuous = False
+            self.actor = _mlp(obs_dim, kwargs.hidden_sizes, int(action_space.n), kwargs.activation, 0.01)
+        elif isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
+            self.continuous = True
+            act_dim = action_space.shape[0]
+            self.actor = _mlp(obs_dim, kwargs.hidden_sizes, act_dim, kwargs.activation, 0.01)
+            self.log_std = nn.Parameter(torch.full((act_dim,), kwargs.init_log_std))
+        else:
+            raise ValueError(f"PPOPolicy needs a Discrete or 1-D Box action space, got {action_space}")
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        """The action distribution for observations `[B, obs_dim]` float32."""
+        out = self.actor(obs)
+        if self.continuous:
+            return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+        return torch.distributions.Categorical(logits=out)
+
+    def forward(
+        self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Act (or score a given action) and estimate the value.
+
+        Args:
+            obs (torch.Tensor): `[B, obs_dim]` float32.
+            action (torch.Tensor | None, optional): Actions to score, `[B]` int64 or `[B, A]` float32; None
+                samples (or takes the mode when `deterministic`). Defaults to None.
+            deterministic (bool, optional): Take the distribution's mode instead of sampling. Defaults to False.
+
+        Returns:
+            tuple[torch.Tensor, ...]: action, log_prob `[B]`, entropy `[B]`, value `[B]`.
+        """
+        dist = self.distribution(obs)
+        if action is None:
+            if deterministic:
+                action = dist.mean if self.continuous else dist.probs.argmax(-1)
+            else:
+                action = dist.sample()
+        log_prob = dist.log_prob(action)
+        entropy = dist.entropy()
+        if self.continuous:
+            log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
+        return action, log_prob, entropy, self.critic(obs).squeeze(-1)
+
+
+def compute_gae(data: TensorDict, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates (arXiv:1506.02438, eq. 16) over a `[T, N]` batch.
+
+    `delta_t = r_t + gamma * next_value_t * (1 - terminated_t) - value_t` and
+    `A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}`, where `done = terminated | truncated`, so a
+    truncated episode is bootstrapped from the value of its final observation and never from the next
+    episode's first one.
+
+    Args:
+        data (TensorDict): `[T, N]` with `reward`, `value`, `next_value`, `terminated`, `truncated`.
+        gamma (float): Discount.
+        gae_lambda (float): GAE lambda.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: advantages and returns (`advantages + value`), `[T, N]` float32.
+    """
+    reward, value = data["reward"].float(), data["value"].float()
+    not_terminated = (~data["terminated"]).float()
+    not_done = (~(data["terminated"] | data["truncated"])).float()
+    delta = reward + gamma * data["next_value"].float() * not_terminated - value
+    advantages = torch.zeros_like(reward)
+    running = torch.zeros_like(reward[0])
+    for t in reversed(range(reward.shape[0])):
+        running = delta[t] + gamma * gae_lambda * not_done[t] * running
+        advantages[t] = running
+    return advantages, advantages + value
+
+
+class PPOPolicy(base_policy.BasePolicy):
+    """PPO-clip actor-critic (see the module docstring for the algorithm and the batch layout).
+
+    Args:
+        config (PolicyConfig): `spec.policy`; `policy_kwargs` is validated by `PPOKwargs`.
+        role_type (PolicyRole | str): `train` or `eval`.
+
+    Raises:
+        pydantic.ValidationError: When `policy_kwargs` is invalid (a ValueError).
+    """
+
+    kwargs_model: ClassVar[type[BaseModel]] = PPOKwargs
+
+    def __init__(self, config: PolicyConfig, role_type: base_policy.PolicyRole | str) -> None:
+        super().__init__(config, role_type)
+        self.kwargs = PPOKwargs.model_validate(config.policy_kwargs)
+        self._dataset: TensorDict | None = None
+
+    @property
+    def network(self) -> PPONetwork:
+        """PPONetwork: The network without its DDP wrapper (used for rollouts, which must not sync)."""
+        agent = self.agent
+        return agent.module if isinstance(agent, nn.parallel.DistributedDataParallel) else agent
+
+    def construct_network(self, env_meta: EnvMeta) -> None:
+        """Create `self.agent`, a PPONetwork for the env's spaces."""
+        self.agent = PPONetwork(env_meta.observation_space, env_meta.action_space, self.kwargs)
+
+    def setup_optimizer(self, optim_cfg: OptimConfig) -> torch.optim.Optimizer:
+        """Adam, AdamW or SGD over every parameter, as `spec.policy.optim` says."""
+        if optim_cfg.name == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
+        optimizer = torch.optim.AdamW if optim_cfg.name == "adamw" else torch.optim.Adam
+        return optimizer(self.parameters(), lr=optim_cfg.lr, eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+
+    def _observation(self, raw: Any) -> torch.Tensor:
+        obs = torch.as_tensor(raw, device=self.device, dtype=torch.float32)
+        return obs.reshape(obs.shape[0], -1)
+
+    def rollout_step(self, env_ret: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample (or, with `env_ret["deterministic"]`, take the mode of) actions for `env_ret["observation"]`.
+
+        Args:
+            env_ret (Mapping[str, Any]): `observation` `[N, *O]` (array or tensor); optional `deterministic`.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor]: action, log_prob `[N]`, value `[N]`.
+        """
+        obs = self._observation(env_ret["observation"])
+        action, log_prob, _, value = self.network(obs, deterministic=bool(env_ret.get("deterministic", False)))
+        return action, log_prob, value
+
+    def postprocess(self, env_ret: Mapping[str, Any], policy_resp: Any) -> TensorDict:
+        """Pack the response as a TensorDict `[N]`: `action`, `log_prob`, `value` (on the policy's device)."""
+        action, log_prob, value = policy_resp
+        return TensorDict(
+            {"action": action, "log_prob": log_prob, "value": value}, batch_size=[action.shape[0]]
+        )
+
+    def update_dataset(self, dataset: TensorDict) -> None:
+        """Keep a `[T, N]` batch for the next `train` call.
+
+        Args:
+            dataset (TensorDict): `[T, N]` with the keys in `DATASET_KEYS`.
+
+        Raises:
+            ValueError: When keys are missing or the batch is not 2-D.
+        """
+        missing = [key for key in DATASET_KEYS if key not in dataset.keys()]
+        if missing or dataset.batch_dims != 2:
+            raise ValueError(
+                f"PPO dataset must be a [T, N] TensorDict with keys {list(DATASET_KEYS)}; "
+                f"missing {missing}, batch_size {list(dataset.batch_size)}"
+            )
+        self._dataset = dataset.to(self.device)
+
+    def current_lr(self) -> float:
+        """The learning rate of the next update: linearly annealed over `train.total_env_steps` when
+        `optim.anneal_lr` is set and a train config was given (CleanRL's schedule), else `optim.lr`."""
+        optim = self.config.optim
+        if not optim.anneal_lr or self.train_config is None:
+            return optim.lr
+        return optim.lr * max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
+
+    def train(self) -> dict[str, float]:  # type: ignore[override]
+        """One PPO update on the batch from `update_dataset`: `update_epochs` passes of `num_minibatches`.
+
+        Under DDP every rank must call this with a batch of the same shape (gradients are all-reduced).
+
+        Returns:
+            dict[str, float]: `policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`,
+                `explained_variance` (of the batch's value estimates), `lr`.
+
+        Raises:
+            RuntimeError: Without `init_train` or without a dataset.
+        """
+        if self.optimizer is None or self._dataset is None:
+            raise RuntimeError("PPOPolicy.train needs init_train and a batch from update_dataset")
+        data, self._dataset = self._dataset, None
+        kw = self.kwargs
+        steps, envs = data.batch_size
+        with torch.no_grad():
+            advantages, returns = compute_gae(data, kw.gamma, kw.gae_lambda)
+        flat = data.select("observation", "action", "log_prob", "value").reshape(-1)
+        flat["advantage"], flat["return"] = advantages.reshape(-1), returns.reshape(-1)
+        flat["observation"] = flat["observation"].reshape(flat.shape[0], -1).float()
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
+        updates = 0
+        for _ in range(kw.update_epochs):
+            order = torch.randperm(flat.shape[0], device="cpu").to(self.device)
+            for index in torch.tensor_split(order, kw.num_minibatches):
+                if index.numel() == 0:
+                    continue
+                stats = self._minibatch_step(flat[index])
+                for key, value in stats.items():
+                    sums[key] += value
+                updates += 1
+
+        values, target = data["value"].reshape(-1).float(), returns.reshape(-1)
+        var_target = target.var(unbiased=False)
+        explained = float("nan") if var_target == 0 else float(1 - (target - values).var(unbiased=False) / var_target)
+        self.iteration += 1
+        self.env_steps += steps * envs * self.dp_world_size
+        metrics = {key: total / max(updates, 1) for key, total in sums.items()}
+        metrics.update(explained_variance=explained, lr=lr)
+        return metrics
+
+    def _minibatch_step(self, mb: TensorDict) -> dict[str, float]:
+        kw = self.kwargs
+        _, log_prob, entropy, value = self.agent(mb["observation"], mb["action"])
+        log_ratio = log_prob - mb["log_prob"]
+        ratio = log_ratio.exp()
+        advantage = mb["advantage"]
+        if kw.normalize_advantages and advantage.numel() > 1:
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        policy_loss = torch.max(
+            -advantage * ratio, -advantage * ratio.clamp(1 - kw.clip_coef, 1 + kw.clip_coef)
+        ).mean()
+        value_error = (value - mb["return"]) ** 2
+        if kw.clip_value_loss:
+            clipped = mb["value"] + (value - mb["value"]).clamp(-kw.clip_coef, kw.clip_coef)
+            value_error = torch.max(value_error, (clipped - mb["return"]) ** 2)
+        value_loss = 0.5 * value_error.mean()
+        entropy_mean = entropy.mean()
+        loss = policy_loss - kw.entropy_coef * entropy_mean + kw.value_coef * value_loss
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.optim.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.parameters(), self.config.optim.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).mean()  # http://joschu.net/blog/kl-approx.html (k3)
+            clip_fraction = ((ratio - 1).abs() > kw.clip_coef).float().mean()
+        return {
+            "policy_loss": float(policy_loss.detach()),
+            "value_loss": float(value_loss.detach()),
+            "entropy": float(entropy_mean.detach()),
+            "approx_kl": float(approx_kl),
+            "clip_fraction": float(clip_fraction),
+        }
+
+    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
+        """`{"agent": state dict}` with clean keys (no DDP/compile prefixes)."""
+        return {name: dict(weights.named_state(module)) for name, module in self.model_list}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]
+        """Load a whole-policy state dict, also from a DDP-wrapped or torch.compile'd policy.
+
+        Args:
+            state_dict (Mapping[str, Any]): `state_dict()` or `named_state` of a PPOPolicy (keys `agent.*`).
+            strict (bool, optional): Every name must match; otherwise only the names present in both are
+                copied (shapes and dtypes must still match). Defaults to True.
+
+        Raises:
+            KeyError: strict and names differ. ValueError: a shape or dtype differs.
+        """
+        clean = self.clean_state_dict(state_dict)
+        if not strict:
+            own = weights.named_state(self)
+            clean = {name: tensor for name, tensor in clean.items() if name in own}
+            clean.update({name: tensor for name, tensor in own.items() if name not in clean})
+        weights.load_named_state(self, clean)

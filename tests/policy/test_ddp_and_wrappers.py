@@ -1,0 +1,134 @@
+"""DDP (real gloo groups, real processes) and state dicts of wrapped models loading into plain ones."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlightning.config import EnvConfig, PolicyConfig
+from rlightning.policy import EnvMeta, PolicyGroup, PPOPolicy
+
+torch.set_num_threads(1)
+HERE = Path(__file__).resolve().parent
+CONFIG = PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [16]})
+META = EnvMeta.from_env_config(EnvConfig(id="Pendulum-v1"))  # Box actions: a bare log-std parameter too
+
+
+def _policy(seed: int) -> PPOPolicy:
+    policy = PPOPolicy(CONFIG, "train")
+    policy.init_train(META, seed=seed)
+    return policy
+
+
+@pytest.fixture
+def one_rank_group():
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+def test_ddp_wrapped_state_dict_loads_into_a_plain_policy(one_rank_group) -> None:
+    source = _policy(seed=1)
+    source.agent = torch.nn.parallel.DistributedDataParallel(source.agent)  # CPU: no device_ids
+    keys = list(source.state_dict())
+    assert "agent.module.log_std" in keys and all(key.startswith("agent.module.") for key in keys)
+    assert "agent.log_std" in source.get_param_fingerprint()  # fingerprints use clean names
+    target = _policy(seed=2)
+    assert target.get_param_digests() != source.get_param_digests()
+    target.load_state_dict(source.state_dict())
+    assert target.get_param_digests() == source.get_param_digests()
+
+
+@pytest.mark.timeout(60)
+def test_ddp_wrapping_on_cpu_and_the_bare_parameter_rule(one_rank_group) -> None:
+    from policy_helpers import BOX_META, ToyPolicy
+
+    policy = _policy(seed=1)
+    policy.dp_world_size = 2  # what a 2-rank run sees; the 1-rank group stands in for it
+    policy._wrap_ddp()
+    assert isinstance(policy.agent, torch.nn.parallel.DistributedDataParallel) and policy.agent.device_ids is None
+    assert policy.model_list == [("agent", policy.agent)] and policy.network is policy.agent.module
+    toy = ToyPolicy(role_type="train")
+    toy.init_train(BOX_META, seed=0)
+    toy.dp_world_size = 2
+    with pytest.raises(ValueError, match=r"\['scale'\] are not inside a child module"):
+        toy._wrap_ddp()
+
+
+@pytest.mark.timeout(60)
+def test_a_ddp_wrapped_trainer_syncs_to_a_plain_evaluator(one_rank_group) -> None:
+    trainer = _policy(seed=1)
+    trainer.agent = torch.nn.parallel.DistributedDataParallel(trainer.agent)
+    evaluator = PPOPolicy(CONFIG, "eval")
+    evaluator.init_eval(META, seed=2)
+    try:
+        group = PolicyGroup(trainer, [evaluator])
+        group.sync_weights()
+        assert group.wait_for_eval_weights(timeout=10.0) and group.verify_eval_weight_consistency()
+        assert evaluator.get_param_digests() == trainer.get_param_digests()
+    finally:
+        evaluator.close()
+
+
+def test_compiled_state_dict_loads_into_a_plain_policy() -> None:
+    source = _policy(seed=1)
+    source.agent = torch.compile(source.agent)  # lazy: nothing is compiled unless called
+    assert any("_orig_mod" in key for key in source.state_dict())
+    target = _policy(seed=2)
+    target.load_state_dict(source.state_dict())
+    assert target.get_param_digests() == source.get_param_digests()
+
+
+def test_strict_load_rejects_foreign_keys_and_non_strict_loads_the_overlap() -> None:
+    source, target = _policy(seed=1), _policy(seed=2)
+    state = dict(source.state_dict())
+    state["agent.extra"] = torch.zeros(1)
+    with pytest.raises(KeyError, match="agent.extra"):
+        target.load_state_dict(state)
+    del state["agent.log_std"]
+    target.load_state_dict(state, strict=False)
+    digests, expected = target.get_param_digests(), source.get_param_digests()
+    assert all(digests[name] == expected[name] for name in expected if name != "agent.log_std")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_two_rank_ddp_update_keeps_ranks_identical(tmp_path: Path) -> None:
+    world_size = 2
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(world_size)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "ddp_worker.py"), str(store.port), str(rank), str(world_size), str(out)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for rank, out in enumerate(outs)
+    ]
+    try:
+        for proc in procs:
+            output, _ = proc.communicate(timeout=150)
+            assert proc.returncode == 0, output
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    results = [json.loads(out.read_text()) for out in outs]
+    for result in results:
+        assert result["ddp"] and result["world_size"] == 2
+        assert result["env_steps"] == 32 * 4 * 2  # summed over ranks
+    assert results[0]["after_wrap"] == results[1]["after_wrap"]  # DDP broadcast rank 0's initial weights
+    assert results[0]["observation_sum"] != results[1]["observation_sum"]  # each rank collected its own envs
+    assert results[0]["after_update"] == results[1]["after_update"]  # gradients were all-reduced
+    assert results[0]["after_update"] != results[0]["after_wrap"]

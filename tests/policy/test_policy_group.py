@@ -1,0 +1,176 @@
+"""PolicyGroup: sync to in-process and remote evaluators, consistency checks, checkpoints.
+
+Ports: 38301 (one test; no free-port probing).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from policy_helpers import BOX_META, ToyPolicy, toy_batch
+
+from rlightning import weights
+from rlightning.config import PolicyConfig, WeightBufferConfig, WeightSyncConfig
+from rlightning.policy import PolicyGroup
+
+torch.set_num_threads(1)
+
+
+def _trainer(seed: int = 0) -> ToyPolicy:
+    policy = ToyPolicy(role_type="train")
+    policy.init_train(BOX_META, seed=seed)
+    for step in range(3):  # moves the weights and the BatchNorm running statistics
+        policy.update_dataset(toy_batch(step))
+        policy.train()
+    with torch.no_grad():
+        policy.scale.fill_(1.75)
+    return policy
+
+
+def _evaluator(strategy: str = "single", seed: int = 99) -> ToyPolicy:
+    config = PolicyConfig(device="cpu", weight_buffer=WeightBufferConfig(buffer_strategy=strategy))
+    policy = ToyPolicy(config, "eval")
+    policy.init_eval(BOX_META, seed=seed)
+    return policy
+
+
+@pytest.fixture
+def group() -> PolicyGroup:
+    evaluators = [_evaluator("single"), _evaluator("none")]
+    yield PolicyGroup(_trainer(), evaluators)
+    for policy in evaluators:
+        policy.close()
+
+
+@pytest.mark.timeout(30)
+def test_sync_makes_every_tensor_equal_including_buffers_and_bare_parameters(group: PolicyGroup) -> None:
+    trainer = group.train_policy
+    assert not group.verify_eval_weight_consistency()  # evaluators start from other random weights
+    assert float(weights.named_state(trainer)["net.1.running_mean"].abs().sum()) > 0
+    assert group.sync_weights() == 1 and trainer.weight_version == 1
+    assert group.wait_for_eval_weights(timeout=5.0)
+    assert group.verify_eval_weight_consistency(rtol=1e-6)
+    for evaluator in group.eval_policies:
+        assert evaluator.weight_version == 1
+        assert evaluator.get_param_digests() == trainer.get_param_digests()
+        fingerprint = evaluator.get_param_fingerprint()
+        assert fingerprint == trainer.get_param_fingerprint()
+        assert fingerprint["scale"] == pytest.approx(1.75)
+        assert {"net.1.running_mean", "net.1.running_var", "net.1.num_batches_tracked"} <= set(fingerprint)
+
+
+@pytest.mark.timeout(30)
+def test_training_after_a_sync_does_not_leak_into_evaluators(group: PolicyGroup) -> None:
+    group.sync_weights()
+    assert group.wait_for_eval_weights(timeout=5.0)
+    trainer = group.train_policy
+    trainer.update_dataset(toy_batch(10))
+    trainer.train()  # the synced snapshot was a copy: evaluators keep version 1's weights
+    assert group.verify_eval_weight_consistency()
+    assert group.eval_policies[0].get_param_digests() != trainer.get_param_digests()
+    assert group.sync_weights() == 2 and group.wait_for_eval_weights(timeout=5.0)
+    assert group.verify_eval_weight_consistency()
+    assert group.eval_policies[1].get_param_digests() == trainer.get_param_digests()
+
+
+@pytest.mark.timeout(30)
+def test_a_corrupted_evaluator_is_detected(group: PolicyGroup) -> None:
+    group.sync_weights()
+    assert group.wait_for_eval_weights(timeout=5.0) and group.verify_eval_weight_consistency()
+    with torch.no_grad():
+        group.eval_policies[1].net[1].running_var.mul_(2.0)
+    assert not group.verify_eval_weight_consistency()
+    problems = group.eval_weight_mismatches()
+    assert list(problems) == ["local-1"] and "net.1.running_var" in " ".join(problems["local-1"])
+
+
+@pytest.mark.timeout(30)
+def test_a_change_below_the_fingerprint_tolerance_is_caught_by_the_digest(group: PolicyGroup) -> None:
+    group.sync_weights()
+    assert group.wait_for_eval_weights(timeout=5.0)
+    with torch.no_grad():
+        scale = group.eval_policies[0].scale
+        scale.copy_(torch.nextafter(scale, torch.tensor(10.0)))  # one ulp: fingerprint within 1e-6
+    problems = group.eval_weight_mismatches(rtol=1e-6)
+    assert problems == {"local-0": ["digest differs for ['scale']"]}
+
+
+@pytest.mark.timeout(30)
+def test_an_evaluator_that_has_not_applied_yet_is_inconsistent(group: PolicyGroup) -> None:
+    held = group.eval_policies[0]
+    held.hold_update = threading.Event()
+    try:
+        group.sync_weights()
+        assert held.update_entered.wait(5.0)
+        assert "weight version" in " ".join(group.eval_weight_mismatches().get("local-0", ["weight version"]))
+    finally:
+        held.hold_update.set()
+    assert group.wait_for_eval_weights(timeout=5.0) and group.verify_eval_weight_consistency()
+
+
+def test_group_checkpoint_holds_the_weight_version(group: PolicyGroup, tmp_path) -> None:
+    group.sync_weights()
+    group.sync_weights()
+    path = group.save_checkpoint(tmp_path / "ckpt" / "0001.pt")
+    state = torch.load(path, weights_only=True)
+    assert state["weight_version"] == 2 and "scale" in state["weights"]
+    assert state["counters"] == {"iteration": 3, "env_steps": 48}
+
+
+@pytest.mark.timeout(120)
+def test_remote_evaluator_through_a_weight_sender() -> None:
+    config = WeightSyncConfig(timeout_seconds=20.0, group_size=2, bucket_size_bytes=4096)
+    port = 38301
+    sender = weights.WeightSender(config, "127.0.0.1", port)
+    evaluator = _evaluator("single")
+    receiver = weights.WeightReceiver(config, "127.0.0.1", port, ordinal=0)
+    stop = threading.Event()
+    corrupt = threading.Event()
+
+    def serve() -> None:  # what an evaluator process does: receive, apply between rollouts, report
+        while not stop.is_set():
+            got = receiver.receive(timeout=0.5)
+            if got is not None:
+                evaluator.push_weights(*got)
+                evaluator.wait_for_weight_update_done(10.0)
+            if corrupt.is_set():
+                with torch.no_grad():
+                    evaluator.scale.add_(1.0)
+                corrupt.clear()
+            receiver.report(
+                evaluator.weight_version, evaluator.get_param_fingerprint(), evaluator.get_param_digests(), {}
+            )
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    group = PolicyGroup(_trainer(), sender=sender)
+    try:
+        deadline = time.monotonic() + 60
+        while 0 not in sender.members and time.monotonic() < deadline:
+            sender.reports()
+            time.sleep(0.1)
+        assert group.sync_weights() == 1
+        assert group.last_sync_stats is not None and group.last_sync_stats.receivers_acked == [0]
+
+        def wait_for(predicate) -> bool:
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                if predicate():
+                    return True
+                time.sleep(0.1)
+            return False
+
+        assert wait_for(group.verify_eval_weight_consistency)
+        assert evaluator.get_param_digests() == group.train_policy.get_param_digests()
+        corrupt.set()
+        assert wait_for(lambda: "eval-0" in group.eval_weight_mismatches())
+        assert not group.verify_eval_weight_consistency()
+    finally:
+        stop.set()
+        thread.join(10.0)
+        receiver.close()
+        sender.close()
+        evaluator.close()
