@@ -1,0 +1,48 @@
+{{/*
+The RBAC rules of the operator, the same for the ClusterRole (all namespaces) and for each namespace's Role.
+Only what rlightning_operator calls (its docstring lists the same table) and what kopf does on its behalf;
+no Secrets, no pods, no wildcards. kopf runs standalone, so no peering objects; it finds the PolicyGroup
+resource through API discovery, which every authenticated user may read (system:discovery), and is given no
+access to CustomResourceDefinitions or Namespaces (cluster-scoped, so a per-namespace install could not grant
+them anyway): with kopf's scanning on, it retries those listings for about a minute, then logs that it will
+not notice CRDs or namespaces that appear later and serves the ones it found; with
+`settings.scanning.disabled` it asks for neither.
+*/}}
+{{- define "rlightning-operator.rules" -}}
+# kopf lists and watches PolicyGroups; it patches them with its progress and diff-base annotations.
+# `get`: the operator reads a PolicyGroup afresh before a child-triggered reconcile.
+- apiGroups: ["rlightning.io"]
+  resources: ["policygroups"]
+  verbs: ["get", "list", "watch", "patch"]
+# The operator writes status (phase, conditions, replicas). The per-group Role it creates for trainer pods
+# grants get and patch on it, and RBAC only lets the operator grant what it holds.
+- apiGroups: ["rlightning.io"]
+  resources: ["policygroups/status"]
+  verbs: ["get", "patch"]
+# Owner references with blockOwnerDeletion on children need update on the owner's finalizers subresource
+# where the OwnerReferencesPermissionEnforcement admission plugin is on.
+- apiGroups: ["rlightning.io"]
+  resources: ["policygroups/finalizers"]
+  verbs: ["update"]
+# Children made once per PolicyGroup: the spec ConfigMap, the trainer and evaluator Services, and the pods'
+# ServiceAccount, Role and RoleBinding. Read by name, created, patched on a spec change; deleted only by
+# garbage collection through their owner reference.
+- apiGroups: [""]
+  resources: ["configmaps", "services", "serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+# Trainers: kopf watches managed Jobs to follow their status; a template change deletes and recreates the Job.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Evaluators: kopf watches managed StatefulSets; the operator patches replicas and template in place.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Events about PolicyGroups (kopf posts core/v1 Events, create only).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -1,0 +1,168 @@
+"""The chart renders what the operator needs and nothing more: lint, schema, hardening, settings, RBAC scope."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import devcluster
+from rlightning import contract
+from rlightning_operator import OperatorSettings
+from helm_chart import CHART, REPO, by_kind, documents
+
+pytestmark = pytest.mark.cluster  # helm comes from the devcluster build
+
+NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}")
+MODES = {"all-namespaces": (), "namespaced": NAMESPACED}
+
+
+def _container(docs: list[dict]) -> dict:
+    (deployment,) = by_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("args", MODES.values(), ids=MODES.keys())
+def test_lint_strict(offline_helm, args):
+    offline_helm("lint", "--strict", "--kube-version", devcluster.KUBERNETES, str(CHART), *args)
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (("--set", "replicas=2"), "replicas"),
+        (("--set", "watchNamespace=team-a"), "watchNamespace"),
+        (("--set", "logFormat=xml"), "logFormat"),
+        (("--set", "watchNamespaces={Team_A}"), "watchNamespaces"),
+    ],
+)
+def test_schema_refuses_bad_values(offline_helm, args, complaint):
+    proc = offline_helm("template", "x", str(CHART), *args, check=False)
+    assert proc.returncode != 0
+    assert complaint in proc.stderr
+
+
+def test_deployment_is_hardened(offline_helm):
+    docs = documents(offline_helm.template())
+    (deployment,) = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(docs)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The only writable path is an emptyDir on /tmp.
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == "/tmp"
+    assert {v["name"]: v for v in pod["volumes"]}[mount["name"]]["emptyDir"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_chart_user_is_the_image_user(offline_helm):
+    dockerfile = (REPO / "operator" / "Dockerfile").read_text()
+    uid = int(re.search(r"useradd --uid (\d+)", dockerfile).group(1))
+    gid = int(re.search(r"groupadd --gid (\d+)", dockerfile).group(1))
+    assert re.search(rf"^USER {uid}:{gid}$", dockerfile, re.MULTILINE)
+    (deployment,) = by_kind(documents(offline_helm.template()), "Deployment")
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (uid, gid)
+
+
+def test_probes_hit_kopfs_liveness_endpoint(offline_helm):
+    container = _container(documents(offline_helm.template()))
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": contract.OPERATOR_HEALTH_PORT, "metrics": contract.OPERATOR_METRICS_PORT}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def _settings(container: dict) -> OperatorSettings:
+    environ = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    unknown = {
+        name for name in environ
+        if name.startswith("RLIGHTNING_OPERATOR_")
+        and name.removeprefix("RLIGHTNING_OPERATOR_").lower() not in OperatorSettings.model_fields
+    }
+    assert not unknown, f"the chart sets variables the operator does not read: {unknown}"
+    return OperatorSettings.from_env(environ)
+
+
+def test_env_configures_the_operator(offline_helm):
+    settings = _settings(_container(documents(offline_helm.template("--set", "logLevel=debug,logFormat=json"))))
+    assert settings.all_namespaces and settings.served_namespaces == []
+    assert (settings.log_level, settings.log_format) == ("DEBUG", "json")
+    assert (settings.health_port, settings.metrics_port) == (contract.OPERATOR_HEALTH_PORT, contract.OPERATOR_METRICS_PORT)
+
+    settings = _settings(_container(documents(offline_helm.template(*NAMESPACED))))
+    assert not settings.all_namespaces and settings.served_namespaces == ["team-a", "team-b"]
+
+
+def test_metrics_off_removes_port_and_service(offline_helm):
+    docs = documents(offline_helm.template("--set", "metrics.enabled=false"))
+    container = _container(docs)
+    assert [port["name"] for port in container["ports"]] == ["health"]
+    assert _settings(container).metrics_port == 0
+    assert not by_kind(docs, "Service")
+
+    (service,) = by_kind(documents(offline_helm.template()), "Service")
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "metrics"
+    (deployment,) = by_kind(documents(offline_helm.template()), "Deployment")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_all_namespaces_uses_a_cluster_role(offline_helm):
+    docs = documents(offline_helm.template())
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    (role,) = by_kind(docs, "ClusterRole")
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    (account,) = by_kind(docs, "ServiceAccount")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "rlightning-system"}]
+    # Cluster-scoped names carry the release namespace: two releases in two namespaces do not collide.
+    assert role["metadata"]["name"].endswith("-rlightning-system")
+
+
+def test_watch_namespaces_use_a_role_in_each(offline_helm):
+    docs = documents(offline_helm.template(*NAMESPACED))
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    roles = by_kind(docs, "Role")
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"][0]["namespace"] == "rlightning-system"
+
+
+def test_rules_are_least_privilege(offline_helm):
+    (cluster_role,) = by_kind(documents(offline_helm.template()), "ClusterRole")
+    roles = by_kind(documents(offline_helm.template(*NAMESPACED)), "Role")
+    rules = cluster_role["rules"]
+    assert all(role["rules"] == rules for role in roles), "both scopes grant the same rules"
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in rules for group in rule["apiGroups"] for resource in rule["resources"]
+    }
+    for (group, resource), verbs in granted.items():
+        assert "*" not in (group, resource) and "*" not in verbs
+        assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
+    assert not _granted(rules, {"secrets", "pods", "pods/exec", "nodes", "namespaces",
+                                     "customresourcedefinitions", "clusterroles", "clusterrolebindings",
+                                     "kopfpeerings", "clusterkopfpeerings", "leases"})
+    assert granted[("", "events")] == {"create"}
+    # The operator can grant its trainer pods' Role only what it holds itself (no `escalate`).
+    assert {"get", "patch"} <= granted[(contract.API_GROUP, f"{contract.PLURAL}/status")]
+
+
+def _granted(rules: list[dict], resources: set[str]) -> set[str]:
+    """The names of `resources` that some rule grants."""
+    return {resource for rule in rules for resource in rule["resources"] if resource in resources}
