@@ -1,0 +1,350 @@
+"""Build the control-plane binaries from the wrapper modules into a cache outside the repository.
+
+The cache folder is ``$RLIGHTNING_DEVCLUSTER_CACHE`` (default ``~/.cache/rlightning/devcluster``) ``/<key>/bin``,
+where the key hashes the pinned versions, the Go version, the build recipe and every wrapper's go.mod, go.sum
+and Go sources. A complete folder carries a ``.complete`` marker; with it present the build returns without
+running ``go`` at all. Builds hold an exclusive file lock on the key folder, so concurrent callers (several test
+sessions) wait for one build instead of racing. Go's own build cache (``GOCACHE``) is reused across keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from devcluster import _gomod
+from devcluster import _toolchain
+from devcluster import _versions
+
+RECIPE = "3"
+"""Version of the build recipe below (flags, ldflags, targets); bump it to force a rebuild."""
+
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+"""kwok Stage files (under the module's ``kustomize/stage/``) used by the dev cluster.
+
+``pod/fast/pod-complete.yaml`` is left out on purpose: it would move every Job-owned pod to Succeeded right
+after it runs, so an Indexed Job of trainers could never be observed Running. Tests that need a finished pod
+patch its status themselves.
+"""
+
+HEARTBEAT_SECONDS = 30.0
+"""How often a running build prints which targets are still compiling."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One ``go build`` invocation.
+
+    Attributes:
+        name (str): Label shown in progress lines.
+        module (str): Wrapper folder under ``devcluster/go/``.
+        packages (tuple[str, ...]): Packages to build (main packages; ``"."`` for the wrapper's own main).
+        binaries (tuple[str, ...]): File names the invocation writes into the bin folder.
+        ldflags (tuple[str, ...]): Extra ``-X`` settings.
+    """
+
+    name: str
+    module: str
+    packages: tuple[str, ...]
+    binaries: tuple[str, ...]
+    ldflags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    """What :func:`build` did.
+
+    Attributes:
+        bin_dir (pathlib.Path): Folder holding every binary.
+        stages_file (pathlib.Path): The kwok Stage configs, one multi-document YAML file.
+        cache_hit (bool): True when nothing was built and no ``go`` command ran.
+        go_invocations (int): Number of ``go build`` commands run (0 on a cache hit).
+        seconds (float): Wall time of the call.
+    """
+
+    bin_dir: pathlib.Path
+    stages_file: pathlib.Path
+    cache_hit: bool
+    go_invocations: int
+    seconds: float
+
+
+class BuildError(RuntimeError):
+    """Raised when a ``go build`` fails; the message names the target and ends with its output tail."""
+
+
+def _kubernetes_ldflags() -> tuple[str, ...]:
+    """Version stamps that make ``/version`` and ``kubectl version`` report the pinned release.
+
+    Source: kubernetes/hack/lib/version.sh (``kube::version::ldflags``) sets these variables in both packages.
+    """
+    version = _versions.KUBERNETES
+    major, minor, _patch = version.lstrip("v").split(".")
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": _versions.KUBERNETES_BUILD_DATE,
+    }
+    return tuple(
+        f"{package}.{name}={value}"
+        for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for name, value in values.items()
+    )
+
+
+def _helm_ldflags() -> tuple[str, ...]:
+    """Version stamps of helm, as its Makefile sets them.
+
+    Besides its own version, helm stamps the Kubernetes version it assumes when no cluster is asked
+    (``helm template``, ``helm lint``): major = client-go major + 1, minor = client-go minor (helm's Makefile,
+    ``K8S_MODULES_VER``). Without them it assumes 1.20. The client-go version is read from the wrapper's go.mod.
+    """
+    gomod = (_gomod.GO_DIR / "helm" / "go.mod").read_text()
+    match = re.search(r"^\s*k8s\.io/client-go v(\d+)\.(\d+)\.", gomod, re.MULTILINE)
+    if match is None:
+        raise BuildError("devcluster/go/helm/go.mod requires no k8s.io/client-go; run `python -m devcluster gomod`")
+    major, minor = str(int(match.group(1)) + 1), match.group(2)
+    return (
+        f"helm.sh/helm/v3/internal/version.version={_versions.HELM}",
+        "helm.sh/helm/v3/internal/version.gitTreeState=clean",
+        *(
+            f"helm.sh/helm/v3/pkg/{package}.{name}={value}"
+            for package in ("lint/rules", "chartutil")
+            for name, value in (("k8sVersionMajor", major), ("k8sVersionMinor", minor))
+        ),
+    )
+
+
+def targets() -> tuple[Target, ...]:
+    """Return the build targets, the Kubernetes one first (it is the longest).
+
+    Returns:
+        tuple[Target, ...]: kubernetes (4 commands in one invocation, sharing compiled packages), etcd, kwok, helm.
+    """
+    return (
+        Target(
+            "kubernetes",
+            "kubernetes",
+            tuple(f"k8s.io/kubernetes/cmd/{cmd}" for cmd in _toolchain.KUBERNETES_COMMANDS),
+            _toolchain.KUBERNETES_COMMANDS,
+            _kubernetes_ldflags(),
+        ),
+        Target("etcd", "etcd", (".",), ("etcd",)),
+        Target("kwok", "kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",)),
+        Target(
+            "helm",
+            "helm",
+            ("helm.sh/helm/v3/cmd/helm",),
+            ("helm",),
+            _helm_ldflags(),
+        ),
+    )
+
+
+def cache_root() -> pathlib.Path:
+    """Return the cache folder: ``$RLIGHTNING_DEVCLUSTER_CACHE`` or ``~/.cache/rlightning/devcluster``."""
+    override = os.environ.get("RLIGHTNING_DEVCLUSTER_CACHE")
+    return pathlib.Path(override) if override else pathlib.Path.home() / ".cache" / "rlightning" / "devcluster"
+
+
+def _go_version(go: str) -> str:
+    """Read the toolchain version from ``$GOROOT/VERSION`` (no process), falling back to ``go env GOVERSION``."""
+    version_file = pathlib.Path(os.path.realpath(go)).parent.parent / "VERSION"
+    if version_file.is_file():
+        return version_file.read_text().splitlines()[0].strip()
+    return subprocess.run(
+        [go, "env", "GOVERSION"], check=True, capture_output=True, text=True, env=_toolchain.go_env()
+    ).stdout.strip()
+
+
+def cache_key(go: str) -> str:
+    """Hash everything that determines the binaries.
+
+    Args:
+        go (str): Path of the ``go`` command (its version is part of the key).
+
+    Returns:
+        str: 16 hex digits.
+    """
+    digest = hashlib.sha256()
+    for part in (
+        RECIPE,
+        _go_version(go),
+        f"{sys.platform}",
+        _versions.KUBERNETES,
+        _versions.ETCD,
+        _versions.KWOK,
+        _versions.HELM,
+        repr(targets()),
+        repr(KWOK_STAGES),
+    ):
+        digest.update(part.encode() + b"\0")
+    for path in sorted(_gomod.GO_DIR.rglob("*")):
+        if path.is_file() and path.suffix in {".mod", ".sum", ".go"}:
+            digest.update(str(path.relative_to(_gomod.GO_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _marker_ok(key_dir: pathlib.Path) -> bool:
+    marker = key_dir / "bin" / ".complete"
+    if not marker.is_file():
+        return False
+    names = json.loads(marker.read_text()).get("binaries", [])
+    binaries_ok = all(os.access(key_dir / "bin" / name, os.X_OK) for name in names)
+    return binaries_ok and (key_dir / "kwok-stages.yaml").is_file()
+
+
+def _run_target(target: Target, go: str, bin_dir: pathlib.Path, log: Callable[[str], None]) -> None:
+    ldflags = " ".join(["-s", "-w", *(f"-X {setting}" for setting in target.ldflags)])
+    out = str(bin_dir / target.binaries[0]) if len(target.binaries) == 1 else str(bin_dir) + os.sep
+    cmd = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", out, *target.packages]
+    start = time.monotonic()
+    log(f"build: {target.name}: go build {' '.join(target.packages)}")
+    proc = subprocess.run(
+        cmd, cwd=_gomod.GO_DIR / target.module, env=_toolchain.go_env(), capture_output=True, text=True
+    )
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        raise BuildError(f"go build of {target.name} failed (exit {proc.returncode}) after {elapsed:.0f}s:\n{tail}")
+    log(f"build: {target.name}: done in {elapsed:.0f}s ({', '.join(target.binaries)})")
+
+
+def _write_stages(key_dir: pathlib.Path, go: str) -> None:
+    """Concatenate the pinned kwok module's Stage files into ``kwok-stages.yaml``."""
+    module_dir = subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"],
+        cwd=_gomod.GO_DIR / "kwok",
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_toolchain.go_env(),
+    ).stdout.strip()
+    parts = [f"# kwok {_versions.KWOK} stages from sigs.k8s.io/kwok/kustomize/stage (Apache-2.0)\n"]
+    for rel in KWOK_STAGES:
+        parts.append("---\n" + (pathlib.Path(module_dir) / "kustomize" / "stage" / rel).read_text())
+    (key_dir / "kwok-stages.yaml").write_text("".join(parts))
+
+
+def build(log: Callable[[str], None] = print, parallel: int = 2) -> BuildResult:
+    """Build (or find cached) kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+
+    Args:
+        log (Callable[[str], None], optional): Progress sink, one line per event and a heartbeat every
+            :data:`HEARTBEAT_SECONDS` while compiling. Defaults to ``print``.
+        parallel (int, optional): How many ``go build`` commands run at once (each already compiles with
+            ``GOMAXPROCS`` workers). Defaults to 2.
+
+    Returns:
+        BuildResult: Where the binaries are and whether anything was built.
+
+    Raises:
+        BuildError: When a target fails to compile.
+        ToolchainError: When no Go toolchain is found.
+    """
+    start = time.monotonic()
+    go = _toolchain.go_binary()
+    key_dir = cache_root() / cache_key(go)
+    bin_dir = key_dir / "bin"
+    if _marker_ok(key_dir):
+        return BuildResult(bin_dir, key_dir / "kwok-stages.yaml", True, 0, time.monotonic() - start)
+    key_dir.mkdir(parents=True, exist_ok=True)
+    with open(key_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _marker_ok(key_dir):  # another process finished the build while this one waited
+            return BuildResult(bin_dir, key_dir / "kwok-stages.yaml", True, 0, time.monotonic() - start)
+        bin_dir.mkdir(exist_ok=True)
+        (bin_dir / ".complete").unlink(missing_ok=True)
+        log(f"build: cache {key_dir} is cold; building with {go} ({_go_version(go)}), {parallel} at a time")
+        invocations = _build_all(targets(), go, bin_dir, log, parallel, start)
+        _write_stages(key_dir, go)
+        names = [name for target in targets() for name in target.binaries]
+        (bin_dir / ".complete").write_text(json.dumps({"binaries": names, "key": key_dir.name}))
+        log(f"build: all binaries ready in {bin_dir} after {time.monotonic() - start:.0f}s")
+        return BuildResult(bin_dir, key_dir / "kwok-stages.yaml", False, invocations, time.monotonic() - start)
+
+
+def _build_all(
+    todo: tuple[Target, ...],
+    go: str,
+    bin_dir: pathlib.Path,
+    log: Callable[[str], None],
+    parallel: int,
+    start: float,
+) -> int:
+    """Run the targets on ``parallel`` worker threads; print a heartbeat; raise the first failure."""
+    queue = list(todo)
+    running: dict[str, float] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue or errors:
+                    return
+                target = queue.pop(0)
+                running[target.name] = time.monotonic()
+            try:
+                _run_target(target, go, bin_dir, log)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+                with lock:
+                    errors.append(exc)
+            finally:
+                with lock:
+                    running.pop(target.name, None)
+
+    def heartbeat() -> None:
+        while not done.wait(HEARTBEAT_SECONDS):
+            with lock:
+                now = time.monotonic()
+                busy = ", ".join(f"{name} {now - since:.0f}s" for name, since in running.items())
+            if busy:
+                log(f"build: [{now - start:.0f}s] compiling: {busy}")
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, parallel))]
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    beat.join()
+    if errors:
+        raise errors[0]
+    return len(todo)
+
+
+def find_binaries() -> BuildResult | None:
+    """Return the cached build when it is complete, without building or running ``go``.
+
+    Returns:
+        BuildResult | None: The cache hit, or None when :func:`build` still has to run.
+    """
+    try:
+        go = _toolchain.go_binary()
+    except _toolchain.ToolchainError:
+        return None
+    key_dir = cache_root() / cache_key(go)
+    if _marker_ok(key_dir):
+        return BuildResult(key_dir / "bin", key_dir / "kwok-stages.yaml", True, 0, 0.0)
+    return None

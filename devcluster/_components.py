@@ -1,0 +1,171 @@
+"""Command lines of the control-plane components: pure builders (paths and ports in, argv out), no I/O.
+
+Flags follow the Kubernetes 1.34 component references (kubernetes.io/docs/reference/command-line-tools-reference/)
+and etcd 3.6's configuration flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from devcluster import _nodes
+from devcluster import _pki
+from devcluster import _ports
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+"""``--service-account-issuer`` (also the default API audience)."""
+
+POD_CIDR = "10.244.0.1/16"
+"""kwok ``--cidr``: fake pod IPs come from here (65k addresses; nothing routes to them)."""
+
+NODE_LEASE_SECONDS = 40
+"""kwok ``--node-lease-duration-seconds``: kwok renews a Lease per node in kube-node-lease (the kubelet default,
+40 s). Without the flag kwok v0.8.0 runs with 0 (no leases) when no KwokConfiguration is given, and the node
+lifecycle controller marks every node Unknown after its 50 s grace period, flapping pods to NotReady."""
+
+CLIENT_QPS = 200
+"""Client QPS of the controller-manager and the scheduler (defaults 20 and 50 make a 1000-pod rollout slow)."""
+
+CLIENT_BURST = 400
+"""Client burst matching :data:`CLIENT_QPS`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Files of one running cluster.
+
+    Attributes:
+        workdir (pathlib.Path): Root folder of the cluster (state file, data, credentials, logs).
+        bin_dir (pathlib.Path): Folder of the built binaries.
+        stages_file (pathlib.Path): kwok Stage configs.
+        pki (_pki.PKI): Credentials.
+        admin_kubeconfig (pathlib.Path): Admin kubeconfig used by every component.
+    """
+
+    workdir: pathlib.Path
+    bin_dir: pathlib.Path
+    stages_file: pathlib.Path
+    pki: _pki.PKI
+    admin_kubeconfig: pathlib.Path
+
+    @property
+    def log_dir(self) -> pathlib.Path:
+        """Folder with one ``<component>.log`` per process."""
+        return self.workdir / "logs"
+
+    @property
+    def etcd_data(self) -> pathlib.Path:
+        """etcd's data folder."""
+        return self.workdir / "etcd-data"
+
+    @property
+    def scheduler_config(self) -> pathlib.Path:
+        """KubeSchedulerConfiguration file written by :func:`scheduler_config`."""
+        return self.workdir / "scheduler-config.yaml"
+
+
+def etcd(layout: Layout, ports: _ports.Ports) -> list[str]:
+    """Single-member etcd on loopback, without fsync (test data only)."""
+    client = f"http://{_ports.HOST}:{ports.etcd_client}"
+    peer = f"http://{_ports.HOST}:{ports.etcd_peer}"
+    return [
+        str(layout.bin_dir / "etcd"),
+        "--name=devcluster",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=devcluster={peer}",
+        "--initial-cluster-state=new",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def kube_apiserver(layout: Layout, ports: _ports.Ports) -> list[str]:
+    """kube-apiserver with RBAC, a static admin token and ServiceAccount token signing."""
+    pki = layout.pki
+    return [
+        str(layout.bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://{_ports.HOST}:{ports.etcd_client}",
+        f"--bind-address={_ports.HOST}",
+        f"--advertise-address={_ports.HOST}",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--cert-dir={layout.workdir / 'apiserver-certs'}",
+        f"--token-auth-file={pki.token_file}",
+        "--authorization-mode=Node,RBAC",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        f"--service-cluster-ip-range={_pki.SERVICE_CLUSTER_IP_RANGE}",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--max-requests-inflight=800",
+        "--max-mutating-requests-inflight=400",
+    ]
+
+
+def kube_controller_manager(layout: Layout, ports: _ports.Ports) -> list[str]:
+    """kube-controller-manager with every controller (GC, namespace, Job, StatefulSet, ...), no leader election."""
+    pki = layout.pki
+    kubeconfig = str(layout.admin_kubeconfig)
+    return [
+        str(layout.bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={_ports.HOST}",
+        f"--secure-port={ports.controller_manager}",
+        f"--cert-dir={layout.workdir / 'controller-manager-certs'}",
+        "--controllers=*",
+        "--leader-elect=false",
+        f"--service-account-private-key-file={pki.sa_key}",
+        f"--root-ca-file={pki.ca_cert}",
+        f"--cluster-signing-cert-file={pki.ca_cert}",
+        f"--cluster-signing-key-file={pki.ca_key}",
+        f"--service-cluster-ip-range={_pki.SERVICE_CLUSTER_IP_RANGE}",
+        f"--kube-api-qps={CLIENT_QPS}",
+        f"--kube-api-burst={CLIENT_BURST}",
+        "--profiling=false",
+    ]
+
+
+def scheduler_config(layout: Layout) -> dict:
+    """KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with a faster client and no leader election."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(layout.admin_kubeconfig), "qps": CLIENT_QPS, "burst": CLIENT_BURST},
+        "leaderElection": {"leaderElect": False},
+    }
+
+
+def kube_scheduler(layout: Layout, ports: _ports.Ports) -> list[str]:
+    """kube-scheduler reading :func:`scheduler_config`."""
+    kubeconfig = str(layout.admin_kubeconfig)
+    return [
+        str(layout.bin_dir / "kube-scheduler"),
+        f"--config={layout.scheduler_config}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={_ports.HOST}",
+        f"--secure-port={ports.scheduler}",
+        f"--cert-dir={layout.workdir / 'scheduler-certs'}",
+    ]
+
+
+def kwok(layout: Layout, ports: _ports.Ports) -> list[str]:
+    """kwok managing the annotated fake nodes with the pinned Stage configs."""
+    return [
+        str(layout.bin_dir / "kwok"),
+        f"--kubeconfig={layout.admin_kubeconfig}",
+        f"--config={layout.stages_file}",
+        f"--manage-nodes-with-annotation-selector={_nodes.KWOK_ANNOTATION}={_nodes.KWOK_ANNOTATION_VALUE}",
+        f"--cidr={POD_CIDR}",
+        f"--server-address={_ports.HOST}:{ports.kwok}",
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+    ]

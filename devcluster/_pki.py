@@ -1,0 +1,125 @@
+"""Keys, certificates and the static token file of a dev cluster, made with the ``openssl`` command.
+
+Python's ``cryptography`` package is not a dependency of this project, and OpenSSL 1.1.1+ is on every Debian
+machine, so the CLI is used. Everything is written into one folder that lives as long as the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import secrets
+import shutil
+import subprocess
+
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+"""``--service-cluster-ip-range``; the first address is the ``kubernetes`` Service (in the serving cert)."""
+
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+"""ClusterIP of ``default/kubernetes``, the first address of :data:`SERVICE_CLUSTER_IP_RANGE`."""
+
+ADMIN_USER = "devcluster-admin"
+"""User name of the static admin token; its group ``system:masters`` bypasses RBAC."""
+
+CERT_DAYS = 30
+"""Validity of the generated certificates (days)."""
+
+
+class PKIError(RuntimeError):
+    """Raised when ``openssl`` is missing or fails."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PKI:
+    """Paths and secrets of one cluster's credentials.
+
+    Attributes:
+        ca_cert (pathlib.Path): Self-signed CA (PEM) that signed the API server's serving certificate.
+        ca_key (pathlib.Path): Its private key (the controller-manager signs CSRs with it).
+        serving_cert (pathlib.Path): API server serving certificate for 127.0.0.1/localhost/kubernetes.default.
+        serving_key (pathlib.Path): Its private key.
+        sa_key (pathlib.Path): ECDSA P-256 key signing ServiceAccount tokens (ES256; apiserver and
+            controller-manager).
+        sa_pub (pathlib.Path): Its public key (``--service-account-key-file``).
+        token_file (pathlib.Path): ``--token-auth-file`` CSV with the admin token.
+        admin_token (str): Bearer token of :data:`ADMIN_USER`.
+    """
+
+    ca_cert: pathlib.Path
+    ca_key: pathlib.Path
+    serving_cert: pathlib.Path
+    serving_key: pathlib.Path
+    sa_key: pathlib.Path
+    sa_pub: pathlib.Path
+    token_file: pathlib.Path
+    admin_token: str
+
+
+def _openssl(*args: str, cwd: pathlib.Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise PKIError("`openssl` not found on PATH: install it (Debian: apt-get install openssl)")
+    proc = subprocess.run([openssl, *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PKIError(f"openssl {' '.join(args[:2])} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+
+
+def generate(folder: pathlib.Path) -> PKI:
+    """Create a CA, the API server's serving certificate, the ServiceAccount key pair and the admin token.
+
+    Args:
+        folder (pathlib.Path): Empty or new folder; files are written with mode 0600 (keys) or 0644.
+
+    Returns:
+        PKI: The created paths and the admin token.
+
+    Raises:
+        PKIError: When ``openssl`` is missing or fails.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    days = str(CERT_DAYS)
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key", cwd=folder)
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=rlightning-devcluster-ca", "-days", days,
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-out", "ca.crt", cwd=folder,
+    )
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "apiserver.key", cwd=folder)
+    _openssl("req", "-new", "-key", "apiserver.key", "-subj", "/CN=kube-apiserver", "-out", "apiserver.csr", cwd=folder)
+    sans = ",".join(
+        [
+            "IP:127.0.0.1",
+            "DNS:localhost",
+            f"IP:{KUBERNETES_SERVICE_IP}",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
+    )
+    (folder / "apiserver.ext").write_text(
+        f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", days, "-extfile", "apiserver.ext", "-out", "apiserver.crt", cwd=folder,
+    )
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key", cwd=folder)
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=folder)
+    token = secrets.token_hex(24)
+    token_file = folder / "tokens.csv"
+    # Format (kube-apiserver --token-auth-file): token,user,uid,"group1,group2"
+    token_file.write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+    for key in ("ca.key", "apiserver.key", "sa.key", "tokens.csv"):
+        (folder / key).chmod(0o600)
+    return PKI(
+        ca_cert=folder / "ca.crt",
+        ca_key=folder / "ca.key",
+        serving_cert=folder / "apiserver.crt",
+        serving_key=folder / "apiserver.key",
+        sa_key=folder / "sa.key",
+        sa_pub=folder / "sa.pub",
+        token_file=token_file,
+        admin_token=token,
+    )

@@ -1,0 +1,160 @@
+"""Start control-plane processes in their own process groups, and stop them by pid and group.
+
+Each process runs in a new session (its pid is its process-group id), writes stdout and stderr to one log file,
+and, unless it must outlive the launcher (``devcluster up``), gets ``PR_SET_PDEATHSIG=SIGKILL`` so that it also
+ends when the launcher is killed without running its cleanup. SIGKILL, not SIGTERM: terminated together,
+kube-apiserver and etcd wait on each other's connections for about a minute before exiting, and the data of a
+test cluster is thrown away anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+STOP_TIMEOUT_SECONDS = 10.0
+"""Grace period between SIGTERM and SIGKILL."""
+
+
+@dataclasses.dataclass
+class Managed:
+    """A started process.
+
+    Attributes:
+        name (str): Component name (``etcd``, ``kube-apiserver``, ...).
+        pid (int): Process id, also its process-group id.
+        log_path (pathlib.Path): File receiving its stdout and stderr.
+        popen (subprocess.Popen | None): Handle when started by this Python process (None when loaded from a
+            pid file by ``devcluster down``).
+    """
+
+    name: str
+    pid: int
+    log_path: pathlib.Path
+    popen: subprocess.Popen | None = None
+
+    def exit_code(self) -> int | None:
+        """Return the exit status, or None while it runs (always None for processes not started here)."""
+        return self.popen.poll() if self.popen is not None else None
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def start(
+    name: str, argv: list[str], log_path: pathlib.Path, *, detach: bool, env: dict[str, str] | None = None
+) -> Managed:
+    """Start a process in a new session with its output appended to a log file.
+
+    Args:
+        name (str): Component name for messages.
+        argv (list[str]): Command line; ``argv[0]`` is an absolute path.
+        log_path (pathlib.Path): Log file (created; parents created).
+        detach (bool): True to let the process outlive this Python process (no parent-death signal).
+        env (dict[str, str] | None, optional): Environment. Defaults to this process's environment.
+
+    Returns:
+        Managed: The started process.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=None if detach else _die_with_parent,
+        )
+    return Managed(name=name, pid=popen.pid, log_path=log_path, popen=popen)
+
+
+def alive(pid: int) -> bool:
+    """Return True when a process with this pid exists and is not a zombie.
+
+    Args:
+        pid (int): Process id.
+    """
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop(proc: Managed, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+    """Stop a process and its process group: SIGTERM, wait up to ``timeout``, then SIGKILL.
+
+    A process started here is waited for (reaped), so none is left even as a zombie. One known only by pid (from
+    a pid file) is signalled only while it still leads a process group of that id, so a reused pid of an
+    unrelated process is left alone.
+
+    Args:
+        proc (Managed): The process to stop.
+        timeout (float, optional): Seconds to wait after SIGTERM. Defaults to :data:`STOP_TIMEOUT_SECONDS`.
+    """
+    if proc.popen is not None:
+        if proc.popen.poll() is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.popen.wait(timeout)
+        return
+    if not _leads_group(proc.pid):
+        return
+    _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(proc.pid):
+        _signal_group(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return alive(pid) and os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(path: pathlib.Path, lines: int = 40) -> str:
+    """Return the last lines of a log file ("" when it does not exist).
+
+    Args:
+        path (pathlib.Path): Log file.
+        lines (int, optional): How many lines. Defaults to 40.
+    """
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            data = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

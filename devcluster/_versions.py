@@ -1,0 +1,31 @@
+"""Pinned versions of every binary the dev cluster builds (the single place to bump them)."""
+
+KUBERNETES = "v1.34.4"
+"""k8s.io/kubernetes release; its staging modules are published as v0.<minor>.<patch>."""
+
+KUBERNETES_BUILD_DATE = "2026-02-10T12:53:36Z"
+"""Commit time of the KUBERNETES tag (``Time`` in the module proxy's ``.info``); stamped as buildDate."""
+
+ETCD = "v3.6.16"
+"""go.etcd.io/etcd/server/v3 release (Kubernetes 1.34 documents etcd 3.5.11+ or 3.6)."""
+
+KWOK = "v0.8.0"
+"""sigs.k8s.io/kwok release; its stage configs are read from the module at this version."""
+
+HELM = "v3.22.0"
+"""helm.sh/helm/v3 release."""
+
+
+def staging_version(kubernetes: str = KUBERNETES) -> str:
+    """Return the tag of the staging modules (k8s.io/api, ...) that ship with a Kubernetes release.
+
+    Args:
+        kubernetes (str, optional): A Kubernetes tag such as ``"v1.34.4"``. Defaults to :data:`KUBERNETES`.
+
+    Returns:
+        str: The staging tag, ``"v0.34.4"`` for ``"v1.34.4"`` (the published-modules convention of
+        kubernetes/staging/README.md).
+    """
+    major, minor, patch = kubernetes.lstrip("v").split(".")
+    del major
+    return f"v0.{minor}.{patch}"

@@ -1,0 +1,33 @@
+"""The committed wrapper go.mod files match what the generator derives from the pinned upstream releases."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import devcluster
+from devcluster import _gomod
+
+pytestmark = pytest.mark.cluster  # needs the Go toolchain and the module proxy (or a warm module cache)
+
+
+def _directive_block(text: str, name: str) -> list[str]:
+    match = re.search(rf"^{name} \((.*?)^\)", text, re.MULTILINE | re.DOTALL)
+    return sorted(line.strip() for line in match.group(1).splitlines() if line.strip()) if match else []
+
+
+def test_kubernetes_wrapper_replaces_every_staging_module():
+    upstream = _gomod.upstream_gomod("k8s.io/kubernetes", devcluster.KUBERNETES)
+    committed = (_gomod.GO_DIR / "kubernetes" / "go.mod").read_text()
+    staging = _gomod.staging_replacements(upstream)
+    assert "k8s.io/client-go" in staging and "k8s.io/api" in staging
+    tag = "v0." + ".".join(devcluster.KUBERNETES.lstrip("v").split(".")[1:])
+    assert _directive_block(committed, "replace") == sorted(f"{m} => {m} {tag}" for m in staging)
+    assert "godebug default=go1.24" in committed
+    assert f"k8s.io/kubernetes {devcluster.KUBERNETES}" in committed
+
+
+@pytest.mark.parametrize("name", ["kubernetes", "etcd", "kwok", "helm"])
+def test_wrapper_has_go_sum(name):
+    assert (_gomod.GO_DIR / name / "go.sum").stat().st_size > 0
