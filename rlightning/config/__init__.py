@@ -4,6 +4,7 @@ Pure data and validation; no torch, no kopf, no I/O beyond reading a manifest fi
 generated from `PolicyGroupSpec` and `PolicyGroupStatus`; pods and the CLI validate with the same models.
 """
 
+from rlightning.config._crd import build_crd, crd_yaml
 from rlightning.config._load import ManifestError, format_validation_error, load_manifest, parse_manifest
 from rlightning.config._pod import PodConfig, ResourceRequirements
 from rlightning.config._policy import EnvConfig, OptimConfig, PolicyConfig, WeightBufferConfig
@@ -38,6 +39,8 @@ __all__ = [
     "TrainingStatus",
     "WeightBufferConfig",
     "WeightSyncConfig",
+    "build_crd",
+    "crd_yaml",
     "format_validation_error",
     "load_manifest",
     "parse_manifest",

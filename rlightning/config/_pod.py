@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlightning.config._base import StrictModel
 
 # A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource name of NVIDIA GPUs (device plugin)."""
 
 
 class ResourceRequirements(StrictModel):
@@ -37,9 +39,20 @@ class ResourceRequirements(StrictModel):
                 raise ValueError(f"{name}={quantity!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
         return value
 
+    @model_validator(mode="after")
+    def _gpu_requests_match_limits(self) -> ResourceRequirements:
+        # Kubernetes rejects an extended resource whose request differs from its limit.
+        request = self.requests.get(GPU_RESOURCE)
+        if request is not None and self.limits.get(GPU_RESOURCE) != request:
+            raise ValueError(
+                f"requests.{GPU_RESOURCE} must equal limits.{GPU_RESOURCE} (extended resources are not "
+                f"overcommitted), got requests={request!r}, limits={self.limits.get(GPU_RESOURCE)!r}"
+            )
+        return self
+
     def gpus(self) -> int:
         """Number of `nvidia.com/gpu` in limits (or requests), 0 when none."""
-        raw = self.limits.get("nvidia.com/gpu", self.requests.get("nvidia.com/gpu", "0"))
+        raw = self.limits.get(GPU_RESOURCE, self.requests.get(GPU_RESOURCE, "0"))
         return int(float(raw))
 
 

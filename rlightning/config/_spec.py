@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlightning import contract
 from rlightning.config._base import StrictModel
@@ -25,6 +25,17 @@ class PortsConfig(StrictModel):
     metrics: int = Field(
         default=contract.METRICS_PORT, ge=0, le=65535, description="Prometheus metrics port; 0 disables it."
     )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PortsConfig:
+        # Trainer rank 0 binds torchrun, weightSync and metrics in one pod: they must differ.
+        ports = [self.torchrun, self.weight_sync] + ([self.metrics] if self.metrics else [])
+        if len(set(ports)) != len(ports):
+            raise ValueError(
+                f"torchrun, weightSync and metrics (unless 0) must be distinct ports, got "
+                f"torchrun={self.torchrun}, weightSync={self.weight_sync}, metrics={self.metrics}"
+            )
+        return self
 
 
 class PolicyGroupSpec(StrictModel):

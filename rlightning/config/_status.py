@@ -29,6 +29,7 @@ class TrainStatus(StrictModel):
     ready: int = Field(default=0, ge=0, description="Trainer pods running and ready.")
     succeeded: int = Field(default=0, ge=0, description="Trainer pods that completed.")
     failed: int = Field(default=0, ge=0, description="Trainer pod failures counted by the Job.")
+    summary: str = Field(default="", description="'<ready>/<desired>', the TRAINERS column of kubectl get.")
 
 
 class EvalStatus(StrictModel):
@@ -36,6 +37,7 @@ class EvalStatus(StrictModel):
 
     desired: int = Field(default=0, ge=0, description="Evaluators wanted (spec.eval.replicas).")
     ready: int = Field(default=0, ge=0, description="Evaluators running and ready.")
+    summary: str = Field(default="", description="'<ready>/<desired>', the EVALUATORS column of kubectl get.")
 
 
 class TrainingStatus(StrictModel):

@@ -1,0 +1,177 @@
+"""Operator at scale against the devcluster harness: time to Running, API requests, memory.
+
+Scenarios (each in a fresh namespace, one operator process serving it):
+
+- `wide`: 1 PolicyGroup x 1000 evaluators;
+- `many`: 100 PolicyGroups x 10 evaluators.
+
+Figures per scenario: seconds from the first `kubectl apply` until every pod is Running and every PolicyGroup
+says Ready=True; the reconciler's API requests until then (`rlightning_operator_api_requests_total`; kopf's
+own watch and bookkeeping requests are not counted); the operator's peak RSS (VmHWM); and the reconciler's
+requests per minute at steady state (once no reconcile happened for 10 s, measured over `--steady-seconds`).
+
+Usage:
+    python benchmarks/operator_scale.py [--scenario wide|many|all] [--steady-seconds 60]
+        [--kubeconfig FILE]   # a running cluster (default: start one with devcluster.launch())
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "operator"))
+
+import kubernetes  # noqa: E402
+import yaml  # noqa: E402
+
+from operator_cluster import CRD_FILE, OperatorProcess, small, wait_for  # noqa: E402
+
+SCENARIOS = {"wide": (1, 1000), "many": (100, 10)}
+"""name -> (PolicyGroups, evaluators each)."""
+READY_TIMEOUT_SECONDS = 900.0
+
+
+class _GivenCluster:
+    """The part of devcluster.Cluster that OperatorProcess uses, for a cluster given by a kubeconfig."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = Path(kubeconfig)
+
+
+def _install_crd(kubeconfig: Path) -> None:
+    """Create or replace the PolicyGroup CRD from crds/ and wait until it is Established."""
+    api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    try:
+        extensions.create_custom_resource_definition(body)
+    except kubernetes.client.ApiException as error:
+        if error.status != 409:
+            raise
+        current = extensions.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        extensions.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+    def established() -> bool:
+        crd = extensions.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    wait_for("the CRD to be Established", established, timeout=60)
+    api.close()
+
+
+def _rss_peak_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _all_ready(api: kubernetes.client.ApiClient, namespace: str, groups: int, pods: int) -> bool:
+    """Every PolicyGroup says Ready=True and `pods` pods are Running (PolicyGroups first: the cheaper list)."""
+    core = kubernetes.client.CoreV1Api(api)
+    custom = kubernetes.client.CustomObjectsApi(api)
+    listed = custom.list_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups")["items"]
+    ready = sum(1 for g in listed for c in (g.get("status") or {}).get("conditions") or []
+                if c["type"] == "Ready" and c["status"] == "True")
+    if ready < groups:
+        return False
+    listed_pods = json.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)["items"]
+    running = sum(1 for p in listed_pods
+                  if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"))
+    return running >= pods
+
+
+def _settle(operator: OperatorProcess, quiet_seconds: float = 10.0, timeout: float = 180.0) -> float:
+    """Seconds until the reconcile counter stops moving for `quiet_seconds` (child status churn after Ready)."""
+    started = time.monotonic()
+    last, last_change = operator.counter("rlightning_operator_reconciles_total"), time.monotonic()
+    while time.monotonic() - last_change < quiet_seconds and time.monotonic() - started < timeout:
+        time.sleep(1.0)
+        now = operator.counter("rlightning_operator_reconciles_total")
+        if now != last:
+            last, last_change = now, time.monotonic()
+    return time.monotonic() - started - quiet_seconds
+
+
+def run_scenario(cluster, name: str, steady_seconds: float, log_dir: Path) -> dict:
+    """Run one scenario; returns its figures."""
+    groups, evaluators = SCENARIOS[name]
+    namespace = f"bench-{name}-{uuid.uuid4().hex[:6]}"
+    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    operator = OperatorProcess(cluster, namespace, log_dir / f"operator-{name}.log").start()
+    custom = kubernetes.client.CustomObjectsApi(api)
+    try:
+        started = time.monotonic()
+        for index in range(groups):
+            body = small(f"pg-{index:03d}", replicas=evaluators, **{"spec.eval.maxReplicas": max(1000, evaluators)})
+            custom.create_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups", body)
+        wait_for(f"{groups} PolicyGroups Ready with {groups * (evaluators + 1)} pods Running",
+                 lambda: _all_ready(api, namespace, groups, groups * (evaluators + 1)),
+                 timeout=READY_TIMEOUT_SECONDS, interval=1.0)
+        seconds = time.monotonic() - started
+        requests_to_ready = operator.counter("rlightning_operator_api_requests_total")
+        reconciles = operator.counter("rlightning_operator_reconciles_total")
+        settle = _settle(operator)
+        before = operator.counter("rlightning_operator_api_requests_total")
+        time.sleep(steady_seconds)
+        steady = (operator.counter("rlightning_operator_api_requests_total") - before) * 60 / steady_seconds
+        return {
+            "scenario": name,
+            "policy_groups": groups,
+            "evaluators_each": evaluators,
+            "pods": groups * (evaluators + 1),
+            "seconds_to_running_and_ready": round(seconds, 1),
+            "api_requests_to_ready": int(requests_to_ready),
+            "reconciles_to_ready": int(reconciles),
+            "settle_seconds_after_ready": round(settle, 1),
+            "peak_rss_mib": round(_rss_peak_mib(operator.process.pid), 1),
+            "steady_requests_per_minute": round(steady, 1),
+            "errors": int(operator.counter("rlightning_operator_reconcile_errors_total")),
+        }
+    finally:
+        operator.stop()
+        kubernetes.client.CoreV1Api(api).delete_namespace(namespace)
+        api.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen scenarios and print one JSON line per scenario, then a table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
+    args = parser.parse_args(argv)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    log_dir = Path(tempfile.mkdtemp(prefix="rlightning-operator-bench-"))
+    if args.kubeconfig:
+        cluster, owned = _GivenCluster(args.kubeconfig), None
+    else:
+        import devcluster
+
+        cluster = owned = devcluster.launch()
+    try:
+        _install_crd(cluster.kubeconfig)
+        results = []
+        for name in names:
+            result = run_scenario(cluster, name, args.steady_seconds, log_dir)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    finally:
+        if owned is not None:
+            owned.stop()
+    print(yaml.safe_dump(results, sort_keys=False))
+    print(f"operator logs: {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The PolicyGroup operator (kopf): PolicyGroup -> ConfigMap, RBAC, trainer Job, evaluator StatefulSet, status.
+
+What belongs here: pure builders (`_builders`), the pure planner (`_planner`) and status function
+(`_status`), the one module that calls the API (`_kube`), the reconcile that ties them (`_reconcile`), thin
+kopf handlers (`_handlers`, `_refresher`), settings, metrics and the `rlightning-operator` entry point. From
+`rlightning` it imports only `rlightning.config` and `rlightning.contract` (no torch). Design notes and the
+user's flow: docs/operator.md.
+
+RBAC the operator needs (Role per served namespace, or ClusterRole with --all-namespaces):
+
+======================================  ==========================================  ===============================
+API group / resource                    verbs                                       why
+======================================  ==========================================  ===============================
+rlightning.io policygroups              get, list, watch, patch                     kopf watches; kopf's progress
+                                                                                    and diff-base annotations
+rlightning.io policygroups/status       get, patch                                  status writes; `get` also lets
+                                                                                    it grant the same in the
+                                                                                    per-group Role (no escalation)
+rlightning.io policygroups/finalizers   update                                      owner references with
+                                                                                    blockOwnerDeletion (admission
+                                                                                    OwnerReferencesPermission-
+                                                                                    Enforcement)
+"" configmaps                           get, create, patch                          the spec ConfigMap
+"" services                             get, create, patch                          trainer and evaluator Services
+"" serviceaccounts                      get, create, patch                          the pods' ServiceAccount
+rbac.authorization.k8s.io roles         get, create, patch                          the pods' Role
+rbac.authorization.k8s.io rolebindings  get, create, patch                          the pods' RoleBinding
+batch jobs                              get, list, watch, create, patch, delete     trainers (recreated on a
+                                                                                    template change)
+apps statefulsets                       get, list, watch, create, patch             evaluators
+"" events                               create                                      Events (kopf posts core/v1)
+apiextensions.k8s.io                    list, watch (optional, cluster-wide only)   kopf notices CRDs installed
+customresourcedefinitions                                                           after it started
+"" namespaces                           list, watch (optional, cluster-wide only)   kopf notices new namespaces
+======================================  ==========================================  ===============================
+
+Nothing on pods, secrets or nodes. Without the optional rows kopf logs a warning and serves what it found at
+start. kopf runs standalone (no peering objects).
+"""
+
+from rlightning_operator._builders import build_children, owner_reference, with_owner
+from rlightning_operator._planner import Action, plan
+from rlightning_operator._settings import OperatorSettings
+from rlightning_operator._status import Observation, compute_status
+
+__all__ = [
+    "Action",
+    "Observation",
+    "OperatorSettings",
+    "build_children",
+    "compute_status",
+    "owner_reference",
+    "plan",
+    "with_owner",
+]

@@ -1,0 +1,397 @@
+"""Pure builders: a validated PolicyGroup manifest -> the manifests of its children (plain dicts).
+
+Builders never call the API, read the environment or the clock; the same input gives the same output.
+Owner references are not set here: the reconciler adds them (`with_owner`). Every child carries the spec-hash
+annotation (contract.ANNOTATION_SPEC_HASH) that the planner compares; the pod templates of the Job and the
+StatefulSet carry a hash that ignores `spec.eval.replicas`, `minReplicas` and `maxReplicas`, so scaling never
+looks like a template change.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from rlightning import contract
+from rlightning.config import PolicyGroupManifest, PolicyGroupSpec
+
+TRAIN = "train"
+EVAL = "eval"
+SCALING_FIELDS = ("replicas", "minReplicas", "maxReplicas")
+"""Fields of spec.eval that only size the evaluator fleet: excluded from every hash."""
+RUN_DIR_VOLUME = "run"
+SPEC_VOLUME = "spec"
+# Exit code of the pod runtime for a manifest it cannot use (rlightning validate/run: "Bad manifest -> exit 2").
+BAD_MANIFEST_EXIT_CODE = 2
+
+
+def digest(value: Any) -> str:
+    """A short, stable hash of a JSON-serialisable value (sha256 of canonical JSON, 16 hex digits).
+
+    Args:
+        value (Any): Dicts, lists, strings and numbers.
+
+    Returns:
+        str: 16 lower-case hex digits.
+    """
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def labels(group: str, role: str | None = None) -> dict[str, str]:
+    """The labels every child (and, with `role`, every pod) of PolicyGroup `group` carries.
+
+    Args:
+        group (str): metadata.name of the PolicyGroup.
+        role (str | None, optional): `train` or `eval`; None for children of no role. Defaults to None.
+
+    Returns:
+        dict[str, str]: Label key -> value, keys from rlightning.contract.
+    """
+    result = {contract.LABEL_GROUP: group, contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}
+    if role is not None:
+        result[contract.LABEL_ROLE] = role
+    return dict(sorted(result.items()))
+
+
+def selector(group: str, role: str) -> dict[str, str]:
+    """The label selector of the pods of one role of PolicyGroup `group` (a subset of `labels`)."""
+    return {contract.LABEL_GROUP: group, contract.LABEL_ROLE: role}
+
+
+def selector_string(group: str, role: str) -> str:
+    """`selector` as a label-selector string (`k=v,k=v`), the form of status.selector for the scale subresource."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector(group, role).items()))
+
+
+def train_master_addr(group: str, namespace: str) -> str:
+    """The stable DNS name of trainer pod 0: `<job>-0.<headless service>.<namespace>.svc`.
+
+    An Indexed Job's pod gets hostname `<job>-<index>`; with `subdomain` set to a headless Service of the same
+    namespace it resolves as `<hostname>.<subdomain>.<namespace>.svc` (Kubernetes DNS for pods).
+    """
+    return f"{contract.train_name(group)}-0.{contract.train_name(group)}.{namespace}.svc"
+
+
+def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
+    """The part of the spec that the pods of `role` depend on: all of it but the scaling fields and the other
+    role's scheduling (`pod`), in wire form.
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        role (str): `train` or `eval`.
+
+    Returns:
+        dict[str, Any]: camelCase dict.
+    """
+    data = spec.model_dump(by_alias=True, mode="json")
+    for key in SCALING_FIELDS:
+        data[EVAL].pop(key, None)
+    data[EVAL if role == TRAIN else TRAIN].pop("pod", None)
+    return data
+
+
+def _metadata(name: str, namespace: str, group: str, role: str | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels(group, role)}
+
+
+def _stamp(manifest: dict[str, Any], value: Any) -> dict[str, Any]:
+    manifest["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: digest(value)}
+    return manifest
+
+
+def _ports(spec: PolicyGroupSpec, role: str) -> list[tuple[str, int]]:
+    """(name, port) pairs a role's pods listen on, metrics last and only when enabled."""
+    ports = []
+    if role == TRAIN:
+        ports = [
+            (contract.TORCHRUN_PORT_NAME, spec.ports.torchrun),
+            (contract.WEIGHT_SYNC_PORT_NAME, spec.ports.weight_sync),
+        ]
+    if spec.ports.metrics:
+        ports.append((contract.METRICS_PORT_NAME, spec.ports.metrics))
+    return ports
+
+
+def _env(manifest: PolicyGroupManifest, namespace: str, role: str) -> list[dict[str, Any]]:
+    spec, group = manifest.spec, manifest.metadata.name
+    env: dict[str, dict[str, Any]] = {
+        contract.ENV_GROUP_NAME: {"value": group},
+        contract.ENV_NAMESPACE: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        contract.ENV_POD_NAME: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        contract.ENV_ROLE: {"value": role},
+        contract.ENV_SPEC_PATH: {"value": f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"},
+        contract.ENV_RUN_DIR: {"value": contract.DEFAULT_RUN_DIR_IN_POD},
+        contract.ENV_TRAIN_MASTER_ADDR: {"value": train_master_addr(group, namespace)},
+        contract.ENV_WEIGHT_SYNC_PORT: {"value": str(spec.ports.weight_sync)},
+        contract.ENV_METRICS_PORT: {"value": str(spec.ports.metrics)},
+    }
+    if role == TRAIN:
+        index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        env[contract.ENV_NODE_RANK] = {"valueFrom": {"fieldRef": {"fieldPath": index}}}
+        env[contract.ENV_REPORT_STATUS] = {"value": "1"}
+    return [{"name": name, **value} for name, value in sorted(env.items())]
+
+
+def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str, command: list[str]) -> dict[str, Any]:
+    spec, group = manifest.spec, manifest.metadata.name
+    pod = spec.train.pod if role == TRAIN else spec.eval.pod
+    resources = pod.resources.model_dump(by_alias=True, mode="json")
+    container: dict[str, Any] = {
+        "name": role,
+        "image": pod.image or spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": command,
+        "env": _env(manifest, namespace, role),
+        "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(spec, role)],
+        "resources": {key: dict(sorted(value.items())) for key, value in resources.items() if value},
+        "volumeMounts": [
+            {"name": RUN_DIR_VOLUME, "mountPath": contract.DEFAULT_RUN_DIR_IN_POD},
+            {"name": SPEC_VOLUME, "mountPath": contract.SPEC_MOUNT_DIR, "readOnly": True},
+        ],
+    }
+    result: dict[str, Any] = {
+        "serviceAccountName": contract.service_account_name(group),
+        "containers": [container],
+        "volumes": [
+            {"name": RUN_DIR_VOLUME, "emptyDir": {}},
+            {"name": SPEC_VOLUME, "configMap": {"name": contract.config_name(group)}},
+        ],
+    }
+    if pod.node_selector:
+        result["nodeSelector"] = dict(sorted(pod.node_selector.items()))
+    if pod.tolerations:
+        result["tolerations"] = copy.deepcopy(pod.tolerations)
+    if pod.affinity:
+        result["affinity"] = copy.deepcopy(pod.affinity)
+    return result
+
+
+def build_config_map(manifest: PolicyGroupManifest, namespace: str) -> dict[str, Any]:
+    """The ConfigMap holding the validated manifest (defaults filled in) as `contract.SPEC_FILE_NAME`.
+
+    The scaling fields of spec.eval (`SCALING_FIELDS`) are left out: the fleet size changes through the scale
+    subresource without touching anything but the StatefulSet, so a pod must not rely on it (the mounted spec
+    validates with their defaults).
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        dict[str, Any]: A v1 ConfigMap.
+    """
+    group = manifest.metadata.name
+    document = {
+        "apiVersion": contract.GROUP_VERSION,
+        "kind": contract.KIND,
+        "metadata": {"name": group, "namespace": namespace},
+        "spec": manifest.spec.model_dump(by_alias=True, mode="json"),
+    }
+    for field in SCALING_FIELDS:
+        del document["spec"][EVAL][field]
+    data = {contract.SPEC_FILE_NAME: yaml.safe_dump(document, sort_keys=True)}
+    result = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(contract.config_name(group), namespace, group),
+        "data": data,
+    }
+    return _stamp(result, data)
+
+
+def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+    """The pods' ServiceAccount, and a Role + RoleBinding that let them get and patch this PolicyGroup's status.
+
+    Trainer rank 0 writes status.training through the status subresource; nothing else is granted.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        list[dict[str, Any]]: ServiceAccount, Role, RoleBinding (v1, rbac.authorization.k8s.io/v1).
+    """
+    group = manifest.metadata.name
+    name = contract.service_account_name(group)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(name, namespace, group)}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(name, namespace, group),
+        "rules": [
+            {
+                "apiGroups": [contract.API_GROUP],
+                "resources": [f"{contract.PLURAL}/status"],
+                "resourceNames": [group],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(name, namespace, group),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }
+    account = _stamp(account, account["metadata"]["labels"])
+    role = _stamp(role, role["rules"])
+    binding = _stamp(binding, [binding["roleRef"], binding["subjects"]])
+    return [account, role, binding]
+
+
+def _service(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[str, Any]:
+    group = manifest.metadata.name
+    name = contract.train_name(group) if role == TRAIN else contract.eval_name(group)
+    ports = _ports(manifest.spec, role)
+    spec: dict[str, Any] = {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": selector(group, role),
+        "ports": [
+            {"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"} for port_name, port in ports
+        ],
+    }
+    if not ports:  # a headless Service may have no ports; keep the key out rather than an empty list
+        del spec["ports"]
+    result = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(name, namespace, group, role), "spec": spec}
+    return _stamp(result, spec)
+
+
+def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+    """The trainers: a headless Service (rendezvous DNS, resolvable before readiness) and an Indexed Job.
+
+    Each Job pod runs `torchrun --nnodes N --nproc-per-node P --node-rank $(JOB_COMPLETION_INDEX)
+    --master-addr <pod 0 DNS> --master-port <ports.torchrun> -m rlightning.runtime.train`. The pod failure
+    policy fails the Job at once on exit code 2 (a manifest the runtime rejects; retrying cannot help) and
+    does not count disruptions (preemption, eviction, node drain) against `backoffLimit`.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        list[dict[str, Any]]: [Service, Job]. The Job and its pod template carry the spec hash of the train view.
+    """
+    spec, group = manifest.spec, manifest.metadata.name
+    name = contract.train_name(group)
+    command = [
+        "torchrun",
+        f"--nnodes={spec.train.nodes}",
+        f"--nproc-per-node={spec.train.procs_per_node}",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        f"--master-addr={train_master_addr(group, namespace)}",
+        f"--master-port={spec.ports.torchrun}",
+        "-m",
+        "rlightning.runtime.train",
+    ]
+    pod_spec = _pod_spec(manifest, namespace, TRAIN, command)
+    pod_spec.update({"restartPolicy": "Never", "subdomain": name})
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": spec.train.nodes,
+        "parallelism": spec.train.nodes,
+        "backoffLimit": spec.train.backoff_limit,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {"containerName": TRAIN, "operator": "In", "values": [BAD_MANIFEST_EXIT_CODE]},
+                },
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]
+        },
+        "template": {"metadata": {"labels": labels(group, TRAIN)}, "spec": pod_spec},
+    }
+    value = digest([job_spec, role_view(spec, TRAIN)])
+    job_spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**_metadata(name, namespace, group, TRAIN), "annotations": {contract.ANNOTATION_SPEC_HASH: value}},
+        "spec": job_spec,
+    }
+    return [_service(manifest, namespace, TRAIN), job]
+
+
+def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+    """The evaluators: a headless Service and a StatefulSet (Parallel pod management, stable ordinals).
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        list[dict[str, Any]]: [Service, StatefulSet]. `spec.replicas` is `spec.eval.replicas`; the hash on the
+            StatefulSet and its pod template ignores it.
+    """
+    spec, group = manifest.spec, manifest.metadata.name
+    name = contract.eval_name(group)
+    pod_spec = _pod_spec(manifest, namespace, EVAL, ["python", "-m", "rlightning.runtime.eval"])
+    sts_spec: dict[str, Any] = {
+        "serviceName": name,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector(group, EVAL)},
+        "updateStrategy": {"type": "RollingUpdate"},
+        "template": {"metadata": {"labels": labels(group, EVAL)}, "spec": pod_spec},
+    }
+    value = digest([sts_spec, role_view(spec, EVAL)])
+    sts_spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {**_metadata(name, namespace, group, EVAL), "annotations": {contract.ANNOTATION_SPEC_HASH: value}},
+        "spec": {"replicas": spec.eval.replicas, **sts_spec},
+    }
+    return [_service(manifest, namespace, EVAL), sts]
+
+
+def build_children(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+    """Every child of a PolicyGroup, in creation order: what pods mount and use first, then workloads.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        list[dict[str, Any]]: ConfigMap, ServiceAccount, Role, RoleBinding, trainer Service, Job, evaluator
+            Service, StatefulSet.
+    """
+    return [
+        build_config_map(manifest, namespace),
+        *build_rbac(manifest, namespace),
+        *build_train(manifest, namespace),
+        *build_eval(manifest, namespace),
+    ]
+
+
+def with_owner(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `child` whose only owner reference is the PolicyGroup `owner` (controller, blocking deletion).
+
+    Args:
+        child (dict[str, Any]): A manifest from `build_children`.
+        owner (dict[str, Any]): The PolicyGroup object (needs apiVersion, kind, metadata.name and metadata.uid).
+
+    Returns:
+        dict[str, Any]: The child with metadata.ownerReferences set.
+    """
+    result = copy.deepcopy(child)
+    result["metadata"]["ownerReferences"] = [owner_reference(owner)]
+    return result
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """The controller owner reference to a PolicyGroup, so that garbage collection deletes children with it."""
+    return {
+        "apiVersion": owner.get("apiVersion", contract.GROUP_VERSION),
+        "kind": owner.get("kind", contract.KIND),
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

@@ -1,0 +1,144 @@
+"""kopf handlers: thin adapters from kopf's callbacks to `Reconciler` and `Refresher`.
+
+- create / update (of `spec` only) / resume of a PolicyGroup: one reconcile each. kopf keeps its progress
+  and diff base in annotations under `rlightning.io/` (the CRD's status schema has no room for `status.kopf`,
+  so bookkeeping there would be pruned and handlers would run again).
+- events of the Jobs and StatefulSets the operator manages (server-side label selector): a debounced
+  reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
+  change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped.
+
+There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from rlightning import contract
+from rlightning_operator import _kube as kube
+from rlightning_operator import _metrics as metrics
+from rlightning_operator import _reconcile as reconcile
+from rlightning_operator import _refresher as refresher
+from rlightning_operator import _settings
+from rlightning_operator import _status as status
+
+logger = logging.getLogger(__name__)
+REGISTRY = kopf.OperatorRegistry()
+MANAGED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
+RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+"""Backoff of a handler after a transient API error, by retry number (then 60 s)."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What the handlers share, passed to kopf as the operator's memo.
+
+    Attributes:
+        settings (_settings.OperatorSettings): The operator's settings.
+        reconciler (reconcile.Reconciler): Does the work.
+        refresher (refresher.Refresher | None): Debounces child-triggered reconciles; made at startup (it
+            needs the running event loop).
+    """
+
+    settings: _settings.OperatorSettings
+    reconciler: reconcile.Reconciler
+    refresher: refresher.Refresher | None = None
+
+
+def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Post a Kubernetes Event about `obj` through kopf (queued; safe from handler threads)."""
+    kopf.event(dict(obj), type=type_, reason=reason, message=message)
+
+
+@kopf.on.startup(registry=REGISTRY)
+async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) -> None:
+    """Point kopf's bookkeeping at annotations, name the event source, filter child watches server-side."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=contract.API_GROUP, key="last-handled-configuration"
+    )
+    settings.posting.reporting_component = contract.MANAGED_BY_VALUE
+    settings.posting.reporting_instance = socket.gethostname()
+    settings.execution.max_workers = memo.settings.workers
+    settings.peering.standalone = True
+    settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
+    settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
+    memo.refresher = refresher.Refresher(
+        memo.reconciler,
+        delay=memo.settings.refresh_delay_seconds,
+        executor=concurrent.futures.ThreadPoolExecutor(memo.settings.workers, thread_name_prefix="refresh"),
+    )
+
+
+@kopf.on.login(registry=REGISTRY)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's credentials: the in-cluster service account, else $KUBECONFIG read now (a custom registry gets
+    no default login handler)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.cleanup(registry=REGISTRY)
+async def cleanup(memo: Context, **_: Any) -> None:
+    """Cancel pending refreshes."""
+    if memo.refresher is not None:
+        await memo.refresher.close()
+
+
+@kopf.on.resume(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, id="reconcile-resume", param="resume",
+                registry=REGISTRY)
+@kopf.on.create(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, id="reconcile-create", param="create",
+                registry=REGISTRY)
+@kopf.on.update(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, id="reconcile-update", param="update",
+                field="spec", registry=REGISTRY)
+def reconcile_group(body: kopf.Body, param: str, retry: int, memo: Context, **_: Any) -> None:
+    """Reconcile a PolicyGroup after it was created, its spec changed, or the operator started.
+
+    Raises:
+        kopf.PermanentError: The spec is invalid (status and a Warning Event name the field); no retry.
+        kopf.TemporaryError: The API failed, or a child is being deleted or belongs to another owner; kopf
+            retries with backoff.
+    """
+    metrics.RECONCILES.labels(trigger=param).inc()
+    try:
+        outcome = memo.reconciler.reconcile(_plain(body))
+    except reconcile.InvalidSpecError as error:
+        metrics.RECONCILE_ERRORS.labels(trigger=param, error="invalid").inc()
+        raise kopf.PermanentError(f"invalid spec: {error}") from None
+    except kube.ApiError as error:
+        transient = isinstance(error, kube.TransientApiError)
+        metrics.RECONCILE_ERRORS.labels(trigger=param, error="transient" if transient else "permanent").inc()
+        # A permanent refusal (Forbidden, a webhook) may be fixed by an administrator: retry, but slowly.
+        delay = RETRY_DELAYS_SECONDS[min(retry, len(RETRY_DELAYS_SECONDS) - 1)] if transient else 60.0
+        raise kopf.TemporaryError(str(error), delay=delay) from None
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(trigger=param, error="unexpected").inc()
+        raise
+    if outcome.blocked:  # nothing else may wake us when they are gone: look again later
+        delay = RETRY_DELAYS_SECONDS[min(retry, len(RETRY_DELAYS_SECONDS) - 1)]
+        raise kopf.TemporaryError(f"waiting for {', '.join(outcome.blocked)}", delay=delay)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
+               registry=REGISTRY)
+@kopf.on.event("apps", "v1", "statefulsets", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
+               registry=REGISTRY)
+async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's name)
+    """A managed Job or StatefulSet changed (status, spec, deletion): refresh its PolicyGroup soon, unless
+    nothing the status or the plan reads from it changed."""
+    group = body.metadata.labels.get(contract.LABEL_GROUP)
+    if group and memo.refresher is not None and body.metadata.namespace:
+        fingerprint = status.child_fingerprint(_plain(body))
+        memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
+                              deleted=type == "DELETED")
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    """kopf's read-only body view as a plain dict."""
+    return {key: body[key] for key in body}

@@ -1,0 +1,31 @@
+"""The operator's Prometheus metrics (served on contract.OPERATOR_METRICS_PORT by `__main__`)."""
+
+from __future__ import annotations
+
+import prometheus_client
+
+RECONCILES = prometheus_client.Counter(
+    "rlightning_operator_reconciles_total",
+    "Reconciles of a PolicyGroup, by trigger (create, update, resume, child).",
+    ["trigger"],
+)
+RECONCILE_ERRORS = prometheus_client.Counter(
+    "rlightning_operator_reconcile_errors_total",
+    "Reconciles that ended in an error, by trigger and error class (invalid, transient, permanent, unexpected).",
+    ["trigger", "error"],
+)
+API_REQUESTS = prometheus_client.Counter(
+    "rlightning_operator_api_requests_total",
+    "Requests of the reconciler to the Kubernetes API (kopf's own watches and bookkeeping excluded).",
+    ["verb", "kind", "code"],
+)
+API_SECONDS = prometheus_client.Histogram(
+    "rlightning_operator_api_request_seconds",
+    "Duration of the reconciler's Kubernetes API requests in seconds.",
+    ["verb"],
+)
+ACTIONS = prometheus_client.Counter(
+    "rlightning_operator_actions_total",
+    "Actions applied to children, by type (create, patch, scale, recreate) and kind.",
+    ["type", "kind"],
+)

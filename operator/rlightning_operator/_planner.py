@@ -1,0 +1,139 @@
+"""The pure planner: desired children + observed children -> the actions that make them agree.
+
+No I/O. Rules, per desired child (compared by kind and name):
+
+- missing: create it;
+- being deleted (deletionTimestamp set): wait; the child's DELETED event triggers the next reconcile;
+- controlled by another owner (a different uid): leave it alone and report it (`Conflict`);
+- Job whose spec hash differs: recreate (the pod template of a Job is immutable): delete it with
+  propagationPolicy Foreground, so that its pods are gone before the new Job exists (never more trainer pods
+  than desired, never two pods answering to pod 0's DNS name), and create it on the next reconcile;
+- StatefulSet whose spec hash differs: patch the template (a rolling update of the evaluators) and replicas;
+  whose replicas only differ: patch `spec.replicas` alone (scaling never touches the template);
+- any other child whose spec hash or owner reference differs: patch it with the desired content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from rlightning import contract
+
+ActionType = Literal["create", "patch", "scale", "recreate", "wait", "conflict"]
+# Fields of each kind that a patch sends, beside metadata; immutable fields (StatefulSet selector and
+# serviceName, RoleBinding roleRef, Service clusterIP) are left out.
+_PATCHED_FIELDS: dict[str, tuple[str, ...]] = {
+    "ConfigMap": ("data",),
+    "ServiceAccount": (),
+    "Role": ("rules",),
+    "RoleBinding": ("subjects",),
+    "Service": ("spec",),
+    "StatefulSet": ("spec",),
+}
+_STATEFULSET_SPEC_FIELDS = ("replicas", "template", "updateStrategy")
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One step the reconciler takes on one child.
+
+    Attributes:
+        type (ActionType): create, patch, scale (StatefulSet replicas only), recreate (delete now, create on
+            the next reconcile), wait (nothing to do until the child is gone) or conflict (owned by another).
+        kind (str): Kubernetes kind of the child, for example `Job`.
+        name (str): metadata.name of the child.
+        body (dict[str, Any] | None): The manifest to create, or the JSON merge patch to send; None otherwise.
+        reason (str): Why, in a few words (used in Events and logs).
+    """
+
+    type: ActionType
+    kind: str
+    name: str
+    body: dict[str, Any] | None = None
+    reason: str = ""
+
+
+def key(manifest: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of a manifest: how desired and observed children are matched."""
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
+def _hash(manifest: Mapping[str, Any]) -> str | None:
+    return (manifest.get("metadata", {}).get("annotations") or {}).get(contract.ANNOTATION_SPEC_HASH)
+
+
+def _controller_uid(manifest: Mapping[str, Any]) -> str | None:
+    for reference in manifest.get("metadata", {}).get("ownerReferences") or []:
+        if reference.get("controller"):
+            return reference.get("uid")
+    return None
+
+
+def _patch_body(desired: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = desired["metadata"]
+    body: dict[str, Any] = {
+        "metadata": {name: metadata[name] for name in ("labels", "annotations", "ownerReferences") if name in metadata}
+    }
+    for field in _PATCHED_FIELDS[desired["kind"]]:
+        value = desired[field]
+        if desired["kind"] == "StatefulSet":
+            value = {name: value[name] for name in _STATEFULSET_SPEC_FIELDS if name in value}
+        body[field] = value
+    return body
+
+
+def plan_child(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> Action | None:
+    """The action for one child, or None when it already agrees.
+
+    Args:
+        desired (Mapping[str, Any]): The built manifest, with owner references set.
+        observed (Mapping[str, Any] | None): The child as read from the API server; None when it does not exist.
+
+    Returns:
+        Action | None: What to do.
+    """
+    kind, name = key(desired)
+    if observed is None:
+        return Action("create", kind, name, dict(desired), "missing")
+    if observed.get("metadata", {}).get("deletionTimestamp"):
+        return Action("wait", kind, name, reason="being deleted")
+    owner_uid = _controller_uid(desired)
+    observed_owner = _controller_uid(observed)
+    if observed_owner is not None and observed_owner != owner_uid:
+        return Action("conflict", kind, name, reason=f"controlled by another owner (uid {observed_owner})")
+    hash_differs = _hash(observed) != _hash(desired)
+    if kind == "Job":
+        if hash_differs:
+            return Action("recreate", kind, name, reason="pod template changed (immutable in a Job)")
+        if observed_owner is None:
+            adopt = {"metadata": {"ownerReferences": desired["metadata"]["ownerReferences"]}}
+            return Action("patch", kind, name, adopt, "adopt")
+        return None
+    if kind == "StatefulSet" and not hash_differs and observed_owner is not None:
+        replicas = desired["spec"]["replicas"]
+        if observed.get("spec", {}).get("replicas") != replicas:
+            return Action("scale", kind, name, {"spec": {"replicas": replicas}}, f"replicas -> {replicas}")
+        return None
+    if hash_differs or observed_owner is None:
+        return Action("patch", kind, name, _patch_body(desired), "spec changed" if hash_differs else "adopt")
+    return None
+
+
+def plan(desired: list[dict[str, Any]], observed: Mapping[tuple[str, str], Mapping[str, Any] | None]) -> list[Action]:
+    """The actions for every desired child, in the order of `desired`.
+
+    Args:
+        desired (list[dict[str, Any]]): Built manifests with owner references (`builders.build_children`).
+        observed (Mapping[tuple[str, str], Mapping[str, Any] | None]): (kind, name) -> child as read, or None.
+
+    Returns:
+        list[Action]: Actions for the children that differ; empty when everything agrees.
+    """
+    actions = []
+    for manifest in desired:
+        action = plan_child(manifest, observed.get(key(manifest)))
+        if action is not None:
+            actions.append(action)
+    return actions

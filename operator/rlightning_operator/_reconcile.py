@@ -1,0 +1,248 @@
+"""One reconcile of one PolicyGroup: validate, build, observe, plan, act, report (one status write at most).
+
+Synchronous (the kubernetes client blocks); kopf runs it in its thread pool. Reconciles of the same
+PolicyGroup are serialised by a per-object lock, so a handler and a child-triggered refresh never act at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rlightning import contract
+from rlightning.config import ManifestError, PolicyGroupManifest, parse_manifest
+from rlightning_operator import _builders as builders
+from rlightning_operator import _kube as kube
+from rlightning_operator import _metrics as metrics
+from rlightning_operator import _planner as planner
+from rlightning_operator import _status as status
+
+logger = logging.getLogger(__name__)
+
+EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
+"""(object, type Normal|Warning, reason, message) -> None; posts a Kubernetes Event about the object."""
+
+
+class InvalidSpecError(Exception):
+    """The PolicyGroup's spec fails validation; retrying cannot help until the spec changes.
+
+    Args:
+        problems (list[str]): One `"<field path>: <rule>"` line per problem.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one reconcile did.
+
+    Attributes:
+        actions (list[planner.Action]): Actions applied, in order.
+        status (dict[str, Any]): The operator's part of status as computed.
+        status_written (bool): Whether status was patched (it is only when it changed).
+        blocked (list[str]): Children (`Kind/name`) being deleted or controlled by another owner: the caller
+            reconciles again later, since no watched event may announce that they are gone.
+    """
+
+    actions: list[planner.Action]
+    status: dict[str, Any]
+    status_written: bool
+    blocked: list[str] = dataclasses.field(default_factory=list)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_MANIFEST_KEYS = ("apiVersion", "kind", "metadata", "spec")
+_EVENT_REASONS = {"create": "Created", "patch": "Patched", "scale": "Scaled", "recreate": "Recreating"}
+_EVENT_VERBS = {"create": "created", "patch": "patched", "scale": "scaled", "recreate": "deleted, to be created again,"}
+
+
+class Reconciler:
+    """Reconciles PolicyGroups through one `KubeClient`.
+
+    Args:
+        client (kube.KubeClient): The API.
+        post_event (EventPoster): Posts Events about a PolicyGroup.
+    """
+
+    def __init__(self, client: kube.KubeClient, post_event: EventPoster) -> None:
+        self._client = client
+        self._post_event = post_event
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the lock of a deleted PolicyGroup (memory stays bounded by the live objects)."""
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
+
+    def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PolicyGroup as stored now, or None when it is gone."""
+        return self._client.read(contract.KIND, namespace, name)
+
+    def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+        """Make the children of a PolicyGroup match its spec and write its status.
+
+        Args:
+            body (Mapping[str, Any]): The PolicyGroup object (apiVersion, kind, metadata, spec, status).
+
+        Returns:
+            Outcome: Actions applied and the status computed.
+
+        Raises:
+            InvalidSpecError: The spec is invalid (status and a Warning Event say which field, after this call).
+            kube.TransientApiError: The API failed in a way worth retrying.
+            kube.PermanentApiError: The API refused a request (for example Forbidden).
+        """
+        metadata = body["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        with self._lock(namespace, name):
+            return self._reconcile_locked(body, namespace, name)
+
+    def refresh_status(self, body: Mapping[str, Any]) -> Outcome:
+        """Recompute and write the status from the Job and the StatefulSet alone; act on nothing.
+
+        For child events that only moved progress (pods becoming ready): 3 reads instead of 9.
+
+        Args:
+            body (Mapping[str, Any]): The PolicyGroup object.
+
+        Returns:
+            Outcome: No actions; the status computed.
+
+        Raises:
+            InvalidSpecError: The spec is invalid (reported as in `reconcile`).
+            kube.TransientApiError: The API failed in a way worth retrying.
+            kube.PermanentApiError: The API refused a request.
+        """
+        metadata = body["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        with self._lock(namespace, name):
+            manifest = self._validate(body, namespace, name)
+            job = self._client.read("Job", namespace, contract.train_name(name))
+            stateful_set = self._client.read("StatefulSet", namespace, contract.eval_name(name))
+            return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
+                                blocked=[])
+
+    def _validate(self, body: Mapping[str, Any], namespace: str, name: str) -> PolicyGroupManifest:
+        """The validated manifest; for an invalid spec, status and one Warning Event, then InvalidSpecError."""
+        try:
+            return parse_manifest({key: body[key] for key in _MANIFEST_KEYS if key in body})
+        except ManifestError as error:
+            current_status = body.get("status") or {}
+            observation = status.Observation(
+                name,
+                int(body["metadata"].get("generation") or 0),
+                problems=error.problems,
+                previous=current_status.get("conditions") or [],
+                now=_now(),
+            )
+            computed = status.compute_status(observation)
+            if self._write_status(namespace, name, current_status, computed):  # once per invalid generation
+                self._post_event(body, "Warning", "InvalidSpec", "; ".join(error.problems)[:1000])
+            raise InvalidSpecError(error.problems) from None
+
+    def _report(
+        self,
+        body: Mapping[str, Any],
+        namespace: str,
+        name: str,
+        manifest: PolicyGroupManifest,
+        job: Mapping[str, Any] | None,
+        stateful_set: Mapping[str, Any] | None,
+        actions: list[planner.Action],
+        conflicts: list[str],
+        blocked: list[str],
+    ) -> Outcome:
+        """Compute the status from the observed Job and StatefulSet and write it when it changed."""
+        current_status = body.get("status") or {}
+        observation = status.Observation(
+            name,
+            int(body["metadata"].get("generation") or 0),
+            nodes=manifest.spec.train.nodes,
+            replicas=manifest.spec.eval.replicas,
+            job=job,
+            stateful_set=stateful_set,
+            conflicts=conflicts,
+            previous=current_status.get("conditions") or [],
+            now=_now(),
+        )
+        computed = status.compute_status(observation)
+        written = self._write_status(namespace, name, current_status, computed)
+        if written and conflicts:  # once per transition, not once per retry
+            logger.warning("%s/%s: children controlled by another owner: %s", namespace, name, "; ".join(conflicts))
+            self._post_event(body, "Warning", "Conflict", "; ".join(conflicts)[:1000])
+        return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked)
+
+    def _reconcile_locked(self, body: Mapping[str, Any], namespace: str, name: str) -> Outcome:
+        manifest = self._validate(body, namespace, name)
+        desired = [builders.with_owner(child, dict(body)) for child in builders.build_children(manifest, namespace)]
+        observed: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for kind, child_name in map(planner.key, desired):
+            observed[(kind, child_name)] = self._client.read(kind, namespace, child_name)
+        actions = planner.plan(desired, observed)
+        conflicts, blocked = [], []
+        for action in actions:
+            result = self._apply(action, namespace, body)
+            if action.type in ("conflict", "wait"):
+                blocked.append(f"{action.kind}/{action.name}")
+                if action.type == "conflict":
+                    conflicts.append(f"{action.kind}/{action.name}: {action.reason}")
+            elif result is not None or action.type == "recreate":
+                observed[(action.kind, action.name)] = result
+        job = observed.get(("Job", contract.train_name(name)))
+        stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
+        return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked)
+
+    def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict)."""
+        if action.type in ("wait", "conflict"):  # reported through Outcome.blocked and the status
+            return None
+        metrics.ACTIONS.labels(type=action.type, kind=action.kind).inc()
+        logger.info("%s/%s: %s %s %s (%s)", namespace, body["metadata"]["name"], action.type, action.kind,
+                    action.name, action.reason)
+        if action.type == "recreate":
+            self._client.delete(action.kind, namespace, action.name, propagation="Foreground")
+            result = None
+        elif action.type == "create":
+            try:
+                result = self._client.create(action.body or {})
+            except kube.Conflict:  # created meanwhile (a restart, a stale read): read it and patch it
+                observed = self._client.read(action.kind, namespace, action.name)
+                follow_up = planner.plan_child(action.body or {}, observed)
+                if follow_up is None or follow_up.type in ("wait", "conflict", "recreate"):
+                    return self._apply(follow_up, namespace, body) if follow_up else observed
+                result = self._client.patch(action.kind, namespace, action.name, follow_up.body or {})
+        else:
+            result = self._client.patch(action.kind, namespace, action.name, action.body or {})
+        message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}"
+        if action.type != "create":
+            message += f": {action.reason}"
+        self._post_event(body, "Normal", _EVENT_REASONS[action.type], message)
+        return result
+
+    def _write_status(
+        self, namespace: str, name: str, current: Mapping[str, Any], computed: Mapping[str, Any]
+    ) -> bool:
+        if not status.differs(current, computed):
+            return False
+        try:
+            self._client.patch(contract.KIND, namespace, name, {"status": dict(computed)}, subresource="status")
+        except kube.PermanentApiError as error:
+            if error.status == 404:  # deleted meanwhile; garbage collection removes the children
+                return False
+            raise
+        return True

@@ -1,0 +1,140 @@
+"""Debounced passes triggered by changes of children (a Job's or StatefulSet's status, a deleted child).
+
+A burst of child events for one PolicyGroup (1000 evaluator pods becoming ready) coalesces into one pass after
+`delay` seconds. A pass is a status refresh (read the Job and the StatefulSet, write status) when only their
+progress moved, and a whole reconcile when a child was deleted or its shape changed (spec hash, owner, replicas,
+deletion). Each pass reads the PolicyGroup fresh, so it never acts on a stale spec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from rlightning_operator import _kube as kube
+from rlightning_operator import _metrics as metrics
+from rlightning_operator import _reconcile as reconcile
+
+logger = logging.getLogger(__name__)
+RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+"""Backoff after a failed or blocked refresh (API errors, children of another owner), then every 30 s."""
+
+
+class Refresher:
+    """Schedules at most one pending reconcile per PolicyGroup.
+
+    Args:
+        reconciler (reconcile.Reconciler): Does the work (in a thread: it blocks on the API).
+        delay (float): Seconds to wait for more events before reconciling.
+        executor (concurrent.futures.Executor | None, optional): Threads for reconciles, shut down by `close`;
+            None for the event loop's default executor. Defaults to None.
+    """
+
+    def __init__(
+        self, reconciler: reconcile.Reconciler, delay: float, executor: concurrent.futures.Executor | None = None
+    ) -> None:
+        self._reconciler = reconciler
+        self._delay = delay
+        self._executor = executor
+        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._full: set[tuple[str, str]] = set()
+        self._seen: dict[str, tuple[Hashable, Hashable]] = {}
+
+    def notify(
+        self, namespace: str, name: str, uid: str, fingerprint: tuple[Hashable, Hashable], deleted: bool
+    ) -> bool:
+        """A child of PolicyGroup `namespace/name` changed: schedule a pass unless nothing relevant did.
+
+        Args:
+            namespace (str): Namespace of the PolicyGroup.
+            name (str): Its name.
+            uid (str): The child's metadata.uid.
+            fingerprint (tuple[Hashable, Hashable]): (shape, progress) of the child (`status.child_fingerprint`).
+            deleted (bool): The child is gone (a DELETED event).
+
+        Returns:
+            bool: Whether a pass was scheduled (or one was already pending).
+        """
+        previous = self._seen.pop(uid, None)
+        if not deleted:
+            self._seen[uid] = fingerprint
+            if previous == fingerprint:
+                return False
+        full = deleted or previous is None or previous[0] != fingerprint[0]
+        self.schedule(namespace, name, full=full)
+        return True
+
+    def schedule(
+        self, namespace: str, name: str, delay: float | None = None, attempt: int = 0, full: bool = True
+    ) -> None:
+        """Refresh PolicyGroup `namespace/name` soon, unless a pass is already pending (which `full` upgrades).
+
+        Must be called from the operator's event loop (kopf's async handlers run there).
+
+        Args:
+            namespace (str): Namespace of the PolicyGroup.
+            name (str): Its name (the child's contract.LABEL_GROUP label).
+            delay (float | None, optional): Seconds to wait; None for the configured delay. Defaults to None.
+            attempt (int, optional): Failed attempts so far (selects the backoff). Defaults to 0.
+            full (bool, optional): A whole reconcile rather than a status refresh. Defaults to True.
+        """
+        key = (namespace, name)
+        if full:
+            self._full.add(key)
+        if key in self._pending:
+            return
+        wait = self._delay if delay is None else delay
+        self._pending[key] = asyncio.get_running_loop().create_task(self._run(key, wait, attempt))
+
+    async def _run(self, key: tuple[str, str], delay: float, attempt: int) -> None:
+        await asyncio.sleep(delay)
+        del self._pending[key]  # events from now on schedule another pass
+        full = key in self._full
+        self._full.discard(key)
+        namespace, name = key
+        metrics.RECONCILES.labels(trigger="child" if full else "child-status").inc()
+        try:
+            body = await self._in_thread(self._reconciler.read_group, namespace, name)
+            if body is None:
+                self._reconciler.forget(namespace, name)
+                return
+            if body["metadata"].get("deletionTimestamp"):
+                return
+            work = self._reconciler.reconcile if full else self._reconciler.refresh_status
+            outcome = await self._in_thread(work, body)
+            if outcome.blocked:
+                self._retry(namespace, name, attempt, f"waiting for {', '.join(outcome.blocked)}")
+        except reconcile.InvalidSpecError:
+            metrics.RECONCILE_ERRORS.labels(trigger="child", error="invalid").inc()  # reported by the status
+        except kube.ApiError as error:
+            kind = "transient" if isinstance(error, kube.TransientApiError) else "permanent"
+            metrics.RECONCILE_ERRORS.labels(trigger="child", error=kind).inc()
+            self._retry(namespace, name, attempt, str(error))
+        except Exception:  # never let one strange object stop the refreshes of the others
+            metrics.RECONCILE_ERRORS.labels(trigger="child", error="unexpected").inc()
+            logger.exception("refresh of %s/%s failed", namespace, name)
+
+    def _retry(self, namespace: str, name: str, attempt: int, why: str) -> None:
+        delay = RETRY_DELAYS_SECONDS[min(attempt, len(RETRY_DELAYS_SECONDS) - 1)]
+        logger.info("reconciling %s/%s again in %.0f s: %s", namespace, name, delay, why)
+        self.schedule(namespace, name, delay=delay, attempt=attempt + 1)
+
+    async def _in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
+        # Copy the context: kopf's event posting reads its context variables in the worker thread.
+        call = functools.partial(contextvars.copy_context().run, function, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def close(self) -> None:
+        """Cancel pending refreshes and stop the executor (at operator shutdown)."""
+        tasks = list(self._pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pending.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

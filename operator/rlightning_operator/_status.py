@@ -1,0 +1,201 @@
+"""The pure status function: observed children -> the part of a PolicyGroup's status the operator owns.
+
+The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `replicas` and `selector`;
+`training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge patch
+without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Ready (all of the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlightning import contract
+from rlightning_operator import _builders as builders
+
+OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "replicas", "selector")
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What the status is computed from.
+
+    Attributes:
+        name (str): metadata.name of the PolicyGroup.
+        generation (int): metadata.generation of the PolicyGroup.
+        problems (Sequence[str]): Validation problems (`"<field>: <rule>"`); empty when the spec is valid.
+        nodes (int): Trainer pods desired (spec.train.nodes); 0 when invalid.
+        replicas (int): Evaluators desired (spec.eval.replicas); 0 when invalid.
+        job (Mapping[str, Any] | None): The trainers' Job as read, or None.
+        stateful_set (Mapping[str, Any] | None): The evaluators' StatefulSet as read, or None.
+        conflicts (Sequence[str]): Children that another owner controls, as `Kind/name: <reason>`.
+        previous (Sequence[Mapping[str, Any]]): The conditions currently in status (for lastTransitionTime).
+        now (str): RFC 3339 time used for conditions that change.
+    """
+
+    name: str
+    generation: int
+    problems: Sequence[str] = ()
+    nodes: int = 0
+    replicas: int = 0
+    job: Mapping[str, Any] | None = None
+    stateful_set: Mapping[str, Any] | None = None
+    conflicts: Sequence[str] = ()
+    previous: Sequence[Mapping[str, Any]] = ()
+    now: str = ""
+
+
+def _job_condition(job: Mapping[str, Any] | None, type_: str) -> bool:
+    for condition in ((job or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            return True
+    return False
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, observation: Observation) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    transition = observation.now
+    for previous in observation.previous:
+        if previous.get("type") == type_ and previous.get("status") == status and previous.get("lastTransitionTime"):
+            transition = previous["lastTransitionTime"]
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition,
+        "observedGeneration": observation.generation,
+    }
+
+
+def compute_status(observation: Observation) -> dict[str, Any]:
+    """The operator's part of status.
+
+    Args:
+        observation (Observation): The PolicyGroup's generation and validity, and its observed children.
+
+    Returns:
+        dict[str, Any]: camelCase keys `OWNED_FIELDS` (a JSON merge patch for the status subresource).
+    """
+    obs = observation
+    selector = builders.selector_string(obs.name, builders.EVAL)
+    if obs.problems:
+        message = "; ".join(obs.problems)
+        valid = _condition("Valid", False, "InvalidSpec", message, obs)
+        ready = _condition("Ready", False, "InvalidSpec", "the spec is invalid: " + message, obs)
+        return {
+            "phase": "Invalid",
+            "observedGeneration": obs.generation,
+            "conditions": [valid, ready],
+            "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0"},
+            "eval": {"desired": 0, "ready": 0, "summary": "0/0"},
+            "replicas": 0,
+            "selector": selector,
+        }
+    job_status = (obs.job or {}).get("status") or {}
+    sts_status = (obs.stateful_set or {}).get("status") or {}
+    train_ready = int(job_status.get("ready") or 0)
+    eval_ready = int(sts_status.get("readyReplicas") or 0)
+    complete, failed = _job_condition(obs.job, "Complete"), _job_condition(obs.job, "Failed")
+
+    if failed:
+        train_ok, train_reason, train_message = False, "JobFailed", "the trainer Job failed"
+    elif complete:
+        train_ok, train_reason, train_message = True, "Completed", "training completed"
+    elif obs.job is None:
+        train_ok, train_reason = False, "JobMissing"
+        train_message = f"Job {contract.train_name(obs.name)} does not exist"
+    elif train_ready >= obs.nodes:
+        train_ok, train_reason, train_message = True, "AllReady", f"{train_ready}/{obs.nodes} trainer pods ready"
+    else:
+        train_ok, train_reason, train_message = False, "Waiting", f"{train_ready}/{obs.nodes} trainer pods ready"
+    if obs.stateful_set is None:
+        eval_ok, eval_reason = False, "StatefulSetMissing"
+        eval_message = f"StatefulSet {contract.eval_name(obs.name)} does not exist"
+    else:
+        eval_ok = eval_ready >= obs.replicas
+        eval_reason = "AllReady" if eval_ok else "Waiting"
+        eval_message = f"{eval_ready}/{obs.replicas} evaluator pods ready"
+
+    conditions = [
+        _condition("Valid", True, "Validated", "the spec is valid", obs),
+        _condition("TrainersReady", train_ok, train_reason, train_message, obs),
+        _condition("EvaluatorsReady", eval_ok, eval_reason, eval_message, obs),
+    ]
+    if obs.conflicts:
+        ready_ok, ready_reason = False, "Conflict"
+        ready_message = "children controlled by another owner: " + "; ".join(obs.conflicts)
+    else:
+        not_ready = [c for c in conditions if c["status"] != "True"]
+        ready_ok = not not_ready
+        ready_reason = "AllReady" if ready_ok else not_ready[0]["reason"]
+        ready_message = "trainers and evaluators ready" if ready_ok else not_ready[0]["message"]
+    conditions.append(_condition("Ready", ready_ok, ready_reason, ready_message, obs))
+
+    if failed:
+        phase = "Failed"
+    elif complete:
+        phase = "Succeeded"
+    elif obs.job is not None and train_ready >= obs.nodes:
+        phase = "Running"
+    else:
+        phase = "Pending"
+    return {
+        "phase": phase,
+        "observedGeneration": obs.generation,
+        "conditions": conditions,
+        "train": {
+            "desired": obs.nodes,
+            "ready": train_ready,
+            "succeeded": int(job_status.get("succeeded") or 0),
+            "failed": int(job_status.get("failed") or 0),
+            "summary": f"{train_ready}/{obs.nodes}",
+        },
+        "eval": {"desired": obs.replicas, "ready": eval_ready, "summary": f"{eval_ready}/{obs.replicas}"},
+        "replicas": int(sts_status.get("replicas") or 0),
+        "selector": selector,
+    }
+
+
+def child_fingerprint(child: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What the planner and `compute_status` read from a Job or StatefulSet, as comparable tuples.
+
+    A child event whose fingerprint equals the previous one (for example a StatefulSet's `availableReplicas`
+    or `currentRevision` moving) cannot change the status or the plan, so it triggers nothing; one that changes
+    only the progress part needs a status refresh, not a reconcile of every child.
+
+    Args:
+        child (Mapping[str, Any]): A Job or StatefulSet as watched.
+
+    Returns:
+        tuple[tuple[Any, ...], tuple[Any, ...]]: (shape: kind, spec hash, deletion mark, owners, desired
+            replicas; progress: the status fields `compute_status` reads).
+    """
+    metadata = child.get("metadata") or {}
+    spec = child.get("spec") or {}
+    child_status = child.get("status") or {}
+    conditions = tuple(sorted((c.get("type"), c.get("status")) for c in child_status.get("conditions") or []))
+    shape = (
+        child.get("kind"),
+        (metadata.get("annotations") or {}).get(contract.ANNOTATION_SPEC_HASH),
+        bool(metadata.get("deletionTimestamp")),
+        tuple(sorted(ref.get("uid", "") for ref in metadata.get("ownerReferences") or [])),
+        spec.get("replicas"),
+    )
+    progress = tuple(child_status.get(field) for field in ("ready", "succeeded", "failed", "replicas", "readyReplicas"))
+    return shape, progress + (conditions,)
+
+
+def differs(current: Mapping[str, Any] | None, computed: Mapping[str, Any]) -> bool:
+    """Whether the operator's fields in `current` status differ from `computed` (so that a write is needed).
+
+    Args:
+        current (Mapping[str, Any] | None): status as read (may hold `training` and other writers' fields).
+        computed (Mapping[str, Any]): The result of `compute_status`.
+
+    Returns:
+        bool: True when any of `OWNED_FIELDS` differs.
+    """
+    current = current or {}
+    return any(current.get(field) != computed.get(field) for field in OWNED_FIELDS)

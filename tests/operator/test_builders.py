@@ -1,0 +1,185 @@
+"""Builders: pure, deterministic manifests of every child, with the fields the runtime and Kubernetes need."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlightning import contract
+from rlightning.config import parse_manifest
+from rlightning_operator import _builders as builders
+from rlightning_operator import build_children, with_owner
+
+from operator_manifests import edited, example, example_document  # noqa: F401 (fixture)
+
+NS = "team-a"
+
+
+def _by_kind(children):
+    return {child["kind"]: child for child in children if child["kind"] not in ("Service",)} | {
+        f"Service/{child['metadata']['name']}": child for child in children if child["kind"] == "Service"
+    }
+
+
+def _container(workload):
+    return workload["spec"]["template"]["spec"]["containers"][0]
+
+
+def _env(workload):
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in _container(workload)["env"]}
+
+
+def test_children_names_kinds_and_labels(example):
+    children = build_children(example, NS)
+    assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
+        ("ConfigMap", "cartpole-spec"),
+        ("ServiceAccount", "cartpole-runtime"),
+        ("Role", "cartpole-runtime"),
+        ("RoleBinding", "cartpole-runtime"),
+        ("Service", "cartpole-train"),
+        ("Job", "cartpole-train"),
+        ("Service", "cartpole-eval"),
+        ("StatefulSet", "cartpole-eval"),
+    ]
+    for child in children:
+        assert child["metadata"]["namespace"] == NS
+        assert child["metadata"]["labels"][contract.LABEL_GROUP] == "cartpole"
+        assert child["metadata"]["labels"][contract.LABEL_MANAGED_BY] == contract.MANAGED_BY_VALUE
+        assert child["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
+
+
+def test_deterministic(example):
+    assert build_children(example, NS) == build_children(example, NS)
+
+
+def test_config_map_holds_the_validated_manifest(example):
+    import yaml
+
+    data = _by_kind(build_children(example, NS))["ConfigMap"]["data"]
+    document = yaml.safe_load(data[contract.SPEC_FILE_NAME])
+    expected = example.spec.model_copy(update={"eval": example.spec.eval.model_copy(update={"replicas": 1})})
+    assert parse_manifest(document).spec == expected
+    assert not {"replicas", "minReplicas", "maxReplicas"} & set(document["spec"]["eval"]), "scaling is not in the spec file"
+
+
+def test_role_grants_only_this_groups_status(example):
+    children = _by_kind(build_children(example, NS))
+    assert children["Role"]["rules"] == [
+        {"apiGroups": ["rlightning.io"], "resources": ["policygroups/status"], "resourceNames": ["cartpole"],
+         "verbs": ["get", "patch"]}
+    ]
+    assert children["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "cartpole-runtime", "namespace": NS}]
+    assert children["RoleBinding"]["roleRef"]["name"] == "cartpole-runtime"
+
+
+def test_trainer_job_and_headless_service(example):
+    children = _by_kind(build_children(example, NS))
+    job, service = children["Job"], children["Service/cartpole-train"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "train"}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weight-sync": 29600,
+                                                                      "metrics": 9400}
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", 1, 1, 3)
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "cartpole-train" and pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == "cartpole-runtime"
+    master = "cartpole-train-0.cartpole-train.team-a.svc"
+    assert _container(job)["command"] == [
+        "torchrun", "--nnodes=1", "--nproc-per-node=2", "--node-rank=$(JOB_COMPLETION_INDEX)",
+        f"--master-addr={master}", "--master-port=29500", "-m", "rlightning.runtime.train",
+    ]
+    env = _env(job)
+    assert env[contract.ENV_TRAIN_MASTER_ADDR] == master
+    assert env[contract.ENV_ROLE] == "train" and env[contract.ENV_REPORT_STATUS] == "1"
+    assert env[contract.ENV_SPEC_PATH] == f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"
+    assert "job-completion-index" in env[contract.ENV_NODE_RANK]["fieldRef"]["fieldPath"]
+    mounts = {m["name"]: m["mountPath"] for m in _container(job)["volumeMounts"]}
+    assert mounts["spec"] == contract.SPEC_MOUNT_DIR
+    assert _container(job)["resources"] == {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    assert spec["template"]["metadata"]["annotations"] == job["metadata"]["annotations"]
+
+
+def test_evaluator_statefulset(example):
+    children = _by_kind(build_children(example, NS))
+    sts = children["StatefulSet"]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == "cartpole-eval"
+    assert sts["spec"]["selector"]["matchLabels"] == {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}
+    assert _container(sts)["command"] == ["python", "-m", "rlightning.runtime.eval"]
+    env = _env(sts)
+    assert env[contract.ENV_POD_NAME] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[contract.ENV_TRAIN_MASTER_ADDR] == "cartpole-train-0.cartpole-train.team-a.svc"
+    assert contract.ENV_REPORT_STATUS not in env and contract.ENV_NODE_RANK not in env
+
+
+# (edit, does the trainers' template change?, does the evaluators' template change?)
+HASH_CASES = [
+    ({"spec.eval.replicas": 7}, False, False),
+    ({"spec.eval.maxReplicas": 50}, False, False),
+    ({"spec.eval.minReplicas": 1}, False, False),
+    ({"spec.policy.optim": {"lr": 0.00123}}, True, True),
+    ({"spec.image": "example.com/rl:2"}, True, True),
+    ({"spec.train.nodes": 2}, True, True),
+    ({"spec.eval.pod": {"nodeSelector": {"pool": "cpu"}}}, False, True),
+    ({"spec.train.pod": {"nodeSelector": {"pool": "gpu"}}}, True, False),
+    ({"spec.eval.episodesPerReport": 9}, True, True),
+]
+
+
+@pytest.mark.parametrize(("edit", "train_changes", "eval_changes"), HASH_CASES)
+def test_template_hash_ignores_scaling_only(example, edit, train_changes, eval_changes):
+    before = _by_kind(build_children(example, NS))
+    after = _by_kind(build_children(parse_manifest(edited(example_document(), **edit)), NS))
+
+    def template_hash(child):
+        return child["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
+
+    assert (template_hash(before["Job"]) != template_hash(after["Job"])) == train_changes
+    assert (template_hash(before["StatefulSet"]) != template_hash(after["StatefulSet"])) == eval_changes
+
+
+# (edit, check on the built children)
+SPEC_CASES = [
+    ({"spec.ports": {"metrics": 0}},
+     lambda c: [p["name"] for p in c["Service/cartpole-train"]["spec"]["ports"]] == ["torchrun", "weight-sync"]
+     and "ports" not in c["Service/cartpole-eval"]["spec"]),
+    ({"spec.ports": {"torchrun": 1234}}, lambda c: "--master-port=1234" in _container(c["Job"])["command"]),
+    ({"spec.train.nodes": 3},
+     lambda c: (c["Job"]["spec"]["completions"], c["Job"]["spec"]["parallelism"]) == (3, 3)
+     and "--nnodes=3" in _container(c["Job"])["command"]),
+    ({"spec.train.backoffLimit": 0}, lambda c: c["Job"]["spec"]["backoffLimit"] == 0),
+    ({"spec.imagePullPolicy": "Always"}, lambda c: _container(c["StatefulSet"])["imagePullPolicy"] == "Always"),
+    ({"spec.eval.pod": {"image": "eval:1"}},
+     lambda c: _container(c["StatefulSet"])["image"] == "eval:1"
+     and _container(c["Job"])["image"] == contract.DEFAULT_IMAGE),
+    ({"spec.train.pod": {"tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeSelector": {"b": "2", "a": "1"},
+                         "affinity": {"nodeAffinity": {}}}},
+     lambda c: c["Job"]["spec"]["template"]["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+     and list(c["Job"]["spec"]["template"]["spec"]["nodeSelector"]) == ["a", "b"]
+     and c["Job"]["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": {}}
+     and "tolerations" not in c["StatefulSet"]["spec"]["template"]["spec"]),
+    ({"spec.train.pod": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}},
+     lambda c: _container(c["Job"])["resources"] == {"limits": {"nvidia.com/gpu": "1"}}),
+    ({"spec.eval.replicas": 0}, lambda c: c["StatefulSet"]["spec"]["replicas"] == 0),
+]
+
+
+@pytest.mark.parametrize(("edit", "check"), SPEC_CASES, ids=[str(list(e)) + str(i) for i, (e, _) in enumerate(SPEC_CASES)])
+def test_spec_fields_reach_the_children(edit, check):
+    manifest = parse_manifest(edited(example_document(), **edit))
+    assert check(_by_kind(build_children(manifest, NS)))
+
+
+def test_with_owner_sets_a_blocking_controller_reference(example):
+    owner = {"apiVersion": "rlightning.io/v1alpha1", "kind": "PolicyGroup", "metadata": {"name": "cartpole", "uid": "u-1"}}
+    child = build_children(example, NS)[0]
+    owned = with_owner(child, owner)
+    assert owned["metadata"]["ownerReferences"] == [
+        {"apiVersion": "rlightning.io/v1alpha1", "kind": "PolicyGroup", "name": "cartpole", "uid": "u-1",
+         "controller": True, "blockOwnerDeletion": True}
+    ]
+    assert "ownerReferences" not in child["metadata"], "with_owner copies"
+
+
+def test_selector_string():
+    assert builders.selector_string("g", "eval") == "rlightning.io/policy-group=g,rlightning.io/role=eval"

@@ -1,0 +1,227 @@
+"""One reconcile against an in-memory API (same verbs and error classes as `_kube.KubeClient`)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+
+from rlightning import contract
+from rlightning_operator import _kube as kube
+from rlightning_operator._reconcile import InvalidSpecError, Reconciler
+
+from operator_manifests import edited, example_document
+
+NS = "ns"
+
+
+def merge(target, patch):
+    """RFC 7386 JSON merge patch."""
+    for name, value in patch.items():
+        if value is None:
+            target.pop(name, None)
+        elif isinstance(value, dict) and isinstance(target.get(name), dict):
+            merge(target[name], value)
+        else:
+            target[name] = copy.deepcopy(value)
+    return target
+
+
+class FakeApi:
+    """Objects by (kind, namespace, name); records every request."""
+
+    def __init__(self):
+        self.objects = {}
+        self.requests = []
+        self.uids = itertools.count(1)
+        self.fail_next = None
+
+    def _check(self, verb):
+        self.requests.append(verb)
+        if self.fail_next:
+            error, self.fail_next = self.fail_next, None
+            raise error
+
+    def read(self, kind, namespace, name):
+        self._check("get")
+        found = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(found)
+
+    def create(self, manifest):
+        self._check("create")
+        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        if key in self.objects:
+            raise kube.Conflict("create", "/x", 409, "already exists")
+        stored = copy.deepcopy(manifest)
+        stored["metadata"]["uid"] = f"uid-{next(self.uids)}"
+        self.objects[key] = stored
+        return copy.deepcopy(stored)
+
+    def patch(self, kind, namespace, name, body, subresource=None):
+        self._check(f"patch{'/' + subresource if subresource else ''}")
+        if (kind, namespace, name) not in self.objects:
+            raise kube.PermanentApiError("patch", "/x", 404, "not found")
+        return copy.deepcopy(merge(self.objects[(kind, namespace, name)], body))
+
+    def delete(self, kind, namespace, name, propagation="Foreground"):
+        self._check("delete")
+        self.objects.pop((kind, namespace, name), None)
+
+
+def group(**edit):
+    body = edited(example_document(), **edit)
+    body["metadata"].update(namespace=NS, uid="pg-uid", generation=1)
+    return body
+
+
+@pytest.fixture
+def api():
+    api = FakeApi()
+    api.objects[(contract.KIND, NS, "cartpole")] = group()
+    return api
+
+
+@pytest.fixture
+def events():
+    return []
+
+
+@pytest.fixture
+def reconciler(api, events):
+    return Reconciler(api, lambda obj, type_, reason, message: events.append((type_, reason, message)))
+
+
+def children(api):
+    return sorted((kind, name) for kind, _, name in api.objects if kind != contract.KIND)
+
+
+def test_first_reconcile_creates_children_and_writes_status_once(api, events, reconciler):
+    outcome = reconciler.reconcile(group())
+    assert [a.type for a in outcome.actions] == ["create"] * 8
+    assert len(children(api)) == 8
+    assert api.requests.count("patch/status") == 1
+    status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    assert status["phase"] == "Pending" and status["eval"]["summary"] == "0/2"
+    assert [e[1] for e in events] == ["Created"] * 8
+    for (kind, ns, name), obj in api.objects.items():
+        if kind != contract.KIND:
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == "pg-uid"
+
+
+def test_second_reconcile_is_reads_only(api, reconciler):
+    body = group()
+    reconciler.reconcile(body)
+    body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    api.requests.clear()
+    outcome = reconciler.reconcile(body)
+    assert outcome.actions == [] and not outcome.status_written
+    assert set(api.requests) == {"get"}
+
+
+def test_scale_patches_only_the_statefulset(api, reconciler):
+    reconciler.reconcile(group())
+    api.requests.clear()
+    outcome = reconciler.reconcile(group(**{"spec.eval.replicas": 9}))
+    assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
+    assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == 9
+
+
+def test_template_change_recreates_the_job_over_two_reconciles(api, reconciler):
+    reconciler.reconcile(group())
+    old_uid = api.objects[("Job", NS, "cartpole-train")]["metadata"]["uid"]
+    first = reconciler.reconcile(group(**{"spec.train.nodes": 2}))
+    assert ("recreate", "Job") in [(a.type, a.kind) for a in first.actions]
+    assert ("Job", "cartpole-train") not in children(api)
+    second = reconciler.reconcile(group(**{"spec.train.nodes": 2}))
+    assert [(a.type, a.kind) for a in second.actions] == [("create", "Job")]
+    job = api.objects[("Job", NS, "cartpole-train")]
+    assert job["spec"]["completions"] == 2 and job["metadata"]["uid"] != old_uid
+
+
+def test_create_conflict_reads_and_patches(api, reconciler):
+    reconciler.reconcile(group())
+    api.objects[("ConfigMap", NS, "cartpole-spec")]["data"] = {"stale": "yes"}
+    api.objects[("ConfigMap", NS, "cartpole-spec")]["metadata"]["annotations"] = {}
+
+    original_read = api.read
+
+    def stale_read(kind, namespace, name):  # a read that missed the object: create then conflicts
+        return None if kind == "ConfigMap" else original_read(kind, namespace, name)
+
+    api.read = stale_read
+    outcome = reconciler.reconcile(group())
+    api.read = original_read
+    assert [(a.type, a.kind) for a in outcome.actions] == [("create", "ConfigMap")]
+    assert contract.SPEC_FILE_NAME in api.objects[("ConfigMap", NS, "cartpole-spec")]["data"]
+
+
+def test_invalid_spec_sets_condition_warns_once_and_raises(api, events, reconciler):
+    body = group(**{"spec.train.nodes": 0})
+    with pytest.raises(InvalidSpecError, match="spec.train.nodes"):
+        reconciler.reconcile(body)
+    status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    assert status["phase"] == "Invalid"
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert valid["status"] == "False" and "spec.train.nodes" in valid["message"]
+    assert events == [("Warning", "InvalidSpec", valid["message"])]
+    assert children(api) == []
+    body["status"] = status
+    with pytest.raises(InvalidSpecError):
+        reconciler.reconcile(body)
+    assert len(events) == 1, "no Warning per retry"
+
+
+@pytest.mark.parametrize("spec", [None, "text", {"env": "CartPole"}, {"env": {"id": ""}, "eval": []}])
+def test_strange_objects_are_invalid_not_crashes(api, reconciler, spec):
+    body = group()
+    body["spec"] = spec
+    with pytest.raises(InvalidSpecError):
+        reconciler.reconcile(body)
+    assert api.objects[(contract.KIND, NS, "cartpole")]["status"]["phase"] == "Invalid"
+
+
+def test_transient_error_propagates_for_retry(api, reconciler):
+    api.fail_next = kube.TransientApiError("get", "/x", 503, "unavailable")
+    with pytest.raises(kube.TransientApiError):
+        reconciler.reconcile(group())
+
+
+def test_status_write_never_touches_training(api, reconciler):
+    api.objects[(contract.KIND, NS, "cartpole")]["status"] = {"training": {"iteration": 7, "weightVersion": 3}}
+    reconciler.reconcile(group())
+    assert api.objects[(contract.KIND, NS, "cartpole")]["status"]["training"] == {"iteration": 7, "weightVersion": 3}
+
+
+def test_foreign_child_is_a_conflict_not_a_takeover(api, events, reconciler):
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "cartpole-spec", "namespace": NS,
+                            "ownerReferences": [{"uid": "someone", "controller": True, "kind": "X", "name": "x",
+                                                 "apiVersion": "v1"}]},
+               "data": {"mine": "1"}}
+    api.objects[("ConfigMap", NS, "cartpole-spec")] = foreign
+    outcome = reconciler.reconcile(group())
+    assert api.objects[("ConfigMap", NS, "cartpole-spec")]["data"] == {"mine": "1"}
+    ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "Conflict" and "ConfigMap/cartpole-spec" in ready["message"]
+    assert outcome.blocked == ["ConfigMap/cartpole-spec"], "the caller looks again later"
+    assert [(e[0], e[1]) for e in events].count(("Warning", "Conflict")) == 1
+    body = group()
+    body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    reconciler.reconcile(body)
+    assert [(e[0], e[1]) for e in events].count(("Warning", "Conflict")) == 1, "one Warning per transition"
+
+
+def test_status_refresh_reads_two_children_and_acts_on_nothing(api, reconciler):
+    reconciler.reconcile(group())
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1}
+    del api.objects[("Service", NS, "cartpole-eval")]  # repaired by a reconcile, not by a status refresh
+    body = group()
+    body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    api.requests.clear()
+    outcome = reconciler.refresh_status(body)
+    assert outcome.actions == [] and api.requests == ["get", "get", "patch/status"]
+    status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    assert status["phase"] == "Running" and status["eval"]["summary"] == "2/2"
+    assert ("Service", NS, "cartpole-eval") not in api.objects

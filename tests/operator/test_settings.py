@@ -1,0 +1,57 @@
+"""Operator settings from the environment and flags; the entry point's argument handling."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from rlightning import contract
+from rlightning_operator import OperatorSettings
+from rlightning_operator.__main__ import main
+
+
+def test_defaults():
+    settings = OperatorSettings.from_env({})
+    assert settings.health_port == contract.OPERATOR_HEALTH_PORT
+    assert settings.metrics_port == contract.OPERATOR_METRICS_PORT
+    assert settings.served_namespaces == ["default"] and not settings.all_namespaces
+
+
+def test_environment_and_overrides():
+    env = {"RLIGHTNING_OPERATOR_NAMESPACES": "b, a", "RLIGHTNING_OPERATOR_LOG_FORMAT": "json",
+           "RLIGHTNING_OPERATOR_METRICS_PORT": "0"}
+    settings = OperatorSettings.from_env(env, log_level="DEBUG", health_port=None)
+    assert settings.served_namespaces == ["a", "b"]
+    assert (settings.log_format, settings.log_level, settings.metrics_port) == ("json", "DEBUG", 0)
+    assert OperatorSettings.from_env({"RLIGHTNING_OPERATOR_ALL_NAMESPACES": "true"}).served_namespaces == []
+
+
+@pytest.mark.parametrize("env", [
+    {"RLIGHTNING_OPERATOR_LOG_FORMAT": "xml"},
+    {"RLIGHTNING_OPERATOR_HEALTH_PORT": "70000"},
+    {"RLIGHTNING_OPERATOR_NAMESPACES": "a", "RLIGHTNING_OPERATOR_ALL_NAMESPACES": "1"},
+])
+def test_invalid_environment(env):
+    with pytest.raises(pydantic.ValidationError):
+        OperatorSettings.from_env(env)
+
+
+def test_entry_point_rejects_bad_settings(monkeypatch, capsys):
+    monkeypatch.setenv("RLIGHTNING_OPERATOR_LOG_FORMAT", "xml")
+    assert main([]) == 2
+    assert "settings.log_format" in capsys.readouterr().err
+
+
+def test_json_log_lines_and_quiet_child_events():
+    import json
+    import logging
+
+    from rlightning_operator.__main__ import JsonFormatter, QuietChildEvents
+
+    record = logging.LogRecord("rlightning_operator._reconcile", logging.INFO, __file__, 1, "created %s", ("x",), None)
+    entry = json.loads(JsonFormatter().format(record))
+    assert (entry["level"], entry["logger"], entry["message"]) == ("INFO", "rlightning_operator._reconcile", "created x")
+    noisy = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'child_changed' succeeded.", (), None)
+    other = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'reconcile-create' succeeded.", (),
+                              None)
+    assert not QuietChildEvents().filter(noisy) and QuietChildEvents().filter(other)

@@ -1,0 +1,78 @@
+"""The status function: observed Job and StatefulSet -> phase, conditions, counts, selector."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlightning_operator import Observation, compute_status
+from rlightning_operator._status import differs
+
+SELECTOR = "rlightning.io/policy-group=g,rlightning.io/role=eval"
+
+
+def job(ready=0, succeeded=0, failed=0, conditions=()):
+    return {"status": {"ready": ready, "succeeded": succeeded, "failed": failed,
+                       "conditions": [{"type": t, "status": "True"} for t in conditions]}}
+
+
+def sts(replicas=0, ready=0):
+    return {"status": {"replicas": replicas, "readyReplicas": ready}}
+
+
+def conditions(status):
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+# (name, observation kwargs, phase, {condition: (status, reason)}, train summary, eval summary, replicas)
+CASES = [
+    ("nothing yet", dict(), "Pending",
+     {"Valid": ("True", "Validated"), "TrainersReady": ("False", "JobMissing"),
+      "EvaluatorsReady": ("False", "StatefulSetMissing"), "Ready": ("False", "JobMissing")}, "0/2", "0/3", 0),
+    ("pods starting", dict(job=job(ready=1), stateful_set=sts(replicas=3, ready=1)), "Pending",
+     {"TrainersReady": ("False", "Waiting"), "EvaluatorsReady": ("False", "Waiting"), "Ready": ("False", "Waiting")},
+     "1/2", "1/3", 3),
+    ("trainers up, evaluators starting", dict(job=job(ready=2), stateful_set=sts(replicas=3, ready=2)), "Running",
+     {"TrainersReady": ("True", "AllReady"), "Ready": ("False", "Waiting")}, "2/2", "2/3", 3),
+    ("all ready", dict(job=job(ready=2), stateful_set=sts(replicas=3, ready=3)), "Running",
+     {"TrainersReady": ("True", "AllReady"), "EvaluatorsReady": ("True", "AllReady"), "Ready": ("True", "AllReady")},
+     "2/2", "3/3", 3),
+    ("training done", dict(job=job(succeeded=2, conditions=["Complete"]), stateful_set=sts(3, 3)), "Succeeded",
+     {"TrainersReady": ("True", "Completed"), "Ready": ("True", "AllReady")}, "0/2", "3/3", 3),
+    ("job failed", dict(job=job(failed=4, conditions=["Failed"]), stateful_set=sts(3, 3)), "Failed",
+     {"TrainersReady": ("False", "JobFailed"), "Ready": ("False", "JobFailed")}, "0/2", "3/3", 3),
+    ("foreign child", dict(job=job(ready=2), stateful_set=sts(3, 3), conflicts=["ConfigMap/g-spec"]), "Running",
+     {"Ready": ("False", "Conflict")}, "2/2", "3/3", 3),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "phase", "expected", "train", "evals", "replicas"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_status_table(name, kwargs, phase, expected, train, evals, replicas):
+    status = compute_status(Observation("g", 4, nodes=2, replicas=3, now="T1", **kwargs))
+    assert status["phase"] == phase
+    got = conditions(status)
+    for type_, value in expected.items():
+        assert got[type_] == value, type_
+    assert (status["train"]["summary"], status["eval"]["summary"], status["replicas"]) == (train, evals, replicas)
+    assert status["selector"] == SELECTOR and status["observedGeneration"] == 4
+    assert "training" not in status, "status.training belongs to trainer rank 0"
+
+
+def test_invalid_names_the_field():
+    status = compute_status(Observation("g", 2, problems=["spec.eval.replicas: must be >= 0"], now="T"))
+    assert status["phase"] == "Invalid"
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+    assert "spec.eval.replicas" in valid["message"]
+
+
+def test_transition_time_kept_while_status_unchanged():
+    first = compute_status(Observation("g", 1, nodes=1, replicas=1, now="T1"))
+    same = compute_status(Observation("g", 1, nodes=1, replicas=1, previous=first["conditions"], now="T2"))
+    assert {c["lastTransitionTime"] for c in same["conditions"]} == {"T1"}
+    assert not differs({**first, "training": {"iteration": 3}}, same)
+    ready = compute_status(Observation("g", 1, nodes=1, replicas=1, job=job(ready=1), stateful_set=sts(1, 1),
+                                       previous=first["conditions"], now="T3"))
+    times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
+    assert times == {"Valid": "T1", "TrainersReady": "T3", "EvaluatorsReady": "T3", "Ready": "T3"}
+    assert differs(first, ready)
