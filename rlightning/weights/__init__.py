@@ -1,0 +1,44 @@
+"""Weight sync: what a policy's weights are, how copies are compared, and how they travel to evaluators.
+
+Belongs here: extraction and loading of weights by clean name (`named_state`), fingerprints and digests,
+flat buckets, the staging buffer mixed into policies (`WeightBufferMixin`), broadcast groups (gloo; NCCL
+behind a capability check) and the versioned sender/receiver protocol over the weight-sync store. Not here:
+training, evaluation loops, process launching (see `rlightning.policy` and `rlightning.runtime`).
+
+Layers, as in TorchRL's weight_update: transport (`_transport`, `_nccl`: how bytes move), strategy
+(`_state`, `_buckets`: what is extracted and applied), scheme (`_sender`, `_receiver`, `_membership`: versions,
+groups and acknowledgements over `_store`).
+"""
+
+from rlightning.weights._buckets import ZERO_COPY_MIN_BYTES, BucketLayout, BucketSpec, Segment, TensorSlot
+from rlightning.weights._buffer import WeightBufferMixin
+from rlightning.weights._fingerprint import l2_fingerprint, mismatched_digests, mismatched_fingerprints, tensor_digests
+from rlightning.weights._membership import GroupPlan, Member, plan_groups
+from rlightning.weights._receiver import WeightReceiver
+from rlightning.weights._sender import WeightSender
+from rlightning.weights._state import clean_state_dict_keys, load_named_state, named_state
+from rlightning.weights._types import ReceiverReport, SyncStats, WeightSyncError
+
+__all__ = [
+    "BucketLayout",
+    "BucketSpec",
+    "GroupPlan",
+    "Member",
+    "ReceiverReport",
+    "Segment",
+    "SyncStats",
+    "TensorSlot",
+    "WeightBufferMixin",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncError",
+    "ZERO_COPY_MIN_BYTES",
+    "clean_state_dict_keys",
+    "l2_fingerprint",
+    "load_named_state",
+    "mismatched_digests",
+    "mismatched_fingerprints",
+    "named_state",
+    "plan_groups",
+    "tensor_digests",
+]

@@ -1,0 +1,78 @@
+"""Trainer rank 0 patches `status.training` of its PolicyGroup (only in a cluster, ENV_REPORT_STATUS=1).
+
+A JSON merge patch (RFC 7386) of the status subresource touches only `status.training`, so the operator's
+fields (phase, conditions, replicas) are left alone. Reports are rate-limited and an API error is logged,
+never raised: training must not die because the API server is slow or the Role is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rlightning import contract
+from rlightning.config import TrainingStatus
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_SECONDS = 5.0
+"""Least time between two status patches, so a fast training loop does not load the API server."""
+
+
+class StatusReporter:
+    """Patches the PolicyGroup's status.training from inside a pod (in-cluster service account).
+
+    Args:
+        name (str): metadata.name of the PolicyGroup.
+        namespace (str): Its namespace.
+        min_interval (float, optional): Seconds between patches; `report(force=True)` ignores it.
+            Defaults to MIN_INTERVAL_SECONDS.
+        api (Any, optional): A `kubernetes.client.CustomObjectsApi`; defaults to one built from the
+            in-cluster configuration.
+    """
+
+    def __init__(self, name: str, namespace: str, min_interval: float = MIN_INTERVAL_SECONDS, api: Any = None) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.min_interval = min_interval
+        self._api = api
+        self._last = float("-inf")
+
+    def _client(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config
+
+            config.load_incluster_config()
+            self._api = client.CustomObjectsApi()
+        return self._api
+
+    def report(self, status: TrainingStatus, force: bool = False) -> bool:
+        """Patch status.training unless the last patch is younger than `min_interval`.
+
+        Args:
+            status (TrainingStatus): The progress to publish.
+            force (bool, optional): Patch even within the interval (the final report). Defaults to False.
+
+        Returns:
+            bool: True when the patch was sent and accepted; False when skipped or when it failed (logged).
+        """
+        now = time.monotonic()
+        if not force and now - self._last < self.min_interval:
+            return False
+        self._last = now
+        body = {"status": {"training": status.model_dump(by_alias=True, exclude_none=True, mode="json")}}
+        try:
+            self._client().patch_namespaced_custom_object_status(
+                contract.API_GROUP,
+                contract.API_VERSION,
+                self.namespace,
+                contract.PLURAL,
+                self.name,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+        except Exception as error:  # noqa: BLE001 - any API or config error must not stop training
+            log.warning("could not patch status.training of %s/%s: %s", self.namespace, self.name, error)
+            return False
+        return True

@@ -1,0 +1,342 @@
+"""The local launcher behind `rlightning run`: the pods of a PolicyGroup as processes on this machine.
+
+Trainers run under `torchrun` (one node, `train.world_size` ranks, static rendezvous on 127.0.0.1 at
+`spec.ports.torchrun`); each evaluator is a process of its own. They run the very entrypoints pods run
+(`rlightning.runtime.train`, `rlightning.runtime.eval`), configured by the same ENV_* variables.
+
+Supervision, as a cluster would do it:
+- The trainer ending with exit code 0 ends the run; the evaluators are then stopped with SIGTERM.
+- The trainer dying (non-zero exit) stops the evaluators; the run fails with the exit code and its log tail.
+- A dead evaluator is restarted with the same ordinal, as its StatefulSet would; the trainer drops it from
+  weight sync until it is back. After `eval_restarts` restarts of one evaluator the run fails.
+- Ctrl-C (SIGINT) or SIGTERM asks the trainer to stop (it checkpoints and writes summary.json), then stops
+  the evaluators; a second Ctrl-C kills everything at once.
+
+Every child runs in a session of its own (so the terminal's Ctrl-C reaches only the launcher) and logs to
+`<run dir>/logs/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from rlightning import contract
+from rlightning.config import PolicyGroupManifest
+from rlightning.runtime import progress as progress_mod
+from rlightning.runtime.report import plot_returns
+from rlightning.runtime.rundir import JsonlTail, RunDir, read_jsonl
+
+TRAINER = "trainer"
+POLL_SECONDS = 0.25
+"""How often the launcher polls its children and the metrics file."""
+TRAINER_STOP_SECONDS = 60.0
+"""Grace given to torchrun after SIGTERM (it gives its ranks 30 s, they checkpoint) before SIGKILL."""
+EVAL_STOP_SECONDS = 15.0
+"""Grace given to an evaluator after SIGTERM before SIGKILL."""
+LOG_TAIL_LINES = 25
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ("" when missing)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Child:
+    """One supervised child process.
+
+    Attributes:
+        name (str): `trainer` or `eval-<ordinal>`.
+        command (list[str]): argv.
+        env (dict[str, str]): Its environment.
+        log_path (Path): Its stdout and stderr.
+        restarts (int): Times it was restarted.
+    """
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    restarts: int = 0
+    popen: subprocess.Popen | None = field(default=None, repr=False)
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        """Start (or restart) the process in a new session, appending to its log."""
+        self._close_log()
+        self._log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} pid {self.popen.pid}: {' '.join(self.command)}\n"
+        self._log.write(header.encode())
+        self._log.flush()
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running (or never started)."""
+        return None if self.popen is None else self.popen.poll()
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the child's process group (it and what it started, e.g. torchrun's ranks)."""
+        if self.popen is not None and self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace_seconds: float) -> int | None:
+        """SIGTERM, wait up to `grace_seconds`, then SIGKILL. Returns the exit code."""
+        if self.popen is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+        # Whatever the leader left in its group (torchrun's ranks when torchrun itself died) goes too.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._close_log()
+        return self.popen.returncode
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class LocalRun:
+    """Runs one PolicyGroup locally until the trainer ends, fails or the user interrupts.
+
+    Args:
+        manifest (PolicyGroupManifest): A validated manifest.
+        manifest_text (str): Its file's text, copied into the run directory for the children to read.
+        run_dir (RunDir): The run directory (created if missing; an existing one is resumed from).
+        plain (bool | None, optional): Plain progress lines (True), the live panel (False), or decide by
+            whether stdout is a terminal (None). Defaults to None.
+        eval_restarts (int, optional): Restarts allowed per evaluator before the run fails. Defaults to 3.
+        python (str, optional): Interpreter for the children. Defaults to sys.executable.
+    """
+
+    def __init__(
+        self,
+        manifest: PolicyGroupManifest,
+        manifest_text: str,
+        run_dir: RunDir,
+        plain: bool | None = None,
+        eval_restarts: int = 3,
+        python: str = sys.executable,
+    ) -> None:
+        self.manifest = manifest
+        self.manifest_text = manifest_text
+        self.run_dir = run_dir
+        self.plain = plain
+        self.eval_restarts = eval_restarts
+        self.python = python
+        self._interrupts = 0
+        self._started_at = 0.0
+
+    # -- what the children are --------------------------------------------------------------------------
+    def child_env(self, role: str, ordinal: int | None = None) -> dict[str, str]:
+        """The environment of a child: this one's plus the contract's ENV_* variables for `role` (`train`, `eval`)."""
+        spec = self.manifest.spec
+        env = dict(os.environ)
+        env.update(
+            {
+                contract.ENV_GROUP_NAME: self.manifest.metadata.name,
+                contract.ENV_ROLE: role,
+                contract.ENV_SPEC_PATH: str(self.run_dir.spec_path.resolve()),
+                contract.ENV_RUN_DIR: str(self.run_dir.root.resolve()),
+                contract.ENV_TRAIN_MASTER_ADDR: "127.0.0.1",
+                contract.ENV_WEIGHT_SYNC_PORT: str(spec.ports.weight_sync),
+                contract.ENV_METRICS_PORT: "0",
+                contract.ENV_REPORT_STATUS: "0",
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.pop(contract.ENV_NAMESPACE, None)
+        env.pop(contract.ENV_POD_NAME, None)
+        if ordinal is not None:
+            env[contract.ENV_EVAL_ORDINAL] = str(ordinal)
+        else:
+            env.pop(contract.ENV_EVAL_ORDINAL, None)
+        return env
+
+    def trainer_command(self) -> list[str]:
+        """`torchrun` on one node with `train.world_size` ranks running `rlightning.runtime.train`."""
+        spec = self.manifest.spec
+        return [
+            self.python, "-m", "torch.distributed.run",
+            "--nnodes", "1",
+            "--nproc-per-node", str(spec.train.world_size),
+            "--master-addr", "127.0.0.1",
+            "--master-port", str(spec.ports.torchrun),
+            "--max-restarts", "0",
+            "--monitor-interval", "0.5",
+            "-m", "rlightning.runtime.train",
+        ]  # fmt: skip
+
+    def evaluator_command(self) -> list[str]:
+        """One evaluator process running `rlightning.runtime.eval`."""
+        return [self.python, "-m", "rlightning.runtime.eval"]
+
+    def children(self) -> list[Child]:
+        """Evaluators first (they wait for the trainer's store), then the trainer."""
+        logs = self.run_dir.logs_dir
+        evals = [
+            Child(f"eval-{i}", self.evaluator_command(), self.child_env("eval", i), logs / f"eval-{i}.log")
+            for i in range(self.manifest.spec.eval.replicas)
+        ]
+        trainer = Child(TRAINER, self.trainer_command(), self.child_env("train"), logs / "trainer.log")
+        return [*evals, trainer]
+
+    # -- running ----------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: object) -> None:
+        del signum, frame
+        self._interrupts += 1
+
+    def run(self) -> int:
+        """Start the children, show progress, supervise, and clean up.
+
+        Returns:
+            int: 0 when the trainer finished, 1 when a child failed, 130 when interrupted.
+        """
+        self.run_dir.create()
+        self.run_dir.spec_path.write_text(self.manifest_text)
+        spec = self.manifest.spec
+        children = self.children()
+        trainer = children[-1]
+        evals = children[:-1]
+        old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        title = f"rlightning run {self.manifest.metadata.name}  ->  {self.run_dir.root}"
+        view = progress_mod.make_progress(title, spec.train.total_env_steps, spec.train.target_eval_return, self.plain)
+        tail = JsonlTail(self.run_dir.metrics_path)
+        tail.read_new()  # a resumed run shows only its own rows
+        started = time.monotonic()
+        self._started_at = time.time()
+        try:
+            with view:
+                for child in children:
+                    child.start()
+                    view.message(f"started {child.name} (pid {child.popen.pid}), log {child.log_path}")
+                code = self._supervise(trainer, evals, view, tail)
+                view.update(tail.read_new(), self._states(children))
+        finally:
+            self._stop_all(trainer, evals)
+            for signum, handler in old_handlers.items():
+                signal.signal(signum, handler)
+        plot_returns(read_jsonl(self.run_dir.metrics_path), self.run_dir.plot_path, self.manifest.metadata.name)
+        self._print_outcome(code, time.monotonic() - started)
+        return code
+
+    def _states(self, children: list[Child]) -> dict[str, str]:
+        states = {}
+        for child in children:
+            code = child.poll()
+            states[child.name] = "running" if code is None else f"exited {code}"
+        return states
+
+    def _supervise(self, trainer: Child, evals: list[Child], view: progress_mod.View, tail: JsonlTail) -> int:
+        interrupted_at: float | None = None
+        while True:
+            view.update(tail.read_new(), self._states([*evals, trainer]))
+            if self._interrupts and interrupted_at is None:
+                view.message("interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)")
+                trainer.signal(signal.SIGTERM)
+                interrupted_at = time.monotonic()
+            if self._interrupts > 1 or (interrupted_at and time.monotonic() - interrupted_at > TRAINER_STOP_SECONDS):
+                view.message("killing every child process")
+                return 130
+            code = trainer.poll()
+            if code is not None:
+                if interrupted_at is not None:
+                    return 130
+                if code == 0:
+                    return 0
+                self._report_failure(view, trainer, code)
+                return 1
+            for child in evals:
+                code = child.poll()
+                if code is None or interrupted_at is not None:
+                    continue
+                if child.restarts >= self.eval_restarts:
+                    self._report_failure(view, child, code)
+                    return 1
+                child.restarts += 1
+                view.message(
+                    f"{child.name} exited with code {code}; restarting it "
+                    f"({child.restarts}/{self.eval_restarts}), log {child.log_path}"
+                )
+                child.start()
+            time.sleep(POLL_SECONDS)
+
+    def _report_failure(self, view: progress_mod.View, child: Child, code: int) -> None:
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        view.message(f"error: {child.name} failed with {how}; stopping the others. Last lines of {child.log_path}:")
+        view.message(log_tail(child.log_path) or "(empty log)")
+
+    def _stop_all(self, trainer: Child, evals: list[Child]) -> None:
+        kill_now = self._interrupts > 1
+        trainer.stop(0.0 if kill_now else TRAINER_STOP_SECONDS)
+        for child in evals:
+            child.signal(signal.SIGTERM)
+        for child in evals:
+            child.stop(0.0 if kill_now else EVAL_STOP_SECONDS)
+
+    def _print_outcome(self, code: int, seconds: float) -> None:
+        out = sys.stdout if code == 0 else sys.stderr
+        summary_path = self.run_dir.summary_path
+        if summary_path.exists() and summary_path.stat().st_mtime >= self._started_at:  # not a previous run's
+            summary = json.loads(summary_path.read_text())
+            sync = summary.get("sync", {})
+            print(
+                f"{'finished' if code == 0 else 'stopped'} in {seconds:.0f} s ({summary.get('stop_reason')}): "
+                f"eval return {summary.get('final_eval_return')} on version {summary.get('final_eval_version')}, "
+                f"weight version {summary.get('weight_version')}, consistent {summary.get('consistent')}, "
+                f"{sync.get('count', 0)} syncs, {sync.get('bytes', 0)} bytes, {sync.get('seconds', 0.0):.2f} s",
+                file=out,
+            )
+        print(f"run directory: {self.run_dir.root}", file=out)
+
+
+def run_local(
+    manifest: PolicyGroupManifest,
+    manifest_path: Path,
+    run_dir: Path,
+    plain: bool | None = None,
+    eval_restarts: int = 3,
+) -> int:
+    """Run a validated manifest locally (what `rlightning run` does after validation).
+
+    Args:
+        manifest (PolicyGroupManifest): The validated manifest.
+        manifest_path (Path): Its file, copied into the run directory.
+        run_dir (Path): The run directory.
+        plain (bool | None, optional): See `LocalRun`. Defaults to None.
+        eval_restarts (int, optional): See `LocalRun`. Defaults to 3.
+
+    Returns:
+        int: The launcher's exit code (0 finished, 1 a child failed, 130 interrupted).
+    """
+    return LocalRun(manifest, manifest_path.read_text(), RunDir(run_dir), plain, eval_restarts).run()

@@ -1,0 +1,186 @@
+"""The layout of a run directory, and its two append-only records.
+
+```
+<run dir>/
+  policygroup.yaml      the manifest the processes run (local runs copy it here)
+  metrics.jsonl         one JSON object per training iteration, appended by trainer rank 0
+  summary.json          written by trainer rank 0 when training ends
+  returns.png           train and eval return against env steps
+  checkpoints/          iter-00000010.pt ..., the newest `train.checkpoint.keep` kept
+  logs/                 one log per local child process (trainer.log, eval-0.log, ...)
+```
+The same layout is used in pods (under `ENV_RUN_DIR`) and by `rlightning run`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+_CHECKPOINT_RE = re.compile(r"^iter-(\d+)\.pt$")
+
+
+def default_run_dir(group_name: str, now: datetime | None = None, root: Path = Path("runs")) -> Path:
+    """The default run directory `runs/<name>-<UTC timestamp>`.
+
+    Args:
+        group_name (str): metadata.name of the PolicyGroup.
+        now (datetime | None, optional): The time to stamp; defaults to the current UTC time.
+        root (Path, optional): Parent directory. Defaults to `runs`.
+
+    Returns:
+        Path: For example `runs/cartpole-20260101T120000Z`.
+    """
+    now = now or datetime.now(UTC)
+    return root / f"{group_name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory.
+
+    Args:
+        root (Path): The run directory.
+    """
+
+    root: Path
+
+    @property
+    def spec_path(self) -> Path:
+        """The manifest copy the local processes read."""
+        return self.root / "policygroup.yaml"
+
+    @property
+    def metrics_path(self) -> Path:
+        """metrics.jsonl: one JSON object per training iteration."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary_path(self) -> Path:
+        """summary.json: the outcome of the run."""
+        return self.root / "summary.json"
+
+    @property
+    def plot_path(self) -> Path:
+        """The PNG plot of train and eval return against env steps."""
+        return self.root / "returns.png"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """Directory of checkpoints."""
+        return self.root / "checkpoints"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Directory of the local child processes' logs."""
+        return self.root / "logs"
+
+    def create(self) -> RunDir:
+        """Create the directory and its subdirectories (existing ones are kept). Returns self."""
+        self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def checkpoint_path(self, iteration: int) -> Path:
+        """Path of the checkpoint written after training iteration `iteration`."""
+        return self.checkpoints_dir / f"iter-{iteration:08d}.pt"
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (partially written `.tmp` files are ignored)."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = [p for p in self.checkpoints_dir.iterdir() if _CHECKPOINT_RE.match(p.name)]
+        return sorted(found, key=lambda p: int(_CHECKPOINT_RE.match(p.name).group(1)))
+
+    def newest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint, or None."""
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def prune_checkpoints(self, keep: int) -> list[Path]:
+        """Delete all but the newest `keep` checkpoints.
+
+        Args:
+            keep (int): Checkpoints to keep, >= 1.
+
+        Returns:
+            list[Path]: The deleted files.
+        """
+        old = self.checkpoints()[:-keep]
+        for path in old:
+            path.unlink(missing_ok=True)
+        return old
+
+
+def _json_safe(value: Any) -> Any:
+    """Replace NaN and infinities (not JSON) with None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON object as a line and flush it to the OS (readers tail the file).
+
+    Args:
+        path (Path): The JSONL file, created when missing.
+        row (dict[str, Any]): JSON-serialisable values; NaN and infinities become null.
+    """
+    with path.open("a") as f:
+        f.write(json.dumps(_json_safe(row), sort_keys=True) + "\n")
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write a JSON file through a temporary file and a rename, so readers never see half of it.
+
+    Args:
+        path (Path): Destination.
+        data (dict[str, Any]): JSON-serialisable values; NaN and infinities become null.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_json_safe(data), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read every complete line of a JSONL file; a missing file is empty, a torn last line is skipped."""
+    return JsonlTail(path).read_new()
+
+
+class JsonlTail:
+    """Follows a JSONL file another process appends to, returning only new complete lines.
+
+    Args:
+        path (Path): The file; it may not exist yet.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def read_new(self) -> list[dict[str, Any]]:
+        """Objects from lines completed since the last call."""
+        if not self.path.exists():
+            return []
+        rows = []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break
+                self._offset += len(line)
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return rows

@@ -1,0 +1,110 @@
+"""What a trainer or evaluator process learns from its environment: the ENV_* variables of the contract.
+
+Pods get them from the operator's templates, local runs from `rlightning run`. Nothing else configures a
+process: the rest comes from the manifest at `ENV_SPEC_PATH`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlightning import contract
+
+
+class SettingsError(ValueError):
+    """An environment variable of the contract is missing or malformed; the message names it."""
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise SettingsError(f"{name}: required environment variable is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+def eval_ordinal(environ: Mapping[str, str]) -> int:
+    """An evaluator's ordinal: `ENV_EVAL_ORDINAL`, else the trailing `-N` of `ENV_POD_NAME` (StatefulSet pods).
+
+    Args:
+        environ (Mapping[str, str]): The process environment.
+
+    Returns:
+        int: The ordinal, >= 0.
+
+    Raises:
+        SettingsError: Neither variable gives an ordinal.
+    """
+    if environ.get(contract.ENV_EVAL_ORDINAL, "") != "":
+        ordinal = _int(environ, contract.ENV_EVAL_ORDINAL)
+        if ordinal < 0:
+            raise SettingsError(f"{contract.ENV_EVAL_ORDINAL}: must be >= 0, got {ordinal}")
+        return ordinal
+    pod_name = environ.get(contract.ENV_POD_NAME, "")
+    match = re.search(r"-(\d+)$", pod_name)
+    if match is None:
+        raise SettingsError(
+            f"{contract.ENV_EVAL_ORDINAL}: not set, and {contract.ENV_POD_NAME}={pod_name!r} does not end in -<ordinal>"
+        )
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """The contract's environment variables, parsed.
+
+    Attributes:
+        group_name (str): metadata.name of the PolicyGroup (`ENV_GROUP_NAME`).
+        namespace (str | None): Its namespace; None when running locally (`ENV_NAMESPACE`).
+        spec_path (Path): The validated manifest (`ENV_SPEC_PATH`).
+        run_dir (Path): Where metrics, checkpoints and the summary go (`ENV_RUN_DIR`).
+        master_addr (str): Host of trainer rank 0, which hosts the weight-sync store (`ENV_TRAIN_MASTER_ADDR`).
+        weight_sync_port (int): Port of the weight-sync store (`ENV_WEIGHT_SYNC_PORT`).
+        metrics_port (int): Prometheus port; 0 disables it (`ENV_METRICS_PORT`).
+        report_status (bool): Whether trainer rank 0 patches status.training (`ENV_REPORT_STATUS` = `1`).
+    """
+
+    group_name: str
+    namespace: str | None
+    spec_path: Path
+    run_dir: Path
+    master_addr: str
+    weight_sync_port: int
+    metrics_port: int
+    report_status: bool
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
+        """Read the settings from the environment.
+
+        Args:
+            environ (Mapping[str, str] | None, optional): Defaults to `os.environ`.
+
+        Returns:
+            ProcessSettings: The parsed settings.
+
+        Raises:
+            SettingsError: A required variable is missing or a number is malformed.
+        """
+        environ = os.environ if environ is None else environ
+        spec_path = environ.get(contract.ENV_SPEC_PATH, "")
+        if not spec_path:
+            raise SettingsError(f"{contract.ENV_SPEC_PATH}: required environment variable is not set")
+        return cls(
+            group_name=environ.get(contract.ENV_GROUP_NAME, ""),
+            namespace=environ.get(contract.ENV_NAMESPACE) or None,
+            spec_path=Path(spec_path),
+            run_dir=Path(environ.get(contract.ENV_RUN_DIR) or contract.DEFAULT_RUN_DIR_IN_POD),
+            master_addr=environ.get(contract.ENV_TRAIN_MASTER_ADDR) or "127.0.0.1",
+            weight_sync_port=_int(environ, contract.ENV_WEIGHT_SYNC_PORT, contract.WEIGHT_SYNC_PORT),
+            metrics_port=_int(environ, contract.ENV_METRICS_PORT, 0),
+            report_status=environ.get(contract.ENV_REPORT_STATUS, "") == "1",
+        )

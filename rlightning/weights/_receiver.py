@@ -1,0 +1,302 @@
+"""The receiving side of the protocol: register, follow announcements, join the group, receive, acknowledge."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from rlightning.config import WeightSyncConfig
+from rlightning.weights import _buckets, _nccl, _store, _transport
+
+log = logging.getLogger(__name__)
+
+
+class _RoundFailed(Exception):
+    """This publish cannot be used; the receiver drops its group and registers again."""
+
+
+class WeightReceiver:
+    """Receives versioned weights from a `WeightSender` (one per evaluator process).
+
+    Nothing blocks in the constructor: `receive` connects to the store (retrying with backoff, so an evaluator
+    may start before the trainer), registers `ordinal` and then waits for announcements. Between publishes
+    the receiver waits on the store, never inside a collective; call `receive` continuously (e.g. from a
+    background thread) so it joins every publish within `timeout_seconds`, else it is evicted and registers
+    again. A version not newer than the newest one received is never returned. The receiver's collectives wait
+    up to twice `timeout_seconds`: the sender may spend one timeout on a stalled group before it goes on with
+    the others, and a healthy group must outlast that.
+
+    Args:
+        config (WeightSyncConfig): must equal the sender's (bucket size, timeout, backend).
+        host (str): the sender's host.
+        port (int): the weight-sync store's port.
+        ordinal (int): this evaluator's stable ordinal (>= 0).
+
+    Raises:
+        ValueError: on a negative ordinal.
+
+    Examples:
+        >>> receiver = WeightReceiver(WeightSyncConfig(), "127.0.0.1", 29600, ordinal=0)
+        >>> got = receiver.receive(timeout=30.0)
+        >>> if got is not None:
+        ...     version, state = got  # state: name -> CPU tensor (gloo) or CUDA tensor (nccl)
+    """
+
+    def __init__(self, config: WeightSyncConfig, host: str, port: int, ordinal: int) -> None:
+        if ordinal < 0:
+            raise ValueError(f"ordinal must be >= 0, got {ordinal}")
+        self.config, self.host, self.port, self.ordinal = config, host, port, ordinal
+        self._timeout = float(config.timeout_seconds)
+        self._store: dist.TCPStore | None = None
+        self._report_store: dist.Store | None = None
+        self._watcher: _store.KeyWatcher | None = None
+        self._address = _transport.local_address_toward(host, port)
+        self._session = ""
+        self._join_event = 0
+        self._next_seq = 1
+        self._group: tuple[int, int] | None = None
+        self._transport: _transport.BroadcastGroup | None = None
+        self._layouts: dict[str, _buckets.BucketLayout] = {}
+        self._last_layout: tuple[_buckets.BucketLayout, torch.device] | None = None
+        self._ready: tuple[tuple[str, torch.device], list[torch.Tensor]] | None = None
+        self.version = 0
+        """The newest version received (0 before the first)."""
+        self.sender_closed = False
+        """True after the sender announced `close()`, until the next announcement of a (restarted) sender."""
+
+    # -- connection and membership ---------------------------------------------------------------------
+    def _connect(self, deadline: float) -> dist.TCPStore:
+        if self._store is None:
+            store = _store.connect_store(self.host, self.port, self._timeout, deadline)
+            self._store = store
+            self._report_store = store.clone()  # reports must not queue behind a blocking wait()
+            self._next_seq = store.add(_store.ANNOUNCE_COUNT, 0) + 1
+            self._register()
+            log.info("receiver %d connected to %s:%d", self.ordinal, self.host, self.port)
+        return self._store
+
+    def _register(self) -> None:
+        assert self._store is not None
+        self._drop_group()
+        self._session = uuid.uuid4().hex
+        cuda = self.config.backend != "gloo" and _nccl.available()
+        self._join_event = self._store.add(_store.MEMBER_COUNT, 1)
+        _store.set_json(
+            self._store,
+            _store.member_event(self._join_event),
+            {"event": "join", "ordinal": self.ordinal, "session": self._session, "cuda": cuda},
+        )
+
+    def _drop_group(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self._transport, self._group = None, None
+
+    def _disconnect(self) -> None:
+        self._drop_group()
+        self._store, self._report_store, self._watcher = None, None, None
+
+    # -- receiving -------------------------------------------------------------------------------------
+    def receive(self, timeout: float) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """Wait up to `timeout` seconds for the next publish and receive it completely.
+
+        A publish that has begun is finished (bounded by `timeout_seconds` per step) even past `timeout`.
+
+        Args:
+            timeout (float): seconds to wait for a connection and an announcement.
+
+        Returns:
+            tuple[int, dict[str, torch.Tensor]] | None: (version, name -> tensor) in fresh memory owned by the
+            caller, or None when nothing complete arrived in time (or the sender announced its close).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                store = self._connect(deadline)
+                ann = self._next_announcement(store, deadline)
+                if ann is None:
+                    return None
+                if ann["kind"] == "close":
+                    store.set(_store.ack(int(ann["seq"]), self.ordinal), "closed")
+                    self.sender_closed = True
+                    self._drop_group()
+                    return None
+                self.sender_closed = False
+                got = self._take_part(store, ann)
+                if got is not None:
+                    return got
+                continue
+            except _RoundFailed as exc:
+                log.warning("receiver %d: publish dropped (%s); registering again", self.ordinal, exc)
+                try:
+                    self._register()
+                    continue
+                except RuntimeError as lost:
+                    reason = str(lost)
+            except TimeoutError:  # no store within the deadline
+                return None
+            except RuntimeError as lost:  # store connection lost: the sender is gone
+                reason = str(lost)
+            log.warning("receiver %d lost the weight-sync store (%s); reconnecting", self.ordinal, reason)
+            self._disconnect()
+            if time.monotonic() >= deadline:
+                return None
+
+    def _take_buckets(self, layout: _buckets.BucketLayout, device: torch.device) -> list[torch.Tensor]:
+        ready, self._ready = self._ready, None
+        if ready is not None and ready[0] == (layout.signature, device):
+            return ready[1]
+        return [layout.allocate(i, device) for i in range(len(layout.buckets))]
+
+    def _prepare_buckets(self) -> None:
+        """Allocate and page in fresh buckets for the next publish while waiting for it.
+
+        The returned state owns its buckets (never reused), so fresh memory is needed per version; touching one
+        byte per page here moves the page faults off the critical path. Same layout expected as last time.
+        """
+        if self._ready is not None or self._last_layout is None:
+            return
+        layout, device = self._last_layout
+        flats = [layout.allocate(i, device) for i in range(len(layout.buckets))]
+        if device.type == "cpu":
+            for flat in flats:
+                flat.view(-1).view(torch.uint8)[::4096].zero_()
+        self._ready = ((layout.signature, device), flats)
+
+    def _next_announcement(self, store: dist.TCPStore, deadline: float) -> dict | None:
+        self._prepare_buckets()
+        newest = store.add(_store.ANNOUNCE_COUNT, 0)
+        if newest >= self._next_seq:
+            self._next_seq = newest  # skip publishes already missed: the sender has moved on
+        key = _store.announce(self._next_seq)
+        if not store.check([key]):
+            watcher = self._watcher
+            if watcher is None or watcher.key != key:
+                if watcher is not None:  # it waits on an older key, which exists: it ends at once
+                    watcher.wait(self._timeout)
+                self._watcher = watcher = _store.KeyWatcher(store.clone(), key)
+            if not watcher.wait(deadline - time.monotonic()):
+                return None
+        self._next_seq += 1
+        return _store.get_json(store, key)  # type: ignore[return-value]
+
+    def _take_part(self, store: dist.TCPStore, ann: dict) -> tuple[int, dict[str, torch.Tensor]] | None:
+        seq, version = int(ann["seq"]), int(ann["version"])
+        mine = next(
+            (
+                (g, i)
+                for g in ann["groups"]
+                for i, (ordinal, session) in enumerate(g["members"])
+                if ordinal == self.ordinal and session == self._session
+            ),
+            None,
+        )
+        if mine is None:
+            if self._join_event <= int(ann["log_upto"]):
+                raise _RoundFailed(f"not a member of publish {seq} (evicted)")
+            return None  # registered after the sender planned this publish: wait for the next one
+        group, index = mine
+        key = (int(group["group"]), int(group["generation"]))
+        if self._group != key:
+            self._drop_group()
+            try:
+                self._transport = _transport.BroadcastGroup(
+                    store,
+                    _store.group_prefix(*key),
+                    index + 1,
+                    len(group["members"]) + 1,
+                    2 * self._timeout,  # a stalled sibling group may hold the sender up to one timeout
+                    group["backend"],
+                    self._address,
+                )
+            except RuntimeError as exc:
+                raise _RoundFailed(f"forming group {key[0]} generation {key[1]} failed: {exc}") from exc
+            self._group = key
+        layout = self._layout(store, ann["signature"])
+        transport = self._transport
+        assert transport is not None
+        try:
+            header = torch.zeros(4, dtype=torch.int64, device=transport.device)
+            transport.wait_work(transport.broadcast(header))
+            expected = _transport.header_tensor(seq, version, len(layout.buckets), layout.signature, transport.device)
+            if not torch.equal(header, expected):
+                raise _RoundFailed(f"header {header.tolist()} does not match announcement {seq} (version {version})")
+            flats = self._take_buckets(layout, transport.device)
+            inflight: collections.deque[dist.Work] = collections.deque()
+            for seg in layout.segments:  # the sender's transfers, in its order, straight into the buckets
+                if len(inflight) >= _transport.MAX_IN_FLIGHT:
+                    transport.wait_work(inflight.popleft())
+                inflight.append(transport.broadcast(flats[seg.bucket][seg.offset : seg.offset + seg.numel]))
+            while inflight:
+                transport.wait_work(inflight.popleft())
+        except RuntimeError as exc:
+            raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
+        commit = _store.commit(seq, key[0])
+        if _store.wait_keys(store, [commit], 2 * self._timeout) or store.get(commit) != b"ok":
+            raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
+        store.set(_store.ack(seq, self.ordinal), str(version))
+        if version <= self.version:
+            log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
+            return None
+        self._last_layout = (layout, transport.device)
+        self.version = version
+        return version, layout.unpack_all(flats)
+
+    def _layout(self, store: dist.TCPStore, signature: str) -> _buckets.BucketLayout:
+        if signature not in self._layouts:
+            layout = _buckets.BucketLayout.from_json(store.get(_store.ROOT + "layout/" + signature).decode())
+            if layout.signature != signature:
+                raise _RoundFailed(f"layout {signature[:12]} does not match its signature")
+            self._layouts = {signature: layout}
+        return self._layouts[signature]
+
+    # -- reports and shutdown --------------------------------------------------------------------------
+    def report(
+        self, applied_version: int, fingerprint: dict[str, float], digest: dict[str, str], metrics: dict[str, float]
+    ) -> bool:
+        """Post this receiver's state for the sender's `reports()` (last report wins).
+
+        Args:
+            applied_version (int): the version now in the policy (`weight_version`).
+            fingerprint (dict[str, float]): `l2_fingerprint` of the policy's `named_state`.
+            digest (dict[str, str]): `tensor_digests` of the same.
+            metrics (dict[str, float]): latest metrics, e.g. {"eval_return": 475.0}.
+
+        Returns:
+            bool: True when posted; False when the store is not reachable now (logged, not raised).
+        """
+        if self._report_store is None:
+            return False
+        doc = {
+            "ordinal": self.ordinal,
+            "applied_version": int(applied_version),
+            "fingerprint": fingerprint,
+            "digest": digest,
+            "metrics": metrics,
+            "time": time.time(),
+        }
+        try:
+            _store.set_json(self._report_store, _store.report(self.ordinal), doc)
+        except RuntimeError as exc:
+            log.warning("receiver %d could not post a report: %s", self.ordinal, exc)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Leave the fleet (the sender re-forms this receiver's group without it) and drop the connection."""
+        if self._store is not None and not self.sender_closed:  # after a close the store is gone
+            try:
+                idx = self._store.add(_store.MEMBER_COUNT, 1)
+                _store.set_json(
+                    self._store,
+                    _store.member_event(idx),
+                    {"event": "leave", "ordinal": self.ordinal, "session": self._session},
+                )
+            except RuntimeError as exc:
+                log.info("receiver %d: leave not posted (%s)", self.ordinal, exc)
+        self._disconnect()

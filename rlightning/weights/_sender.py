@@ -1,0 +1,353 @@
+"""The sending side of the protocol: announce, (re)form groups, stream buckets, commit, collect acks.
+
+One publish, in order (keys in `_store`):
+1. fold new membership events; plan groups (only changed groups get a new generation);
+2. announce the publish (version, layout signature, groups) under a fresh sequence number, so receivers
+   wait on the store, never inside a collective, between publishes;
+3. form new groups concurrently (a process pair shares at most one group, so no two peers can create groups
+   in opposite orders), each bounded by `timeout_seconds`;
+4. broadcast a header (seq, version, bucket count, signature) and then the buckets' segments: runs of small
+   tensors packed into one of two reused staging buffers (so at most two exist), each large tensor straight
+   from its own memory; at most `_transport.MAX_IN_FLIGHT` transfers in flight;
+5. commit each group ("ok" only when every broadcast of the group succeeded), then wait for the acks of the
+   committed receivers. Receivers use a version only after the commit, so a failed group never yields a
+   partial or torn version. Members of failed groups are evicted and re-register.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import time
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from rlightning.config import WeightSyncConfig
+from rlightning.weights import _buckets, _membership, _store, _transport, _types
+
+log = logging.getLogger(__name__)
+
+
+def _direct(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether `tensor` can be sent as is to groups on `device` (no staging copy)."""
+    return tensor.device == device and tensor.is_contiguous()
+
+
+class _LiveGroup:
+    """A planned group, its transport once formed, and the first error seen in this publish."""
+
+    def __init__(self, plan: _membership.GroupPlan, backend: str) -> None:
+        self.plan, self.backend = plan, backend
+        self.transport: _transport.BroadcastGroup | None = None
+        self.error: str | None = None
+
+    def fail(self, error: str) -> None:
+        if self.error is None:
+            self.error = error
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+class WeightSender:
+    """Publishes versioned weights to the evaluation fleet; hosts the weight-sync store.
+
+    Runs on trainer rank 0 (other DDP ranks hold the same weights). Not thread-safe: call from one thread,
+    and do not modify the weights during `publish` (the buckets of single tensors are sent from the tensors).
+
+    Args:
+        config (WeightSyncConfig): bucket size, group size, backend, timeout.
+        host (str): the address receivers use to reach this process (gloo binds the interface toward it).
+        port (int): port of the weight-sync store hosted here (`PortsConfig`, default
+            `rlightning.contract.WEIGHT_SYNC_PORT`).
+
+    Raises:
+        RuntimeError: (from torch) when the port is in use.
+
+    Examples:
+        >>> sender = WeightSender(WeightSyncConfig(), "127.0.0.1", 29600)
+        >>> stats = sender.publish(named_state(model), version=1)
+        >>> stats.receivers_acked
+        [0, 1]
+    """
+
+    def __init__(self, config: WeightSyncConfig, host: str, port: int) -> None:
+        self.config = config
+        self._timeout = float(config.timeout_seconds)
+        self._store = _store.host_store(port, self._timeout)
+        self._address = _transport.local_address_toward(host, port)
+        self._membership = _membership.Membership()
+        self._events_read = 0
+        self._event_missing_since: float | None = None
+        self._groups: dict[int, _LiveGroup] = {}
+        self._next_generation = 1
+        self._seq = 0
+        self.version = 0
+        """The newest version published (0 before the first); a resumed trainer publishes newer ones only."""
+        self._layout: _buckets.BucketLayout | None = None
+        self._staging: dict[torch.device, list[torch.Tensor | None]] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="wsync-form")
+
+    # -- membership ------------------------------------------------------------------------------------
+    def _read_membership(self) -> None:
+        count = self._store.add(_store.MEMBER_COUNT, 0)
+        while self._events_read < count:
+            key = _store.member_event(self._events_read + 1)
+            if self._store.check([key]):
+                self._membership.apply(_store.get_json(self._store, key))  # type: ignore[arg-type]
+            else:  # the writer is between add() and set(); skip it only if it never completes
+                now = time.monotonic()
+                self._event_missing_since = self._event_missing_since or now
+                if now - self._event_missing_since < self._timeout:
+                    return
+                log.warning("membership event %s never written; skipped", key)
+            self._events_read += 1
+            self._event_missing_since = None
+
+    def _plan(self) -> list[int]:
+        previous = {g: live.plan for g, live in self._groups.items() if live.transport is not None}
+        plans, self._next_generation = _membership.plan_groups(
+            self._membership.members, self.config.group_size, previous, self._next_generation
+        )
+        formed = []
+        for index in set(self._groups) - set(plans):
+            self._groups.pop(index).fail("group emptied")
+        for index, plan in plans.items():
+            live = self._groups.get(index)
+            if live is not None and live.plan is plan:
+                live.error = None
+                continue
+            if live is not None:
+                live.fail("re-formed")
+            backend = _transport.resolve_backend(self.config.backend, all(m.cuda for m in plan.members))
+            self._groups[index] = _LiveGroup(plan, backend)
+            formed.append(index)
+        return formed
+
+    def _form(self, live: _LiveGroup) -> None:
+        plan = live.plan
+        try:
+            live.transport = _transport.BroadcastGroup(
+                self._store,
+                _store.group_prefix(plan.index, plan.generation),
+                0,
+                len(plan.members) + 1,
+                self._timeout,
+                live.backend,
+                self._address,
+            )
+        except RuntimeError as exc:
+            live.fail(f"forming generation {plan.generation} failed: {exc}")
+
+    # -- buckets ---------------------------------------------------------------------------------------
+    def _prepare_layout(self, state: Mapping[str, torch.Tensor]) -> _buckets.BucketLayout:
+        layout = _buckets.BucketLayout.from_state(state, self.config.bucket_size_bytes)
+        if self._layout is None or layout.signature != self._layout.signature:
+            self._layout, self._staging = layout, {}
+            self._store.set(_store.ROOT + "layout/" + layout.signature, layout.to_json())
+        return self._layout
+
+    def _source(
+        self, segment: _buckets.Segment, state: Mapping[str, torch.Tensor], device: torch.device, slot: int | None
+    ) -> torch.Tensor:
+        """The flat tensor to send for `segment` to groups on `device`: the tensor itself, or packed into staging."""
+        if segment.direct:
+            t = state[segment.slots[0].name]
+            if _direct(t, device):
+                return t.reshape(-1)  # a view: no copy
+        assert slot is not None
+        dtype = self._layout.buckets[segment.bucket].dtype  # type: ignore[union-attr]
+        nbytes = segment.numel * dtype.itemsize
+        buffers = self._staging.setdefault(device, [None, None])
+        if buffers[slot] is None or buffers[slot].numel() < nbytes:  # type: ignore[union-attr]
+            buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        out = buffers[slot][:nbytes].view(dtype)  # type: ignore[index]
+        return self._layout.pack_segment(segment, state, out)  # type: ignore[union-attr]
+
+    # -- publish ---------------------------------------------------------------------------------------
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> _types.SyncStats:
+        """Send `state` as `version` to every registered receiver and wait for their acknowledgements.
+
+        Bounded: forming a group, each broadcast and the wait for acks each take at most
+        `config.timeout_seconds`. A failing group does not stop the others.
+
+        Args:
+            state (Mapping[str, torch.Tensor]): clean name -> tensor (`named_state` of the trained module); any
+                device; names, dtypes and shapes may change between versions (a new layout is announced).
+            version (int): strictly greater than every version published by this sender (and, across trainer
+                restarts, restored from the checkpoint).
+
+        Returns:
+            SyncStats: bytes, seconds, groups, acknowledging receivers.
+
+        Raises:
+            ValueError: when `version` is not newer than `self.version`.
+            RuntimeError: after `close()`.
+            WeightSyncError: when some group failed or some receiver did not acknowledge in time; the message
+                names the groups and ordinals, `.stats` holds the rest.
+        """
+        version = int(version)
+        if self._store is None:
+            raise RuntimeError("publish on a closed WeightSender")
+        if version <= self.version:
+            raise ValueError(f"version must increase: got {version}, already published {self.version}")
+        start = time.monotonic()
+        layout = self._prepare_layout(state)
+        self._read_membership()
+        formed = self._plan()
+        self._seq += 1
+        seq = self._seq
+        self.version = version
+        groups = [self._groups[g] for g in sorted(self._groups)]
+        _store.set_json(
+            self._store,
+            _store.announce(seq),
+            {
+                "kind": "weights",
+                "seq": seq,
+                "version": version,
+                "signature": layout.signature,
+                "log_upto": self._events_read,
+                "groups": [
+                    {
+                        "group": live.plan.index,
+                        "generation": live.plan.generation,
+                        "backend": live.backend,
+                        "members": [[m.ordinal, m.session] for m in live.plan.members],
+                    }
+                    for live in groups
+                ],
+            },
+        )
+        self._store.add(_store.ANNOUNCE_COUNT, 1)
+        list(self._pool.map(self._form, [self._groups[g] for g in formed]))
+        self._stream(seq, version, layout, state, groups)
+        stats, errors = self._finish(seq, version, layout, groups, formed)
+        stats.seconds = time.monotonic() - start
+        if stats.failed:
+            detail = "; ".join(f"group {g} (ordinals {stats.failed[g]}): {errors[g]}" for g in sorted(stats.failed))
+            raise _types.WeightSyncError(f"weight version {version} did not reach every receiver: {detail}", stats)
+        return stats
+
+    def _stream(
+        self,
+        seq: int,
+        version: int,
+        layout: _buckets.BucketLayout,
+        state: Mapping[str, torch.Tensor],
+        groups: list[_LiveGroup],
+    ) -> None:
+        # FIFO of transfers in flight: (staging slot or None, [(group, work, deadline)])
+        inflight: collections.deque[tuple[int | None, list[tuple[_LiveGroup, dist.Work, float]]]] = collections.deque()
+
+        def drain_one() -> None:
+            _, works = inflight.popleft()
+            for live, work, deadline in works:
+                if live.transport is None:
+                    continue
+                try:
+                    live.transport.wait_work(work, deadline)
+                except RuntimeError as exc:
+                    live.fail(f"broadcast failed: {exc}")
+
+        def send(tensors: dict[torch.device, torch.Tensor], slot: int | None) -> None:
+            deadline = time.monotonic() + self._timeout  # works issued together expire together
+            works = []
+            for live in groups:
+                if live.transport is not None:
+                    try:
+                        works.append((live, live.transport.broadcast(tensors[live.transport.device]), deadline))
+                    except RuntimeError as exc:
+                        live.fail(f"broadcast failed: {exc}")
+            inflight.append((slot, works))
+
+        def devices() -> set[torch.device]:
+            return {live.transport.device for live in groups if live.transport is not None}
+
+        count, signature = len(layout.buckets), layout.signature
+        send({d: _transport.header_tensor(seq, version, count, signature, d) for d in devices()}, None)
+        packed = 0
+        for segment in layout.segments:
+            targets = devices()
+            if not targets:
+                break
+            slot = None
+            if not segment.direct or not all(_direct(state[segment.slots[0].name], d) for d in targets):
+                slot, packed = packed % 2, packed + 1
+                while any(used == slot for used, _ in inflight):  # staging buffer `slot` must be free again
+                    drain_one()
+            while len(inflight) >= _transport.MAX_IN_FLIGHT:
+                drain_one()
+            send({d: self._source(segment, state, d, slot) for d in targets}, slot)
+        while inflight:
+            drain_one()
+
+    def _finish(
+        self, seq: int, version: int, layout: _buckets.BucketLayout, groups: list[_LiveGroup], formed: list[int]
+    ) -> tuple[_types.SyncStats, dict[int, str]]:
+        stats = _types.SyncStats(version=version, seq=seq, bytes=layout.nbytes, formed_groups=sorted(formed))
+        stats.groups = {live.plan.index: live.plan.generation for live in groups}
+        for live in groups:
+            self._store.set(_store.commit(seq, live.plan.index), "ok" if live.error is None else "failed")
+        expected = {m.ordinal: live for live in groups if live.error is None for m in live.plan.members}
+        missing = set(_store.wait_keys(self._store, [_store.ack(seq, o) for o in expected], self._timeout))
+        errors: dict[int, str] = {}
+        for live in groups:
+            absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
+            stats.receivers_acked += [m.ordinal for m in live.plan.members if m not in absent]
+            if absent:
+                stats.failed[live.plan.index] = [m.ordinal for m in absent]
+                errors[live.plan.index] = live.error or f"no acknowledgement within {self._timeout:g} s"
+                live.fail("failed")
+                for member in absent:
+                    self._membership.evict(member.ordinal, member.session)
+        stats.receivers_acked.sort()
+        return stats, errors
+
+    # -- reports and shutdown --------------------------------------------------------------------------
+    def reports(self) -> dict[int, _types.ReceiverReport]:
+        """The newest report of every receiver that ever registered and reported.
+
+        Returns:
+            dict[int, ReceiverReport]: ordinal -> report.
+        """
+        self._read_membership()
+        out: dict[int, _types.ReceiverReport] = {}
+        for ordinal in sorted(self._membership.seen):
+            key = _store.report(ordinal)
+            if self._store.check([key]):
+                doc = _store.get_json(self._store, key)
+                out[ordinal] = _types.ReceiverReport(**doc)  # type: ignore[arg-type]
+        return out
+
+    @property
+    def members(self) -> list[int]:
+        """Ordinals currently registered (reads new membership events from the store)."""
+        self._read_membership()
+        return sorted(self._membership.members)
+
+    def close(self, linger: float = 5.0) -> None:
+        """Announce the end to receivers, release every group, and stop hosting the store.
+
+        Args:
+            linger (float, optional): seconds to wait, at most, for registered receivers to read the end
+                (they acknowledge it), so they see `sender_closed` instead of a lost connection. Defaults to 5.0.
+        """
+        if self._store is None:
+            return
+        try:
+            self._seq += 1
+            _store.set_json(self._store, _store.announce(self._seq), {"kind": "close", "seq": self._seq})
+            self._store.add(_store.ANNOUNCE_COUNT, 1)
+            self._read_membership()
+            keys = [_store.ack(self._seq, o) for o in self._membership.members]
+            _store.wait_keys(self._store, keys, min(linger, self._timeout))
+        finally:
+            for live in self._groups.values():
+                live.fail("closed")
+            self._groups.clear()
+            self._pool.shutdown(wait=False)
+            self._store = None  # type: ignore[assignment]

@@ -1,0 +1,88 @@
+"""Fixtures of the runtime tests: tiny manifests on distinct ports, and `rlightning run` as a subprocess."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+# Below Linux's ephemeral range (32768-60999), where gloo's own connections take random ports.
+_PORTS = itertools.count(20000 + (os.getpid() % 500) * 24, 3)
+
+
+def tiny_manifest(name: str = "tiny", total_env_steps: int = 3000, **spec_overrides: dict) -> dict:
+    """A CartPole manifest that trains for seconds: 2 trainer ranks, 2 evaluators, ports unique to this test."""
+    port = next(_PORTS)
+    spec = {
+        "env": {"id": "CartPole-v1", "numEnvs": 4},
+        "policy": {"policyClass": "rlightning.policy.ppo:PPOPolicy", "policyKwargs": {"hiddenSizes": [16, 16]}},
+        "train": {
+            "nodes": 1,
+            "procsPerNode": 2,
+            "totalEnvSteps": total_env_steps,
+            "rolloutSteps": 64,
+            "checkpoint": {"intervalIterations": 3, "keep": 2},
+        },
+        "eval": {"replicas": 2, "episodesPerReport": 2},
+        "weightSync": {"timeoutSeconds": 10},
+        "ports": {"torchrun": port, "weightSync": port + 1, "metrics": 0},
+    }
+    for key, value in spec_overrides.items():
+        spec[key] = {**spec.get(key, {}), **value}
+    return {"apiVersion": "rlightning.io/v1alpha1", "kind": "PolicyGroup", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture
+def write_manifest(tmp_path: Path) -> Callable[[dict], Path]:
+    """Write a manifest dict to a YAML file in the test's directory; returns the path."""
+    counter = itertools.count()
+
+    def write(doc: dict) -> Path:
+        path = tmp_path / f"manifest-{next(counter)}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    return write
+
+
+def start_run(manifest: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    """`rlightning run MANIFEST --run-dir RUN_DIR --plain`, stdout and stderr captured as text."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlightning", "run", str(manifest), "--run-dir", str(run_dir), "--plain", *extra],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    """Wait for a run; kill its process group on timeout. Returns (exit code, output)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # twice: the launcher kills its children at once
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        pytest.fail(f"rlightning run did not finish within {timeout} s:\n{out}")
+    return proc.returncode, out
+
+
+@pytest.fixture
+def run_helpers() -> tuple:
+    """(tiny_manifest, start_run, finish), for tests that drive `rlightning run`."""
+    return tiny_manifest, start_run, finish

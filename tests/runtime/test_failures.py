@@ -1,0 +1,126 @@
+"""A dead evaluator, a dead child and Ctrl-C: bounded, clean, with clear messages.
+
+Decision (documented in rlightning.runtime.local and .train): a dead evaluator does not stop training.
+Its group's publish fails within `weightSync.timeoutSeconds` (at once when the process is gone), the trainer
+logs and counts it and keeps publishing to the others; `rlightning run` restarts the evaluator with the same
+ordinal, as its StatefulSet would, and it rejoins under a new generation. With `--eval-restarts 0` a dead
+evaluator fails the run instead: the launcher stops the others and exits 1 naming the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rlightning.runtime.rundir import RunDir, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(proc, predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            pytest.fail(f"rlightning run exited with {proc.returncode} while waiting for {what}:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _last(run: RunDir) -> dict:
+    rows = read_jsonl(run.metrics_path)
+    return rows[-1] if rows else {}
+
+
+def _version(run: RunDir) -> int:
+    return _last(run).get("weight_version", 0)
+
+
+def _pid(run: RunDir, name: str) -> int:
+    """The newest pid of a child, from the launcher's header line in its log."""
+    text = (run.logs_dir / f"{name}.log").read_text()
+    return int(re.findall(r"pid (\d+)", text)[-1])
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process group led by `pid` (a child and what it started) has a live member."""
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_evaluator_is_dropped_then_rejoins(tmp_path: Path, write_manifest, run_helpers) -> None:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    proc = start_run(write_manifest(tiny_manifest(total_env_steps=40000)), run.root)
+    _wait_for(proc, lambda: 0 in _last(run).get("evaluators", []), 180, "eval-0 to acknowledge a version")
+    victim = _pid(run, "eval-0")
+    killed_at = _version(run)
+    os.kill(victim, signal.SIGKILL)
+    _wait_for(proc, lambda: _version(run) >= killed_at + 5, 120, "training to go on after the kill")
+    code, out = finish(proc)
+    assert code == 0, out
+    assert "eval-0 exited with code -9; restarting it (1/3)" in out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["consistent"] is True, summary  # the restarted evaluator caught up with the final version
+    assert summary["evaluators"]["0"]["applied_version"] == summary["weight_version"]
+    assert _pid(run, "eval-0") != victim
+    # The publish that met the dead evaluator failed (for its group only) and training went on: no iteration
+    # waited longer than the sync timeout (10 s in the tiny manifest) plus slack for a loaded machine.
+    assert summary["sync"]["failures"] >= 1, summary["sync"]
+    assert "training on without them" in (run.logs_dir / "trainer.log").read_text()
+    rows = read_jsonl(run.metrics_path)
+    gaps = [b["elapsed_seconds"] - a["elapsed_seconds"] for a, b in zip(rows, rows[1:], strict=False)]
+    assert max(gaps) < 10 + 20, gaps
+
+
+def test_dead_child_stops_the_run_with_a_clear_message(tmp_path: Path, write_manifest, run_helpers) -> None:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6)), run.root, "--eval-restarts", "0")
+    _wait_for(proc, lambda: _version(run) >= 2, 180, "weight version 2")
+    trainer, other = _pid(run, "trainer"), _pid(run, "eval-0")
+    os.kill(_pid(run, "eval-1"), signal.SIGKILL)
+    code, out = finish(proc, timeout=120)
+    assert code == 1, out
+    assert "error: eval-1 failed with signal 9; stopping the others" in out
+    assert "eval-1.log" in out
+    assert "Traceback" not in out.split("error: eval-1")[0]
+    assert not _alive(trainer) and not _alive(other)
+
+
+def test_ctrl_c_checkpoints_and_stops_every_child(tmp_path: Path, write_manifest, run_helpers) -> None:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6)), run.root)
+    _wait_for(proc, lambda: _version(run) >= 2, 180, "weight version 2")
+    pids = [_pid(run, name) for name in ("trainer", "eval-0", "eval-1")]
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout=120)
+    assert code == 130, out
+    assert "interrupted" in out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["stop_reason"] == "interrupted"
+    assert run.newest_checkpoint() == run.checkpoint_path(summary["iterations"])
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_dead_trainer_stops_the_evaluators(tmp_path: Path, write_manifest, run_helpers) -> None:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6)), run.root)
+    _wait_for(proc, lambda: _version(run) >= 2, 180, "weight version 2")
+    trainer, evals = _pid(run, "trainer"), [_pid(run, "eval-0"), _pid(run, "eval-1")]
+    os.kill(trainer, signal.SIGKILL)  # torchrun itself; its ranks are orphaned and must be reaped too
+    code, out = finish(proc, timeout=120)
+    assert code == 1, out
+    assert "error: trainer failed with signal 9; stopping the others" in out
+    assert not _alive(trainer) and not any(_alive(pid) for pid in evals)

@@ -1,0 +1,66 @@
+"""`rlightning run` end to end: 2 DDP ranks under torchrun, 2 evaluators, weight sync, run directory, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlightning.runtime.rundir import RunDir, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    code, out = finish(start_run(write_manifest(tiny_manifest(total_env_steps=3000)), run.root))
+    assert code == 0, out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["consistent"] is True, summary
+    assert summary["weight_version"] > 0
+    assert summary["stop_reason"] == "total_env_steps"
+    assert summary["env_steps"] >= 3000
+    assert summary["sync"]["count"] > 0 and summary["sync"]["bytes"] > 0
+    assert summary["final_eval_version"] == summary["weight_version"]
+    assert set(summary["evaluators"]) == {"0", "1"}
+    rows = read_jsonl(run.metrics_path)
+    assert len(rows) == summary["iterations"]
+    assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(r["env_steps"] > 0 for r in rows)
+    assert run.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checkpoints = run.checkpoints()
+    assert 1 <= len(checkpoints) <= 2  # checkpoint.keep
+    assert checkpoints[-1] == run.checkpoint_path(summary["iterations"])
+    for name in ("trainer.log", "eval-0.log", "eval-1.log"):
+        assert (run.logs_dir / name).stat().st_size > 0
+
+    # A second run in the same directory continues from the newest checkpoint.
+    code, out = finish(start_run(write_manifest(tiny_manifest(total_env_steps=5000)), run.root))
+    assert code == 0, out
+    resumed = json.loads(run.summary_path.read_text())
+    assert resumed["resumed_from"] == str(checkpoints[-1])
+    assert resumed["weight_version"] > summary["weight_version"]
+    assert resumed["iterations"] > summary["iterations"]
+    assert resumed["env_steps"] >= 5000
+    assert resumed["consistent"] is True, resumed
+    new_rows = read_jsonl(run.metrics_path)[len(rows) :]
+    assert new_rows and new_rows[0]["iteration"] == summary["iterations"] + 1
+    assert new_rows[0]["weight_version"] > summary["weight_version"]
+
+
+def test_target_eval_return_stops_on_the_final_weights(tmp_path: Path, write_manifest, run_helpers) -> None:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    manifest = tiny_manifest(total_env_steps=200_000, train={"targetEvalReturn": 30})
+    code, out = finish(start_run(write_manifest(manifest), run.root))
+    assert code == 0, out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["stop_reason"] == "target_eval_return", summary
+    assert summary["reached_target"] is True and summary["final_eval_return"] >= 30
+    # The return that stopped training was measured with the final weights, by every evaluator.
+    assert summary["final_eval_version"] == summary["weight_version"]
+    assert all(e["return_version"] == summary["weight_version"] for e in summary["evaluators"].values())
+    assert summary["consistent"] is True
+    assert summary["env_steps"] < 200_000

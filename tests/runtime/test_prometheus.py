@@ -1,0 +1,28 @@
+"""Trainer and evaluator metrics are served in Prometheus text format on the metrics port."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+
+from rlightning.runtime._prometheus import EvaluatorMetrics, TrainerMetrics
+
+
+def test_trainer_and_evaluator_metrics_are_served() -> None:
+    port = 19000 + (os.getpid() % 500) * 2  # below the ephemeral port range
+    trainer = TrainerMetrics(port)
+    trainer.weight_version.set(7)
+    trainer.sync_bytes.inc(1024)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert "rlightning_weight_version 7.0" in text
+    assert "rlightning_weight_sync_bytes_total 1024.0" in text
+    evaluator = EvaluatorMetrics(port + 1)
+    evaluator.eval_return.set(475.5)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=10).read().decode()
+    assert "rlightning_eval_return 475.5" in text
+
+
+def test_port_zero_serves_nothing() -> None:
+    metrics = TrainerMetrics(0)
+    metrics.iteration.set(1)  # usable, just not exported
+    assert metrics.registry.get_sample_value("rlightning_train_iteration") == 1.0

@@ -1,0 +1,77 @@
+"""A real evaluator-like receiver process for the tests: receive, stage, apply, report; JSON lines on stdout.
+
+Exits when the sender closes, unless --keep-after-close. --die-in-version N sends SIGKILL to itself in the
+middle of receiving version N (after its first transfers), to test a receiver that dies mid-broadcast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(1)
+
+from wsync_helpers import Policy  # noqa: E402
+
+from rlightning.config import WeightSyncConfig  # noqa: E402
+from rlightning.weights import WeightReceiver, l2_fingerprint, named_state, tensor_digests  # noqa: E402
+from rlightning.weights import _transport  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ordinal", type=int, required=True)
+    parser.add_argument("--lifetime", type=float, default=60.0)
+    parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--bucket-bytes", type=int, default=64 * 1024)
+    parser.add_argument("--die-in-version", type=int, default=0)
+    parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
+    args = parser.parse_args()
+    config = WeightSyncConfig(
+        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout
+    )
+    receiver = WeightReceiver(config, "127.0.0.1", args.port, args.ordinal)
+    policy = Policy()
+    if args.die_in_version:
+        waits = {"n": 0}
+        original = _transport.BroadcastGroup.wait_work
+
+        def wait_work(self, work):  # type: ignore[no-untyped-def]
+            if receiver.version == args.die_in_version - 1:
+                waits["n"] += 1
+                if waits["n"] == 3:  # header and first bucket done, the rest in flight
+                    print(json.dumps({"event": "dying"}), flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, work)
+
+        _transport.BroadcastGroup.wait_work = wait_work  # type: ignore[method-assign]
+    print(json.dumps({"event": "started"}), flush=True)
+    end = time.monotonic() + args.lifetime
+    while time.monotonic() < end:
+        got = receiver.receive(timeout=1.0)
+        if got is None:
+            if receiver.sender_closed and not args.keep_after_close:
+                break
+            continue
+        version, state = got
+        staged = policy.stage_weights(version, state)
+        applied = policy.update_weights_from_buffer()
+        current = named_state(policy)
+        metrics = {"ordinal": float(args.ordinal)}
+        receiver.report(policy.weight_version, l2_fingerprint(current), tensor_digests(current), metrics)
+        print(json.dumps({"event": "applied", "version": version, "staged": staged, "applied": applied}), flush=True)
+    receiver.close()
+    print(json.dumps({"event": "exit"}), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
