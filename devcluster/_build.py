@@ -39,7 +39,8 @@ KWOK_STAGES = (
 
 ``pod/fast/pod-complete.yaml`` is left out on purpose: it would move every Job-owned pod to Succeeded right
 after it runs, so an Indexed Job of trainers could never be observed Running. Tests that need a finished pod
-patch its status themselves.
+patch its status themselves. Stages of this package (not built, so not part of the cache key) are in
+``_components.LOCAL_STAGES``.
 """
 
 HEARTBEAT_SECONDS = 30.0

@@ -30,6 +30,14 @@ CLIENT_QPS = 200
 CLIENT_BURST = 400
 """Client burst matching :data:`CLIENT_QPS`."""
 
+LOCAL_STAGES = (pathlib.Path(__file__).parent / "kwok" / "pod-kill-on-delete.yaml",)
+"""kwok Stage files of this package, loaded with the pinned module's (``_build.KWOK_STAGES``).
+
+``pod-kill-on-delete`` makes a deleted pod terminal (Failed, containers terminated with exit code 137) before
+kwok's ``pod-delete`` removes it, as a kubelet does; without it a pod whose finalizer waits for a terminal phase
+(the Job controller's tracking finalizer on pods of a Job with a podFailurePolicy) never goes, nor does its
+namespace."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -159,11 +167,12 @@ def kube_scheduler(layout: Layout, ports: _ports.Ports) -> list[str]:
 
 
 def kwok(layout: Layout, ports: _ports.Ports) -> list[str]:
-    """kwok managing the annotated fake nodes with the pinned Stage configs."""
+    """kwok managing the annotated fake nodes with the pinned Stage configs and :data:`LOCAL_STAGES`."""
     return [
         str(layout.bin_dir / "kwok"),
         f"--kubeconfig={layout.admin_kubeconfig}",
         f"--config={layout.stages_file}",
+        *(f"--config={path}" for path in LOCAL_STAGES),
         f"--manage-nodes-with-annotation-selector={_nodes.KWOK_ANNOTATION}={_nodes.KWOK_ANNOTATION_VALUE}",
         f"--cidr={POD_CIDR}",
         f"--server-address={_ports.HOST}:{ports.kwok}",

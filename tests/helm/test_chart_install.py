@@ -131,20 +131,6 @@ def _refused(log: pathlib.Path) -> list[str]:
             if ("forbidden" in line.lower() or " 403" in line) and not KOPF_SCANNING.search(line)]
 
 
-def _stand_in_for_kubelet(cluster, namespace: str) -> None:
-    """Move deleted, still running pods to phase Failed, as a kubelet does once it has killed their containers.
-
-    kwok deletes a pod but never makes it terminal, and the Job controller keeps its tracking finalizer on a pod
-    of a Job with a podFailurePolicy until the pod is terminal; without this a trainer pod (and so its
-    namespace) would stay forever on the dev cluster, never on a real one.
-    """
-    pods = _get_json(cluster, "pods", "-n", namespace) or {"items": []}
-    for pod in pods["items"]:
-        if pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") not in ("Succeeded", "Failed"):
-            cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--subresource=status",
-                            "--type=merge", "--patch", '{"status": {"phase": "Failed"}}', check=False)
-
-
 def _get_json(cluster, *args: str) -> dict | None:
     proc = cluster.kubectl("get", *args, "-o", "json", check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
@@ -212,7 +198,6 @@ def test_operator_reconciles_with_exactly_the_charts_rbac(helm, cluster, namespa
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
     def namespace_gone():
-        _stand_in_for_kubelet(cluster, namespace)
         return cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0
 
     _wait_for(f"namespace {namespace} to be deleted", namespace_gone, NAMESPACE_GONE_SECONDS,
