@@ -151,6 +151,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             times.append(time.perf_counter() - t0)
             deltas.append(rss_kib()[1] - before)
         row["bucketed_s"] = min(times)
+        row["bucketed_all_s"] = times  # every timed sync, for medians across runs
         row["peak_delta_first_mb"] = (peak_first - rss0) / 1024
         row["peak_delta_steady_mb"] = max(deltas) / 1024
         layout = BucketLayout.from_state(state, args.bucket_bytes)
@@ -171,6 +172,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             wait_acks(store, "naive", r, n, args.timeout)
             times.append(time.perf_counter() - t0)
         row["naive_s"] = min(times) if times else None
+        row["naive_all_s"] = times  # every timed sync, for medians across runs
 
         # (c) plain TCP: the same bytes (a contiguous copy, as a stream sends them) to every receiver concurrently
         flat = torch.cat([t.reshape(-1) for t in state.values()]).view(torch.uint8)
@@ -193,6 +195,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             for c in conns:
                 c.close()
         row["tcp_s"] = min(times)
+        row["tcp_all_s"] = times  # every timed sync, for medians across runs
     finally:
         sender.close()
         for p in procs:

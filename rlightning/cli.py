@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 from rlightning.config import ManifestError, PolicyGroupManifest
-
-EXIT_INVALID = 2
+from rlightning.contract import EXIT_BAD_MANIFEST
 
 
 def _validated(path: Path) -> PolicyGroupManifest | None:
@@ -38,7 +37,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for path in args.files:
         manifest = _validated(path)
         if manifest is None:
-            code = EXIT_INVALID
+            code = EXIT_BAD_MANIFEST
             continue
         spec = manifest.spec
         print(
@@ -51,7 +50,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     manifest = _validated(args.file)
     if manifest is None:
-        return EXIT_INVALID
+        return EXIT_BAD_MANIFEST
     from rlightning.runtime.local import run_local
     from rlightning.runtime.rundir import default_run_dir
 

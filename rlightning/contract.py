@@ -38,12 +38,23 @@ TORCHRUN_PORT_NAME = "torchrun"
 WEIGHT_SYNC_PORT_NAME = "weight-sync"
 METRICS_PORT_NAME = "metrics"
 
+# -- Roles (values of rlightning.policy.PolicyRole, of LABEL_ROLE and of ENV_ROLE) ---------------------------
+ROLE_TRAIN = "train"
+"""A trainer: a DDP rank under torchrun, in the trainers' Job."""
+ROLE_EVAL = "eval"
+"""An evaluator: a member of the evaluation fleet, in the evaluators' StatefulSet."""
+
+# -- Exit codes of the pod runtime ---------------------------------------------------------------------
+EXIT_BAD_MANIFEST = 2
+"""Exit code of `rlightning validate`, `rlightning run` and the pod entrypoints for a manifest they reject
+(retrying cannot help); the trainers' Job fails at once on it (its pod failure policy)."""
+
 # -- Labels and annotations --------------------------------------------------------------------------------
 LABEL_PREFIX = API_GROUP
 LABEL_GROUP = f"{LABEL_PREFIX}/policy-group"
 """The PolicyGroup a child object belongs to (its metadata.name)."""
 LABEL_ROLE = f"{LABEL_PREFIX}/role"
-"""`train` or `eval` (values of rlightning.policy.PolicyRole)."""
+"""`ROLE_TRAIN` or `ROLE_EVAL`."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "rlightning-operator"
 ANNOTATION_SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
@@ -55,7 +66,7 @@ ENV_GROUP_NAME = "RLIGHTNING_GROUP_NAME"
 ENV_NAMESPACE = "RLIGHTNING_NAMESPACE"
 """Namespace of the PolicyGroup; unset when running locally."""
 ENV_ROLE = "RLIGHTNING_ROLE"
-"""`train` or `eval`."""
+"""`ROLE_TRAIN` or `ROLE_EVAL`."""
 ENV_SPEC_PATH = "RLIGHTNING_SPEC_PATH"
 """Path of the validated manifest (YAML) the process runs."""
 ENV_RUN_DIR = "RLIGHTNING_RUN_DIR"
@@ -70,8 +81,11 @@ ENV_WEIGHT_SYNC_PORT = "RLIGHTNING_WEIGHT_SYNC_PORT"
 """Port of the weight-sync store on ENV_TRAIN_MASTER_ADDR."""
 ENV_METRICS_PORT = "RLIGHTNING_METRICS_PORT"
 """Port for the process's Prometheus metrics; 0 disables the endpoint."""
-ENV_NODE_RANK = "RLIGHTNING_NODE_RANK"
-"""A trainer pod's node rank (the Indexed Job's completion index)."""
+ENV_EXPECTED_EVALUATORS = "RLIGHTNING_EXPECTED_EVALUATORS"
+"""Local launcher only (`rlightning run`): how many evaluator processes it started, so trainer rank 0 knows
+how many to wait for and to require on the final weights. Pods leave it unset: the operator keeps
+eval.replicas out of the mounted spec (scaling touches only the StatefulSet), so there the trainer counts the
+evaluators registered with its weight sender (`rlightning.runtime.train`)."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from typing import Any
 
 import yaml
@@ -19,14 +20,18 @@ import yaml
 from rlightning import contract
 from rlightning.config import PolicyGroupManifest, PolicyGroupSpec
 
-TRAIN = "train"
-EVAL = "eval"
+TRAIN = contract.ROLE_TRAIN
+EVAL = contract.ROLE_EVAL
 SCALING_FIELDS = ("replicas", "minReplicas", "maxReplicas")
 """Fields of spec.eval that only size the evaluator fleet: excluded from every hash."""
 RUN_DIR_VOLUME = "run"
 SPEC_VOLUME = "spec"
-# Exit code of the pod runtime for a manifest it cannot use (rlightning validate/run: "Bad manifest -> exit 2").
-BAD_MANIFEST_EXIT_CODE = 2
+VALIDATE_CONTAINER = "validate"
+"""The trainers' init container: `rlightning validate` of the mounted spec (structural and deep checks)."""
+GRACE_MARGIN_SECONDS = 15
+"""Added to spec.weightSync.timeoutSeconds for a pod's terminationGracePeriodSeconds: after SIGTERM an
+evaluator leaves its group cleanly (bounded by the weight-sync timeout) and a trainer finishes the publish in
+flight (same bound) and writes its final checkpoint and summary.json (the margin)."""
 
 
 def digest(value: Any) -> str:
@@ -131,10 +136,28 @@ def _env(manifest: PolicyGroupManifest, namespace: str, role: str) -> list[dict[
         contract.ENV_METRICS_PORT: {"value": str(spec.ports.metrics)},
     }
     if role == TRAIN:
-        index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-        env[contract.ENV_NODE_RANK] = {"valueFrom": {"fieldRef": {"fieldPath": index}}}
         env[contract.ENV_REPORT_STATUS] = {"value": "1"}
     return [{"name": name, **value} for name, value in sorted(env.items())]
+
+
+def _run_dir_source(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
+    """The volume source of the run directory: the trainer's checkpoint claim when set, else an emptyDir."""
+    claim = spec.train.checkpoint.persistent_volume_claim
+    if role == TRAIN and claim:
+        return {"persistentVolumeClaim": {"claimName": claim}}
+    return {"emptyDir": {}}
+
+
+def termination_grace_seconds(spec: PolicyGroupSpec) -> int:
+    """terminationGracePeriodSeconds of trainer and evaluator pods (Kubernetes' default, 30 s, is too short).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+
+    Returns:
+        int: ceil(spec.weightSync.timeoutSeconds) + `GRACE_MARGIN_SECONDS`, in seconds.
+    """
+    return math.ceil(spec.weight_sync.timeout_seconds) + GRACE_MARGIN_SECONDS
 
 
 def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str, command: list[str]) -> dict[str, Any]:
@@ -156,9 +179,10 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str, command:
     }
     result: dict[str, Any] = {
         "serviceAccountName": contract.service_account_name(group),
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "containers": [container],
         "volumes": [
-            {"name": RUN_DIR_VOLUME, "emptyDir": {}},
+            {"name": RUN_DIR_VOLUME, **_run_dir_source(spec, role)},
             {"name": SPEC_VOLUME, "configMap": {"name": contract.config_name(group)}},
         ],
     }
@@ -263,13 +287,54 @@ def _service(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[s
     return _stamp(result, spec)
 
 
+def _validate_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The trainers' init container: `python -m rlightning.cli validate <mounted spec>`.
+
+    The deep checks (policyClass, policyKwargs, env id) need the runtime, so only a pod can run them. The
+    trainer container cannot report a rejection by its exit code: torchrun exits 1 whenever a worker fails, so
+    the worker's `contract.EXIT_BAD_MANIFEST` never reaches the Job. This container exits with it before
+    torchrun starts, which the pod failure policy turns into a failed Job (reported as phase Invalid).
+    """
+    main = pod_spec["containers"][0]
+    return {
+        "name": VALIDATE_CONTAINER,
+        "image": main["image"],
+        "imagePullPolicy": main["imagePullPolicy"],
+        "command": ["python", "-m", "rlightning.cli", "validate", f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"],
+        "resources": copy.deepcopy(main["resources"]),
+        "volumeMounts": [copy.deepcopy(m) for m in main["volumeMounts"] if m["name"] == SPEC_VOLUME],
+    }
+
+
+def _workload(
+    api_version: str,
+    kind: str,
+    manifest: PolicyGroupManifest,
+    namespace: str,
+    spec: dict[str, Any],
+    pod_spec: dict[str, Any],
+) -> dict[str, Any]:
+    """A Job (trainers) or StatefulSet (evaluators) running `pod_spec`; its metadata and pod template carry the
+    hash of its spec and of the role's view of the PolicyGroup's spec."""
+    role = TRAIN if kind == "Job" else EVAL
+    group = manifest.metadata.name
+    spec["template"] = {"metadata": {"labels": labels(group, role)}, "spec": pod_spec}
+    value = digest([spec, role_view(manifest.spec, role)])
+    spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
+    name = contract.train_name(group) if role == TRAIN else contract.eval_name(group)
+    metadata = {**_metadata(name, namespace, group, role), "annotations": {contract.ANNOTATION_SPEC_HASH: value}}
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
+
+
 def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
     """The trainers: a headless Service (rendezvous DNS, resolvable before readiness) and an Indexed Job.
 
     Each Job pod runs `torchrun --nnodes N --nproc-per-node P --node-rank $(JOB_COMPLETION_INDEX)
     --master-addr <pod 0 DNS> --master-port <ports.torchrun> -m rlightning.runtime.train`. The pod failure
     policy fails the Job at once on exit code 2 (a manifest the runtime rejects; retrying cannot help) and
-    does not count disruptions (preemption, eviction, node drain) against `backoffLimit`.
+    does not count disruptions (preemption, eviction, node drain) against `backoffLimit`. An init container
+    (`VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the runtime
+    can reject fails the Job that way too (torchrun itself exits 1 on any failed worker).
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
@@ -291,7 +356,8 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         "rlightning.runtime.train",
     ]
     pod_spec = _pod_spec(manifest, namespace, TRAIN, command)
-    pod_spec.update({"restartPolicy": "Never", "subdomain": name})
+    pod_spec.update({"restartPolicy": "Never", "subdomain": name, "initContainers": [_validate_container(pod_spec)]})
+    bad_manifest = {"operator": "In", "values": [contract.EXIT_BAD_MANIFEST]}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": spec.train.nodes,
@@ -299,24 +365,13 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         "backoffLimit": spec.train.backoff_limit,
         "podFailurePolicy": {
             "rules": [
-                {
-                    "action": "FailJob",
-                    "onExitCodes": {"containerName": TRAIN, "operator": "In", "values": [BAD_MANIFEST_EXIT_CODE]},
-                },
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": container, **bad_manifest}}
+                for container in (VALIDATE_CONTAINER, TRAIN)
             ]
+            + [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
         },
-        "template": {"metadata": {"labels": labels(group, TRAIN)}, "spec": pod_spec},
     }
-    value = digest([job_spec, role_view(spec, TRAIN)])
-    job_spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {**_metadata(name, namespace, group, TRAIN), "annotations": {contract.ANNOTATION_SPEC_HASH: value}},
-        "spec": job_spec,
-    }
-    return [_service(manifest, namespace, TRAIN), job]
+    return [_service(manifest, namespace, TRAIN), _workload("batch/v1", "Job", manifest, namespace, job_spec, pod_spec)]
 
 
 def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
@@ -338,16 +393,9 @@ def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
         "podManagementPolicy": "Parallel",
         "selector": {"matchLabels": selector(group, EVAL)},
         "updateStrategy": {"type": "RollingUpdate"},
-        "template": {"metadata": {"labels": labels(group, EVAL)}, "spec": pod_spec},
     }
-    value = digest([sts_spec, role_view(spec, EVAL)])
-    sts_spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
-    sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {**_metadata(name, namespace, group, EVAL), "annotations": {contract.ANNOTATION_SPEC_HASH: value}},
-        "spec": {"replicas": spec.eval.replicas, **sts_spec},
-    }
+    sts = _workload("apps/v1", "StatefulSet", manifest, namespace, sts_spec, pod_spec)
+    sts["spec"] = {"replicas": spec.eval.replicas, **sts["spec"]}  # after hashing: scaling is no template change
     return [_service(manifest, namespace, EVAL), sts]
 
 

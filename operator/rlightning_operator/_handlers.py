@@ -32,8 +32,6 @@ from rlightning_operator import _status as status
 logger = logging.getLogger(__name__)
 REGISTRY = kopf.OperatorRegistry()
 MANAGED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
-RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-"""Backoff of a handler after a transient API error, by retry number (then 60 s)."""
 
 
 @dataclasses.dataclass
@@ -114,15 +112,14 @@ def reconcile_group(body: kopf.Body, param: str, retry: int, memo: Context, **_:
     except kube.ApiError as error:
         transient = isinstance(error, kube.TransientApiError)
         metrics.RECONCILE_ERRORS.labels(trigger=param, error="transient" if transient else "permanent").inc()
-        # A permanent refusal (Forbidden, a webhook) may be fixed by an administrator: retry, but slowly.
-        delay = RETRY_DELAYS_SECONDS[min(retry, len(RETRY_DELAYS_SECONDS) - 1)] if transient else 60.0
-        raise kopf.TemporaryError(str(error), delay=delay) from None
+        # A refusal (Forbidden, Invalid) may be fixed by an administrator: retry it too, with the same backoff
+        # (the Reconciler has reported it in status and with a Warning Event).
+        raise kopf.TemporaryError(str(error), delay=_settings.retry_delay(retry)) from None
     except Exception:
         metrics.RECONCILE_ERRORS.labels(trigger=param, error="unexpected").inc()
         raise
     if outcome.blocked:  # nothing else may wake us when they are gone: look again later
-        delay = RETRY_DELAYS_SECONDS[min(retry, len(RETRY_DELAYS_SECONDS) - 1)]
-        raise kopf.TemporaryError(f"waiting for {', '.join(outcome.blocked)}", delay=delay)
+        raise kopf.TemporaryError(f"waiting for {', '.join(outcome.blocked)}", delay=_settings.retry_delay(retry))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},

@@ -8,6 +8,8 @@ No I/O. Rules, per desired child (compared by kind and name):
 - Job whose spec hash differs: recreate (the pod template of a Job is immutable): delete it with
   propagationPolicy Foreground, so that its pods are gone before the new Job exists (never more trainer pods
   than desired, never two pods answering to pod 0's DNS name), and create it on the next reconcile;
+- Service whose clusterIP differs from the desired one (`None`: headless; an adopted Service someone made with
+  a cluster IP): recreate, delete and create at once (clusterIP is immutable: a patch gets 422 Invalid forever);
 - StatefulSet whose spec hash differs: patch the template (a rolling update of the evaluators) and replicas;
   whose replicas only differ: patch `spec.replicas` alone (scaling never touches the template);
 - any other child whose spec hash or owner reference differs: patch it with the desired content.
@@ -40,11 +42,12 @@ class Action:
     """One step the reconciler takes on one child.
 
     Attributes:
-        type (ActionType): create, patch, scale (StatefulSet replicas only), recreate (delete now, create on
-            the next reconcile), wait (nothing to do until the child is gone) or conflict (owned by another).
+        type (ActionType): create, patch, scale (StatefulSet replicas only), recreate (delete now; create at
+            once from `body` when it is set, else on the next reconcile, as for a Job), wait (nothing to do until the child is gone) or conflict (owned by another).
         kind (str): Kubernetes kind of the child, for example `Job`.
         name (str): metadata.name of the child.
-        body (dict[str, Any] | None): The manifest to create, or the JSON merge patch to send; None otherwise.
+        body (dict[str, Any] | None): The manifest to create (for create and a recreate at once), or the JSON
+            merge patch to send; None otherwise.
         reason (str): Why, in a few words (used in Events and logs).
     """
 
@@ -104,6 +107,8 @@ def plan_child(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -
     if observed_owner is not None and observed_owner != owner_uid:
         return Action("conflict", kind, name, reason=f"controlled by another owner (uid {observed_owner})")
     hash_differs = _hash(observed) != _hash(desired)
+    if kind == "Service" and (observed.get("spec") or {}).get("clusterIP") != desired["spec"].get("clusterIP"):
+        return Action("recreate", kind, name, dict(desired), "clusterIP differs (immutable in a Service)")
     if kind == "Job":
         if hash_differs:
             return Action("recreate", kind, name, reason="pod template changed (immutable in a Job)")

@@ -6,11 +6,13 @@ PolicyGroup are serialised by a per-object lock, so a handler and a child-trigge
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
 import threading
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rlightning import contract
@@ -63,7 +65,7 @@ def _now() -> str:
 
 _MANIFEST_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _EVENT_REASONS = {"create": "Created", "patch": "Patched", "scale": "Scaled", "recreate": "Recreating"}
-_EVENT_VERBS = {"create": "created", "patch": "patched", "scale": "scaled", "recreate": "deleted, to be created again,"}
+_EVENT_VERBS = {"create": "created", "patch": "patched", "scale": "scaled", "recreate": "recreating"}
 
 
 class Reconciler:
@@ -77,17 +79,18 @@ class Reconciler:
     def __init__(self, client: kube.KubeClient, post_event: EventPoster) -> None:
         self._client = client
         self._post_event = post_event
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        # Weak values: a lock lives while a reconcile holds it or a thread waits for it, and goes after, so
+        # memory stays bounded without ever dropping a lock in use (a PolicyGroup deleted and created again
+        # under the same name while a reconcile runs still gets the same lock).
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
-
-    def forget(self, namespace: str, name: str) -> None:
-        """Drop the lock of a deleted PolicyGroup (memory stays bounded by the live objects)."""
-        with self._locks_guard:
-            self._locks.pop((namespace, name), None)
+            lock = self._locks.get((namespace, name))
+            if lock is None:
+                lock = self._locks[(namespace, name)] = threading.Lock()
+            return lock
 
     def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The PolicyGroup as stored now, or None when it is gone."""
@@ -109,7 +112,7 @@ class Reconciler:
         """
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
-        with self._lock(namespace, name):
+        with self._lock(namespace, name), self._refusals_reported(body):
             return self._reconcile_locked(body, namespace, name)
 
     def refresh_status(self, body: Mapping[str, Any]) -> Outcome:
@@ -130,12 +133,42 @@ class Reconciler:
         """
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
-        with self._lock(namespace, name):
+        with self._lock(namespace, name), self._refusals_reported(body):
             manifest = self._validate(body, namespace, name)
             job = self._client.read("Job", namespace, contract.train_name(name))
             stateful_set = self._client.read("StatefulSet", namespace, contract.eval_name(name))
             return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
                                 blocked=[])
+
+    @contextlib.contextmanager
+    def _refusals_reported(self, body: Mapping[str, Any]) -> Iterator[None]:
+        """Report a refusal of the API server (403, 422: retrying the same request cannot help until someone
+        fixes RBAC, a policy or a webhook) as Ready=False with its message and one Warning Event, then re-raise.
+
+        The Warning is posted when the Ready condition changes, so a retry that meets the same refusal posts
+        none; an operator that may not even patch status logs that and posts one per retry.
+        """
+        try:
+            yield
+        except kube.PermanentApiError as error:
+            if error.status == 404:  # gone meanwhile: the next event or retry sorts it out
+                raise
+            metadata = body["metadata"]
+            namespace, name = metadata["namespace"], metadata["name"]
+            message = f"the API server refused {error.verb} {error.path}: {error.status} {error.message}"[:1000]
+            logger.warning("%s/%s: %s", namespace, name, message)
+            previous = (body.get("status") or {}).get("conditions") or []
+            conditions = status.refused_conditions(
+                previous, int(metadata.get("generation") or 0), error.status, message, _now()
+            )
+            if conditions is not None:
+                try:
+                    self._client.patch(contract.KIND, namespace, name, {"status": {"conditions": conditions}},
+                                       subresource="status")
+                except kube.ApiError as status_error:
+                    logger.warning("%s/%s: cannot report it in status: %s", namespace, name, status_error)
+                self._post_event(body, "Warning", conditions[-1]["reason"], message)
+            raise
 
     def _validate(self, body: Mapping[str, Any], namespace: str, name: str) -> PolicyGroupManifest:
         """The validated manifest; for an invalid spec, status and one Warning Event, then InvalidSpecError."""
@@ -201,6 +234,8 @@ class Reconciler:
                 blocked.append(f"{action.kind}/{action.name}")
                 if action.type == "conflict":
                     conflicts.append(f"{action.kind}/{action.name}: {action.reason}")
+            elif action.type == "recreate" and action.body is not None and result is None:
+                blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
             elif result is not None or action.type == "recreate":
                 observed[(action.kind, action.name)] = result
         job = observed.get(("Job", contract.train_name(name)))
@@ -214,9 +249,15 @@ class Reconciler:
         metrics.ACTIONS.labels(type=action.type, kind=action.kind).inc()
         logger.info("%s/%s: %s %s %s (%s)", namespace, body["metadata"]["name"], action.type, action.kind,
                     action.name, action.reason)
-        if action.type == "recreate":
+        if action.type == "recreate" and action.body is None:  # a Job: created again once its pods are gone
             self._client.delete(action.kind, namespace, action.name, propagation="Foreground")
             result = None
+        elif action.type == "recreate":  # nothing depends on it: delete and create at once
+            self._client.delete(action.kind, namespace, action.name, propagation="Background")
+            try:
+                result = self._client.create(action.body)
+            except kube.Conflict:  # a finalizer keeps the old one a while: created on a later pass
+                result = None
         elif action.type == "create":
             try:
                 result = self._client.create(action.body or {})

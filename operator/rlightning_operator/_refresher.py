@@ -19,10 +19,9 @@ from typing import Any
 from rlightning_operator import _kube as kube
 from rlightning_operator import _metrics as metrics
 from rlightning_operator import _reconcile as reconcile
+from rlightning_operator import _settings
 
 logger = logging.getLogger(__name__)
-RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
-"""Backoff after a failed or blocked refresh (API errors, children of another owner), then every 30 s."""
 
 
 class Refresher:
@@ -100,10 +99,7 @@ class Refresher:
         metrics.RECONCILES.labels(trigger="child" if full else "child-status").inc()
         try:
             body = await self._in_thread(self._reconciler.read_group, namespace, name)
-            if body is None:
-                self._reconciler.forget(namespace, name)
-                return
-            if body["metadata"].get("deletionTimestamp"):
+            if body is None or body["metadata"].get("deletionTimestamp"):
                 return
             work = self._reconciler.reconcile if full else self._reconciler.refresh_status
             outcome = await self._in_thread(work, body)
@@ -120,7 +116,7 @@ class Refresher:
             logger.exception("refresh of %s/%s failed", namespace, name)
 
     def _retry(self, namespace: str, name: str, attempt: int, why: str) -> None:
-        delay = RETRY_DELAYS_SECONDS[min(attempt, len(RETRY_DELAYS_SECONDS) - 1)]
+        delay = _settings.retry_delay(attempt)
         logger.info("reconciling %s/%s again in %.0f s: %s", namespace, name, delay, why)
         self.schedule(namespace, name, delay=delay, attempt=attempt + 1)
 

@@ -14,6 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlightning import contract
 
 ENV_PREFIX = "RLIGHTNING_OPERATOR_"
+RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+"""Backoff, by attempt, of a reconcile after an API error or while a child blocks it (being deleted, another
+owner's), for handlers and child-triggered refreshes alike; every 60 s from the sixth attempt on."""
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before retry number `attempt` (0-based) of a reconcile: `RETRY_DELAYS_SECONDS`, capped.
+
+    Args:
+        attempt (int): Failed or blocked attempts so far.
+
+    Returns:
+        float: The delay in seconds.
+    """
+    return RETRY_DELAYS_SECONDS[min(attempt, len(RETRY_DELAYS_SECONDS) - 1)]
 
 
 class OperatorSettings(BaseModel):

@@ -3,6 +3,12 @@
 The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `replicas` and `selector`;
 `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge patch
 without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Ready (all of the others).
+
+Validity has two sources: the operator's structural validation (`Observation.problems`, reason InvalidSpec)
+and the pods' deep checks (policyClass, policyKwargs, env id; only the runtime can run them): a trainer Job
+failed by its pod failure policy on `contract.EXIT_BAD_MANIFEST` gives phase Invalid with Valid=False, reason
+InvalidSpecInPod. Evaluators that crash on the same spec are not told apart from evaluators still starting
+(EvaluatorsReady=False, Waiting): the StatefulSet's status has no pod states and the operator reads no pods.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from rlightning import contract
 from rlightning_operator import _builders as builders
 
 OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "replicas", "selector")
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+"""Reason of a Job's Failed condition when a FailJob rule of its pod failure policy matched."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +54,22 @@ class Observation:
     now: str = ""
 
 
-def _job_condition(job: Mapping[str, Any] | None, type_: str) -> bool:
+def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
+    """The Job's condition `type_` when its status is True, else None."""
     for condition in ((job or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == type_ and condition.get("status") == "True":
-            return True
-    return False
+            return condition
+    return None
+
+
+def _rejected_in_pod(failed: Mapping[str, Any] | None) -> bool:
+    """Whether the Job failed through its pod failure policy: its only FailJob rules match a container exiting
+    with `contract.EXIT_BAD_MANIFEST` (builders.build_train), so the runtime rejected the spec.
+
+    The Job controller gives its Failed condition the reason `PodFailurePolicy` then (Kubernetes API reference,
+    JobCondition; `batch.JobReasonPodFailurePolicy`).
+    """
+    return failed is not None and failed.get("reason") == POD_FAILURE_POLICY_REASON
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str, observation: Observation) -> dict[str, Any]:
@@ -99,7 +118,15 @@ def compute_status(observation: Observation) -> dict[str, Any]:
     eval_ready = int(sts_status.get("readyReplicas") or 0)
     complete, failed = _job_condition(obs.job, "Complete"), _job_condition(obs.job, "Failed")
 
-    if failed:
+    rejected = _rejected_in_pod(failed)
+    if rejected:
+        detail = (failed or {}).get("message") or f"a container exited with code {contract.EXIT_BAD_MANIFEST}"
+        train_ok, train_reason = False, "InvalidSpecInPod"
+        train_message = (
+            f"a trainer pod rejected the spec ({detail}); see `kubectl logs job/{contract.train_name(obs.name)} "
+            f"-c {builders.VALIDATE_CONTAINER}`"
+        )
+    elif failed:
         train_ok, train_reason, train_message = False, "JobFailed", "the trainer Job failed"
     elif complete:
         train_ok, train_reason, train_message = True, "Completed", "training completed"
@@ -119,7 +146,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         eval_message = f"{eval_ready}/{obs.replicas} evaluator pods ready"
 
     conditions = [
-        _condition("Valid", True, "Validated", "the spec is valid", obs),
+        _condition("Valid", False, train_reason, train_message, obs)
+        if rejected
+        else _condition("Valid", True, "Validated", "the spec is valid", obs),
         _condition("TrainersReady", train_ok, train_reason, train_message, obs),
         _condition("EvaluatorsReady", eval_ok, eval_reason, eval_message, obs),
     ]
@@ -133,7 +162,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         ready_message = "trainers and evaluators ready" if ready_ok else not_ready[0]["message"]
     conditions.append(_condition("Ready", ready_ok, ready_reason, ready_message, obs))
 
-    if failed:
+    if rejected:
+        phase = "Invalid"
+    elif failed:
         phase = "Failed"
     elif complete:
         phase = "Succeeded"
@@ -156,6 +187,38 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         "replicas": int(sts_status.get("replicas") or 0),
         "selector": selector,
     }
+
+
+REFUSAL_REASONS = {403: "Forbidden", 422: "Invalid"}
+"""Ready's reason by HTTP status when the API server refuses a request of a reconcile; others: `ApiRefused`."""
+
+
+def refused_conditions(
+    previous: Sequence[Mapping[str, Any]], generation: int, http_status: int, message: str, now: str
+) -> list[dict[str, Any]] | None:
+    """The conditions after the API server refused a request of a reconcile: Ready=False naming the refusal.
+
+    Everything else in status stays as it is (the refusal left the children unobserved); the next reconcile that
+    succeeds recomputes Ready.
+
+    Args:
+        previous (Sequence[Mapping[str, Any]]): The conditions currently in status.
+        generation (int): metadata.generation of the PolicyGroup.
+        http_status (int): The refused request's HTTP status (403 Forbidden, 422 Invalid, ...).
+        message (str): What was refused and the API server's message.
+        now (str): RFC 3339 time, for a Ready condition that changes.
+
+    Returns:
+        list[dict[str, Any]] | None: The conditions to write, or None when Ready already says exactly this (so
+            that a retry writes nothing and posts no second Warning).
+    """
+    reason = REFUSAL_REASONS.get(http_status, "ApiRefused")
+    observation = Observation("", generation, previous=previous, now=now)
+    ready = _condition("Ready", False, reason, message, observation)
+    current = next((c for c in previous if c.get("type") == "Ready"), None)
+    if current is not None and all(current.get(k) == ready[k] for k in ("status", "reason", "message")):
+        return None
+    return [dict(c) for c in previous if c.get("type") != "Ready"] + [ready]
 
 
 def child_fingerprint(child: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -50,11 +50,6 @@ class ResourceRequirements(StrictModel):
             )
         return self
 
-    def gpus(self) -> int:
-        """Number of `nvidia.com/gpu` in limits (or requests), 0 when none."""
-        raw = self.limits.get(GPU_RESOURCE, self.requests.get(GPU_RESOURCE, "0"))
-        return int(float(raw))
-
 
 class PodConfig(StrictModel):
     """Scheduling of the pods of one role: resources, node selection, tolerations, affinity."""

@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 from rlightning.config._base import StrictModel
 from rlightning.config._pod import PodConfig
 
+# RFC 1123 subdomain, what Kubernetes requires of a PersistentVolumeClaim's name (at most 253 characters).
+PVC_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
 
 class CheckpointConfig(StrictModel):
     """When trainers write checkpoints and whether a restarted trainer resumes from the newest."""
@@ -20,6 +23,16 @@ class CheckpointConfig(StrictModel):
     resume: bool = Field(
         default=True, description="On start, resume from the newest checkpoint in the run directory if any."
     )
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=PVC_NAME_PATTERN,
+        description=(
+            "Name of a PersistentVolumeClaim in the group's namespace that the operator mounts as the trainer's run "
+            "directory instead of an emptyDir, so a replaced trainer pod resumes weights, optimizer and weight "
+            "version. The claim must exist and be mountable by the trainer pods (ReadWriteMany when nodes > 1)."
+        ),
+    )
 
 
 class TrainConfig(StrictModel):
@@ -30,7 +43,11 @@ class TrainConfig(StrictModel):
         default=1, ge=1, le=64, description="DDP ranks per trainer pod (torchrun --nproc-per-node)."
     )
     parallel: Literal["ddp"] | None = Field(
-        default=None, description="Data-parallel mode; DDP is used whenever the world size is above 1."
+        default=None,
+        description=(
+            "Data-parallel mode. Unset: DDP whenever the world size is above 1. `ddp`: DDP always, also with a "
+            "world size of 1 (same code path as a multi-rank run)."
+        ),
     )
     total_env_steps: int = Field(
         default=500_000, ge=1, description="Stop after this many environment steps, summed over all ranks."

@@ -331,8 +331,12 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         self.is_init = self.ready = True
 
     def init_train(self, env_meta: EnvMeta, train_config: TrainConfig | None = None, seed: int | None = None) -> None:
-        """Build the network for training: train mode, DDP when the data-parallel world size is above 1, the
-        optimizer, counters at zero. The weight version is kept (it only grows).
+        """Build the network for training: train mode, DDP (see below), the optimizer, counters at zero. The
+        weight version is kept (it only grows).
+
+        DDP wraps the model when the data-parallel world size is above 1, and also at world size 1 when
+        `train_config.parallel` is `ddp` (then the default process group must be initialised, as the trainer
+        entrypoint always does); `parallel` unset means DDP exactly when the world size is above 1.
 
         Args:
             env_meta (EnvMeta): The environment's spaces.
@@ -341,14 +345,15 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             seed (int | None, optional): Seed the global RNGs before building. Defaults to None.
 
         Raises:
-            RuntimeError: When the world size is above 1 but the default process group is not initialised.
+            RuntimeError: When DDP is needed but the default process group is not initialised.
             ValueError: With DDP, when a trainable parameter lies outside every child module (DDP could not
                 all-reduce its gradient).
         """
         self._build(env_meta, seed)
         nn.Module.train(self, True)
         self.dp_world_size = infer_train_dp_world_size()
-        if self.dp_world_size > 1:
+        forced = train_config is not None and train_config.parallel == "ddp"
+        if self.dp_world_size > 1 or forced:
             self._wrap_ddp()
         self.optimizer = self.setup_optimizer(self.config.optim)
         self.train_config = train_config

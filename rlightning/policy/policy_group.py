@@ -1,18 +1,20 @@
 """`PolicyGroup`: a handle over one train policy and its evaluators, in process and/or behind a WeightSender.
 
 It bumps the weight version, hands the weights to every evaluator, and checks that what the evaluators hold
-equals what was sent (L2 fingerprints within a tolerance, and exact per-tensor digests).
+equals what was sent (L2 fingerprints within `DEFAULT_RTOL`, and exact per-tensor digests), with the one check
+of `rlightning.policy._consistency` (also what the trainer entrypoint's rank 0 uses, through this handle).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rlightning import weights
 from rlightning.policy import base_policy
+from rlightning.policy._consistency import DEFAULT_RTOL, Consistency, VersionLedger, weight_mismatches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,7 @@ class PolicyGroup:
 
     Attributes:
         last_sync_stats (weights.SyncStats | None): What the last remote publish achieved.
+        ledger (VersionLedger): Digests and fingerprints of the newest versions sent (`check_reports`).
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class PolicyGroup:
         self.sender = sender
         self.last_sync_stats: weights.SyncStats | None = None
         self._synced: SyncedWeights | None = None
+        self.ledger = VersionLedger()
 
     @property
     def weight_version(self) -> int:
@@ -64,7 +68,12 @@ class PolicyGroup:
         """Send the trainer's current weights to every evaluator under a new weight version.
 
         In-process evaluators get the weights staged and their update thread notified (or applied at once
-        with buffer strategy `none`); the remote fleet gets them through `sender.publish`.
+        with buffer strategy `none`); the remote fleet gets them through `sender.publish`. The new version is
+        above both the trainer's and the newest one the remote fleet holds (`sender.fleet_version`), so a
+        trainer restarted without its checkpoint is not refused by evaluators holding newer versions.
+
+        The sender may publish above the version asked for (an evaluator registered meanwhile with a newer
+        one); the version it published becomes the group's.
 
         Returns:
             int: The new weight version.
@@ -73,19 +82,42 @@ class PolicyGroup:
             weights.WeightSyncError: When the remote publish did not reach every receiver (in-process
                 evaluators are updated first, and `last_sync_stats` holds the publish's outcome).
         """
-        version = self.train_policy.weight_version + 1
+        floor = self.sender.fleet_version if self.sender is not None else 0
+        version = max(self.train_policy.weight_version, floor) + 1
         state = {name: tensor.clone() for name, tensor in weights.named_state(self.train_policy).items()}
-        self._synced = SyncedWeights(version, weights.l2_fingerprint(state), weights.tensor_digests(state))
-        self.train_policy.weight_version = version
+        fingerprint, digests = weights.l2_fingerprint(state), weights.tensor_digests(state)
         for policy in self.eval_policies:
             policy.push_weights(version, state)
+        failure: weights.WeightSyncError | None = None
         if self.sender is not None:
             try:
                 self.last_sync_stats = self.sender.publish(state, version)
             except weights.WeightSyncError as error:
-                self.last_sync_stats = error.stats
-                raise
+                self.last_sync_stats, failure = error.stats, error
+            version = self.last_sync_stats.version
+        self._synced = SyncedWeights(version, fingerprint, digests)
+        self.ledger.record(version, digests, fingerprint)
+        self.train_policy.weight_version = version
+        if failure is not None:
+            raise failure
         return version
+
+    def check_reports(
+        self, reports: Mapping[int, weights.ReceiverReport] | None = None, rtol: float = DEFAULT_RTOL
+    ) -> Consistency:
+        """Check remote evaluators' reports against the version each one applied (any of the newest sent).
+
+        Args:
+            reports (Mapping[int, ReceiverReport] | None, optional): Ordinal -> report; defaults to every
+                report of the sender (`sender.reports()`).
+            rtol (float, optional): Relative tolerance of the fingerprints. Defaults to `DEFAULT_RTOL`.
+
+        Returns:
+            Consistency: The verdict (`VersionLedger.check`).
+        """
+        if reports is None:
+            reports = self.sender.reports() if self.sender is not None else {}
+        return self.ledger.check(reports, rtol)
 
     def wait_for_eval_weights(self, timeout: float | None = None) -> bool:
         """Wait until every in-process evaluator applied every update requested so far.
@@ -104,7 +136,7 @@ class PolicyGroup:
         state = weights.named_state(self.train_policy)
         return SyncedWeights(self.weight_version, weights.l2_fingerprint(state), weights.tensor_digests(state))
 
-    def eval_weight_mismatches(self, rtol: float = 1e-6) -> dict[str, list[str]]:
+    def eval_weight_mismatches(self, rtol: float = DEFAULT_RTOL) -> dict[str, list[str]]:
         """Compare every evaluator with the weights of the last sync (the trainer's current weights before any).
 
         In-process evaluators are named `local-<index>`, remote ones `eval-<ordinal>`: every receiver
@@ -112,7 +144,7 @@ class PolicyGroup:
         a problem; reports of receivers that left are ignored).
 
         Args:
-            rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to 1e-6.
+            rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to `DEFAULT_RTOL`.
 
         Returns:
             dict[str, list[str]]: Evaluator -> problems (wrong version, tensors whose fingerprint or digest
@@ -135,22 +167,18 @@ class PolicyGroup:
             issues = []
             if version != ref.version:
                 issues.append(f"weight version {version}, expected {ref.version}")
-            bad = weights.mismatched_fingerprints(ref.fingerprint, fingerprint, rtol=rtol)
+            bad = weight_mismatches(ref.digests, ref.fingerprint, digests, fingerprint, rtol)
             if bad:
-                issues.append(f"fingerprint differs for {bad}")
-            if digests is not None:
-                bad = weights.mismatched_digests(ref.digests, digests)
-                if bad:
-                    issues.append(f"digest differs for {bad}")
+                issues.append(f"fingerprint or digest differs for {bad}")
             if issues:
                 problems[name] = issues
         return problems
 
-    def verify_eval_weight_consistency(self, rtol: float = 1e-6) -> bool:
+    def verify_eval_weight_consistency(self, rtol: float = DEFAULT_RTOL) -> bool:
         """Whether every evaluator holds the weights of the last sync (see `eval_weight_mismatches`).
 
         Args:
-            rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to 1e-6.
+            rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to `DEFAULT_RTOL`.
 
         Returns:
             bool: True when no evaluator differs (also when there are none).

@@ -11,7 +11,12 @@ can check them. After every `eval.episodesPerReport` episodes the main thread re
   entirely with the version now applied, that version and their mean (what the trainer's target check uses);
 - `episodes`: episodes finished since start.
 
-SIGTERM (pod deletion, `rlightning run` stopping) ends the current episode and exits 0.
+With `policy.weightBuffer.bufferStrategy: none` there is no update thread: `BasePolicy.push_weights`
+applies the version at once, still never during a forward pass (it waits for running rollouts to drain).
+
+SIGTERM (pod deletion, `rlightning run` stopping) ends the current episode, waits at most
+`SHUTDOWN_JOIN_SECONDS` for the receiving thread, leaves the weight-sync group and exits 0: well within the
+pod's terminationGracePeriodSeconds (weightSync.timeoutSeconds + 15 s, set by the operator).
 """
 
 from __future__ import annotations
@@ -36,7 +41,10 @@ log = logging.getLogger("rlightning.eval")
 RECEIVE_POLL_SECONDS = 1.0
 """How long one `receive` call waits for an announcement before the thread checks for a stop."""
 APPLY_TIMEOUT_SECONDS = 60.0
-"""Bound on waiting for the update thread to apply a staged version."""
+"""Bound on waiting for the update thread to apply a staged version (buffer strategy `single`)."""
+SHUTDOWN_JOIN_SECONDS = 3.0
+"""Bound on waiting for the receiving thread at shutdown; a receive still running past it is abandoned (the
+thread is a daemon) so the clean `leave` is posted within the pod's grace period."""
 SEED_STRIDE = 1_000_003
 """Evaluator `o` plays episode `i` with seed `train.seed + SEED_STRIDE * (o + 1) + i`."""
 
@@ -70,10 +78,13 @@ class Evaluator:
             if got is None:
                 continue
             version, state = got
-            if not self.policy.stage_weights(version, state):
+            # The gated API: staged for the update thread (`single`), or applied now between forward passes
+            # (`none`, which has no update thread to wait for).
+            if not self.policy.push_weights(version, state):
                 continue
-            self.policy.notify_update_weights()
-            if not self.policy.wait_for_weight_update_done(APPLY_TIMEOUT_SECONDS):
+            if self.policy.weight_buffer_strategy == "single" and not self.policy.wait_for_weight_update_done(
+                APPLY_TIMEOUT_SECONDS
+            ):
                 log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
                 continue
             # Only this thread asks for updates, so the weights stay put while they are digested.
@@ -130,14 +141,22 @@ class Evaluator:
                 self.metrics.eval_return.set(report["eval_return"])
                 self._post()
         log.info("evaluator %d stopping on %s after %d episodes", self.ordinal, self.stop.signal_name, episode)
-        thread.join(RECEIVE_POLL_SECONDS + self.spec.weight_sync.timeout_seconds)
+        thread.join(SHUTDOWN_JOIN_SECONDS)
+        if thread.is_alive():
+            log.warning("evaluator %d: a weight receive still runs after %.0f s; leaving without it",
+                        self.ordinal, SHUTDOWN_JOIN_SECONDS)
         self.receiver.close()
         self.policy.close()
         return 0
 
 
 def main() -> int:
-    """Entry point: read the environment and the manifest, evaluate until SIGTERM; a bad spec exits 2."""
+    """Entry point: read the environment and the manifest, evaluate until SIGTERM.
+
+    Returns:
+        int: 0 after SIGTERM; `contract.EXIT_BAD_MANIFEST` for a bad manifest or environment (including
+            `ENV_ROLE` naming the trainer role).
+    """
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s eval[{os.environ.get(contract.ENV_EVAL_ORDINAL, '?')}] %(levelname)s %(name)s: %(message)s",
@@ -145,12 +164,13 @@ def main() -> int:
     )
     try:
         settings = ProcessSettings.from_env()
+        settings.require_role(contract.ROLE_EVAL)
         ordinal = eval_ordinal(os.environ)
         spec = validate_file(settings.spec_path).spec
     except (SettingsError, ManifestError) as error:
         for line in str(error).splitlines():
             log.error("%s", line)
-        return 2
+        return contract.EXIT_BAD_MANIFEST
     return Evaluator(spec, settings, ordinal).run()
 
 

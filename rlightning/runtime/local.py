@@ -39,9 +39,25 @@ POLL_SECONDS = 0.25
 """How often the launcher polls its children and the metrics file."""
 TRAINER_STOP_SECONDS = 60.0
 """Grace given to torchrun after SIGTERM (it gives its ranks 30 s, they checkpoint) before SIGKILL."""
-EVAL_STOP_SECONDS = 15.0
-"""Grace given to an evaluator after SIGTERM before SIGKILL."""
+EVAL_STOP_MARGIN_SECONDS = 15.0
+"""Added to spec.weightSync.timeoutSeconds for an evaluator's grace after SIGTERM before SIGKILL (`eval_stop_seconds`),
+as the operator does for a pod's terminationGracePeriodSeconds."""
 LOG_TAIL_LINES = 25
+
+
+def eval_stop_seconds(manifest: PolicyGroupManifest) -> float:
+    """Grace given to an evaluator after SIGTERM before SIGKILL: what a pod gets from the operator.
+
+    The evaluator needs far less (`rlightning.runtime.eval.SHUTDOWN_JOIN_SECONDS` plus leaving its group),
+    so it exits cleanly within this bound.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated manifest.
+
+    Returns:
+        float: spec.weightSync.timeoutSeconds + `EVAL_STOP_MARGIN_SECONDS`, in seconds.
+    """
+    return manifest.spec.weight_sync.timeout_seconds + EVAL_STOP_MARGIN_SECONDS
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -158,7 +174,10 @@ class LocalRun:
 
     # -- what the children are --------------------------------------------------------------------------
     def child_env(self, role: str, ordinal: int | None = None) -> dict[str, str]:
-        """The environment of a child: this one's plus the contract's ENV_* variables for `role` (`train`, `eval`)."""
+        """The environment of a child: this one's plus the contract's ENV_* variables for `role` (`train`, `eval`).
+
+        Trainers also get `ENV_EXPECTED_EVALUATORS` (the evaluators this launcher starts, `eval.replicas`).
+        """
         spec = self.manifest.spec
         env = dict(os.environ)
         env.update(
@@ -171,6 +190,7 @@ class LocalRun:
                 contract.ENV_WEIGHT_SYNC_PORT: str(spec.ports.weight_sync),
                 contract.ENV_METRICS_PORT: "0",
                 contract.ENV_REPORT_STATUS: "0",
+                contract.ENV_EXPECTED_EVALUATORS: str(spec.eval.replicas),
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
                 "PYTHONUNBUFFERED": "1",
             }
@@ -205,10 +225,10 @@ class LocalRun:
         """Evaluators first (they wait for the trainer's store), then the trainer."""
         logs = self.run_dir.logs_dir
         evals = [
-            Child(f"eval-{i}", self.evaluator_command(), self.child_env("eval", i), logs / f"eval-{i}.log")
+            Child(f"eval-{i}", self.evaluator_command(), self.child_env(contract.ROLE_EVAL, i), logs / f"eval-{i}.log")
             for i in range(self.manifest.spec.eval.replicas)
         ]
-        trainer = Child(TRAINER, self.trainer_command(), self.child_env("train"), logs / "trainer.log")
+        trainer = Child(TRAINER, self.trainer_command(), self.child_env(contract.ROLE_TRAIN), logs / "trainer.log")
         return [*evals, trainer]
 
     # -- running ----------------------------------------------------------------------------------------
@@ -302,7 +322,7 @@ class LocalRun:
         for child in evals:
             child.signal(signal.SIGTERM)
         for child in evals:
-            child.stop(0.0 if kill_now else EVAL_STOP_SECONDS)
+            child.stop(0.0 if kill_now else eval_stop_seconds(self.manifest))
 
     def _print_outcome(self, code: int, seconds: float) -> None:
         out = sys.stdout if code == 0 else sys.stderr

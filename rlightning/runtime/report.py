@@ -55,8 +55,9 @@ class RunSummary:
         final_train_return (float | None): Mean return of recent training episodes.
         target_eval_return (float | None): spec.train.targetEvalReturn.
         reached_target (bool): Whether final_eval_return >= target_eval_return.
-        consistent (bool): Whether `spec.eval.replicas` evaluators hold the final version and every report
-            matches what the trainer published (exact digest and L2 fingerprint).
+        consistent (bool): Whether the expected evaluators (the local launcher's count, else every one
+            registered) hold the final version and every report matches what the trainer published (exact
+            digest and L2 fingerprint).
         evaluators (dict[str, dict[str, Any]]): Last report per evaluator ordinal.
         sync (SyncTotals): Weight-sync statistics.
         resumed_from (str | None): The checkpoint this run resumed from.

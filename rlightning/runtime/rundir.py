@@ -2,7 +2,7 @@
 
 ```
 <run dir>/
-  policygroup.yaml      the manifest the processes run (local runs copy it here)
+  policygroup.yaml      (`contract.SPEC_FILE_NAME`) the manifest the processes run (local runs copy it here)
   metrics.jsonl         one JSON object per training iteration, appended by trainer rank 0
   summary.json          written by trainer rank 0 when training ends
   returns.png           train and eval return against env steps
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from rlightning import contract
 
 _CHECKPOINT_RE = re.compile(r"^iter-(\d+)\.pt$")
 
@@ -54,7 +56,7 @@ class RunDir:
     @property
     def spec_path(self) -> Path:
         """The manifest copy the local processes read."""
-        return self.root / "policygroup.yaml"
+        return self.root / contract.SPEC_FILE_NAME
 
     @property
     def metrics_path(self) -> Path:

@@ -70,6 +70,10 @@ class ProcessSettings:
         weight_sync_port (int): Port of the weight-sync store (`ENV_WEIGHT_SYNC_PORT`).
         metrics_port (int): Prometheus port; 0 disables it (`ENV_METRICS_PORT`).
         report_status (bool): Whether trainer rank 0 patches status.training (`ENV_REPORT_STATUS` = `1`).
+        role (str | None): `contract.ROLE_TRAIN` or `contract.ROLE_EVAL` (`ENV_ROLE`); None when unset (an
+            entrypoint started by hand).
+        expected_evaluators (int | None): Evaluators the local launcher started (`ENV_EXPECTED_EVALUATORS`);
+            None in pods, where the trainer counts the evaluators registered with its weight sender.
     """
 
     group_name: str
@@ -80,6 +84,8 @@ class ProcessSettings:
     weight_sync_port: int
     metrics_port: int
     report_status: bool
+    role: str | None = None
+    expected_evaluators: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -92,9 +98,18 @@ class ProcessSettings:
             ProcessSettings: The parsed settings.
 
         Raises:
-            SettingsError: A required variable is missing or a number is malformed.
+            SettingsError: A required variable is missing, a number is malformed or the role is unknown.
         """
         environ = os.environ if environ is None else environ
+        role = environ.get(contract.ENV_ROLE) or None
+        if role not in (None, contract.ROLE_TRAIN, contract.ROLE_EVAL):
+            raise SettingsError(
+                f"{contract.ENV_ROLE}: must be {contract.ROLE_TRAIN!r} or {contract.ROLE_EVAL!r}, got {role!r}"
+            )
+        expected = environ.get(contract.ENV_EXPECTED_EVALUATORS, "")
+        expected_evaluators = None if expected == "" else _int(environ, contract.ENV_EXPECTED_EVALUATORS)
+        if expected_evaluators is not None and expected_evaluators < 0:
+            raise SettingsError(f"{contract.ENV_EXPECTED_EVALUATORS}: must be >= 0, got {expected_evaluators}")
         spec_path = environ.get(contract.ENV_SPEC_PATH, "")
         if not spec_path:
             raise SettingsError(f"{contract.ENV_SPEC_PATH}: required environment variable is not set")
@@ -107,4 +122,24 @@ class ProcessSettings:
             weight_sync_port=_int(environ, contract.ENV_WEIGHT_SYNC_PORT, contract.WEIGHT_SYNC_PORT),
             metrics_port=_int(environ, contract.ENV_METRICS_PORT, 0),
             report_status=environ.get(contract.ENV_REPORT_STATUS, "") == "1",
+            role=role,
+            expected_evaluators=expected_evaluators,
         )
+
+    def require_role(self, entrypoint_role: str) -> None:
+        """Check that the process was started as the role of the entrypoint it runs.
+
+        A pod whose `ENV_ROLE` names the other role runs the wrong entrypoint (a template or command mix-up);
+        failing at once is clearer than a trainer and an evaluator that wait for each other forever.
+
+        Args:
+            entrypoint_role (str): `contract.ROLE_TRAIN` or `contract.ROLE_EVAL`, the entrypoint's role.
+
+        Raises:
+            SettingsError: `ENV_ROLE` is set to a different role (unset is accepted: a process started by hand).
+        """
+        if self.role is not None and self.role != entrypoint_role:
+            raise SettingsError(
+                f"{contract.ENV_ROLE}: is {self.role!r} but this is the {entrypoint_role!r} entrypoint "
+                f"(rlightning.runtime.{'train' if entrypoint_role == contract.ROLE_TRAIN else 'eval'})"
+            )

@@ -1,21 +1,32 @@
 """Trainer entrypoint: `python -m rlightning.runtime.train`, one process per DDP rank under torchrun.
 
 Every rank: joins the DDP default group (gloo on CPU, nccl on CUDA; used for gradients and the all-reduces
-below, never for weight sync), builds the policy, resumes from the newest checkpoint when
-`train.checkpoint.resume`, then loops collect -> update_dataset -> train. After each iteration the ranks
-all-reduce their episode returns and agree on whether to stop (one MAX all-reduce: rank 0's decision or
+below, never for weight sync), builds the policy, resumes when `train.checkpoint.resume` (rank 0 loads the
+newest checkpoint of its run directory and broadcasts its training state, `_resume`), then loops collect ->
+update_dataset -> train. After each iteration the ranks all-reduce their episode returns and agree on whether to stop (one MAX all-reduce: rank 0's decision or
 any rank's SIGTERM).
 
 Rank 0 also: publishes weights to the evaluators every `weightSync.intervalIterations` through a
 `rlightning.weights.WeightSender` (store on ENV_TRAIN_MASTER_ADDR:ENV_WEIGHT_SYNC_PORT) with a strictly
 increasing version kept in the checkpoint; checks the evaluators' reports against what it published
-(`_consistency`); appends a row per iteration to metrics.jsonl; writes checkpoints; serves Prometheus
-metrics; patches status.training in a cluster; writes summary.json at the end.
+(`PolicyGroup.check_reports`); appends a row per iteration to metrics.jsonl; writes checkpoints; serves
+Prometheus metrics; patches status.training in a cluster; writes summary.json at the end.
+
+The version survives a trainer replaced without its run directory (a pod's emptyDir): at start rank 0 waits
+up to `FLEET_REJOIN_SECONDS` for the evaluators to re-register with the versions they hold, and all ranks
+continue from max(checkpoint version, evaluators' newest) (a MAX all-reduce); a late evaluator holding a
+newer one makes the sender publish above it, and the per-iteration stop all-reduce carries rank 0's version
+to every rank.
 
 Stopping on `train.targetEvalReturn` is confirmed on the newest weights: when the evaluators' recent
 returns reach the target, rank 0 holds training (the other ranks wait in the stop all-reduce) until every
 live evaluator reports a full batch of episodes played entirely with the newest version. Training resumes
 when that mean falls short. So the final eval return in summary.json is that of the final weights.
+
+The fleet whose evaluators must hold the final weights (summary.json `consistent`, the final republish) is the
+count the local launcher passes in `ENV_EXPECTED_EVALUATORS`; pods have none (the operator keeps
+`eval.replicas` out of the mounted spec, so it reads as the default 1), and there it is every evaluator
+registered with the sender once the membership is stable (`Coordinator.settle_members`).
 
 A dead evaluator makes a publish fail for its group within `weightSync.timeoutSeconds`; training goes on,
 the failure is counted and logged, and the evaluator rejoins (new generation) when it comes back.
@@ -32,11 +43,11 @@ from datetime import UTC, datetime, timedelta
 import torch
 import torch.distributed as dist
 
-from rlightning import weights
+from rlightning import contract, weights
 from rlightning.config import ManifestError, PolicyGroupSpec, TrainingStatus
-from rlightning.policy import EnvMeta, PolicyRole, load_policy_class
+from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
+from rlightning.runtime import _resume
 from rlightning.runtime import collector as collector_mod
-from rlightning.runtime._consistency import VersionLedger
 from rlightning.runtime._prometheus import TrainerMetrics
 from rlightning.runtime._signals import StopRequest
 from rlightning.runtime._status_reporter import StatusReporter
@@ -54,6 +65,17 @@ DDP_TIMEOUT = timedelta(minutes=30)
 RETRY_TARGET_AFTER_ITERATIONS = 5
 """After a target check falls short on the newest weights, iterations before the next check."""
 REPORT_POLL_SECONDS = 0.1
+FLEET_REJOIN_SECONDS = 12.0
+"""At start, how long rank 0 waits at most for the evaluators to (re-)register before fixing the version floor.
+
+Covers two of the receivers' longest reconnect backoff steps (5 s, `rlightning.weights._store.Backoff`) plus
+connection time; it ends early once the expected evaluators registered (`Coordinator.settle_members`). An
+evaluator that registers
+later with a newer version is handled by the sender, which then publishes above it (`WeightSender.publish`).
+"""
+MEMBERSHIP_SETTLE_SECONDS = 2.0
+"""In pods (no `ENV_EXPECTED_EVALUATORS`), the evaluators registered with the sender count as the fleet once
+the membership has not changed for this long (`Coordinator.settle_members`)."""
 
 
 def _mean(values: list[float]) -> float | None:
@@ -67,14 +89,16 @@ class Coordinator:
         spec (PolicyGroupSpec): The validated spec.
         settings (ProcessSettings): The process's environment.
         run_dir (RunDir): The run directory.
+        policy (BasePolicy): This rank's train policy; a `PolicyGroup` over it and the `WeightSender` publishes
+            the weights and checks the evaluators' reports.
     """
 
-    def __init__(self, spec: PolicyGroupSpec, settings: ProcessSettings, run_dir: RunDir) -> None:
+    def __init__(self, spec: PolicyGroupSpec, settings: ProcessSettings, run_dir: RunDir, policy: BasePolicy) -> None:
         self.spec = spec
         self.settings = settings
         self.run_dir = run_dir
         self.sender = weights.WeightSender(spec.weight_sync, settings.master_addr, settings.weight_sync_port)
-        self.ledger = VersionLedger()
+        self.group = PolicyGroup(policy, sender=self.sender)  # sends, and checks reports (its VersionLedger)
         self.sync = SyncTotals()
         self.metrics = TrainerMetrics(settings.metrics_port)
         self.status = (
@@ -82,21 +106,81 @@ class Coordinator:
             if settings.report_status and settings.namespace
             else None
         )
+        self.expected = settings.expected_evaluators  # None in pods: the live membership counts
         self.live: list[int] = []  # ordinals that acknowledged the newest publish
         self.published_iteration = -1
         self.retry_target_at = 0
         self.started = time.monotonic()
 
     # -- weight sync --------------------------------------------------------------------------------------
+    def settle_members(self, timeout: float, need_one: bool = False) -> list[int]:
+        """Wait until the fleet is registered with the sender, bounded by `timeout` seconds.
+
+        Where the count is known (`ENV_EXPECTED_EVALUATORS`, set by the local launcher) that many evaluators
+        must register. In pods the spec's `eval.replicas` is not the fleet's size (the operator leaves the
+        scaling fields out of the mounted spec), so there the live membership counts once it has not changed
+        for `MEMBERSHIP_SETTLE_SECONDS`.
+
+        Args:
+            timeout (float): Seconds to wait at most.
+            need_one (bool, optional): In pods, also wait (within `timeout`) for at least one member. Defaults
+                to False.
+
+        Returns:
+            list[int]: The ordinals registered now.
+        """
+        deadline = time.monotonic() + timeout
+        members, stable_since = self.sender.members, time.monotonic()
+        while time.monotonic() < deadline:
+            if self.expected is not None:
+                if len(members) >= self.expected:
+                    break
+            elif time.monotonic() - stable_since >= MEMBERSHIP_SETTLE_SECONDS and (members or not need_one):
+                break
+            time.sleep(REPORT_POLL_SECONDS)
+            now = self.sender.members
+            if now != members:
+                members, stable_since = now, time.monotonic()
+        if self.expected is not None and len(members) < self.expected:
+            log.warning("only evaluators %s of %d registered within %.0f s", members, self.expected, timeout)
+        return members
+
+    def expected_count(self) -> int:
+        """Evaluators that must hold the final weights: `ENV_EXPECTED_EVALUATORS`, else the live membership."""
+        return self.expected if self.expected is not None else len(self.sender.members)
+
+    def version_floor(self, checkpoint_version: int) -> int:
+        """The version to continue from: the checkpoint's or the evaluators' newest, whichever is higher.
+
+        A trainer pod replaced without its run directory (an emptyDir) starts at version 0 while the evaluators
+        hold newer versions and would refuse anything older. Waits up to `FLEET_REJOIN_SECONDS` for the
+        evaluators to register (`settle_members`; they carry the version they hold), then reads
+        `sender.fleet_version`.
+
+        Args:
+            checkpoint_version (int): `weight_version` restored from the checkpoint (0 without one).
+
+        Returns:
+            int: max(checkpoint_version, highest version any registered evaluator holds).
+        """
+        self.settle_members(FLEET_REJOIN_SECONDS, need_one=True)
+        fleet = self.sender.fleet_version
+        if fleet > checkpoint_version:
+            log.warning("evaluators %s hold weight version %d, newer than this trainer's %d; continuing from %d",
+                        self.sender.members, fleet, checkpoint_version, fleet)
+        return max(checkpoint_version, fleet)
+
     def publish(self, policy: torch.nn.Module, iteration: int) -> None:
-        """Publish the policy's weights as version `policy.weight_version + 1`; a failed group is logged."""
-        version = policy.weight_version + 1
-        state = weights.named_state(policy)
-        self.ledger.record(version, weights.tensor_digests(state), weights.l2_fingerprint(state))
+        """Publish the policy's weights under a new version; a failed group is logged.
+
+        Through `PolicyGroup.sync_weights`: the version is `policy.weight_version + 1`, or above the newest
+        version an evaluator holds when that is higher; `policy.weight_version` becomes the version published.
+        """
         try:
-            stats = self.sender.publish(state, version)
-        except weights.WeightSyncError as error:
-            stats = error.stats
+            version = self.group.sync_weights()
+        except weights.WeightSyncError:
+            version = policy.weight_version  # sync_weights set it to the version published
+        stats = self.group.last_sync_stats
         if stats.failed:
             self.sync.failures += 1
             self.metrics.sync_failures.inc()
@@ -109,21 +193,6 @@ class Coordinator:
             self.sync.add(stats.bytes, stats.seconds)
             self.metrics.sync_bytes.inc(stats.bytes)
             self.metrics.sync_seconds.inc(stats.seconds)
-
-    def wait_for_members(self, count: int, timeout: float) -> bool:
-        """Wait up to `timeout` seconds until `count` evaluators are registered with the sender.
-
-        Returns:
-            bool: Whether they are.
-        """
-        deadline = time.monotonic() + timeout
-        while len(self.sender.members) < count:
-            if time.monotonic() > deadline:
-                log.warning("only evaluators %s of %d registered within %.0f s", self.sender.members, count, timeout)
-                return False
-            self.sender.reports()  # refreshes membership
-            time.sleep(REPORT_POLL_SECONDS)
-        return True
 
     def live_reports(self) -> dict[int, weights.ReceiverReport]:
         """Reports of the evaluators that acknowledged the newest publish."""
@@ -170,7 +239,7 @@ class Coordinator:
         if iteration % self.spec.weight_sync.interval_iterations == 0:
             self.publish(policy, iteration)
         reports = self.live_reports()
-        consistency = self.ledger.check(reports)
+        consistency = self.group.check_reports(reports)
         eval_return = _mean([r.metrics["eval_return"] for r in reports.values() if "eval_return" in r.metrics])
         target = self.spec.train.target_eval_return
         code, confirmed = CONTINUE, None
@@ -193,7 +262,7 @@ class Coordinator:
                 log.info("version %d returned %s < target; training on", policy.weight_version, confirmed)
                 self.retry_target_at = iteration + RETRY_TARGET_AFTER_ITERATIONS
             reports = self.live_reports()
-            consistency = self.ledger.check(reports)
+            consistency = self.group.check_reports(reports)
         row = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "elapsed_seconds": round(time.monotonic() - self.started, 3),
@@ -245,10 +314,9 @@ class Coordinator:
         """Make the evaluators hold the final weights, check them, checkpoint and write summary.json."""
         iteration = policy.iteration
         final_return, final_version = last_row.get("eval_return"), last_row.get("eval_version")
-        expected = self.spec.eval.replicas
         if code != STOP_SIGNAL:
-            self.wait_for_members(expected, self.spec.weight_sync.timeout_seconds)
-            republish = self.published_iteration != iteration or len(self.live) < expected
+            members = self.settle_members(self.spec.weight_sync.timeout_seconds)
+            republish = self.published_iteration != iteration or not set(members) <= set(self.live)
             if republish:  # the final weights, to every evaluator now registered
                 self.publish(policy, iteration)
             if code != STOP_TARGET or republish:
@@ -256,8 +324,10 @@ class Coordinator:
                 if confirmed is not None:
                     final_return, final_version = confirmed, policy.weight_version
         reports = self.live_reports()
-        consistency = self.ledger.check(reports)
-        # Every evaluator the spec asks for holds the final version, bit for bit.
+        consistency = self.group.check_reports(reports)
+        # Every expected evaluator (the launcher's count, else every registered one) holds the final version,
+        # bit for bit.
+        expected = self.expected_count()
         consistent = consistency.consistent is not False and len(consistency.on_latest) >= expected
         save_checkpoint(policy, self.run_dir, self.spec)
         target = self.spec.train.target_eval_return
@@ -338,21 +408,18 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     env_meta = EnvMeta.from_env_config(spec.env)
     seed = spec.train.seed + rank
     policy.init_train(env_meta, spec.train, seed=seed)
-    resumed_from = None
-    checkpoint = run_dir.newest_checkpoint() if spec.train.checkpoint.resume else None
-    if checkpoint is not None:
-        # The checkpoint holds rank 0's RNG state; the other ranks keep their own seed + rank streams.
-        policy.load_checkpoint(checkpoint, restore_rng=rank == 0)
-        resumed_from = str(checkpoint)
-        log.info("resumed from %s: iteration %d, %d env steps, weight version %d",
-                 checkpoint, policy.iteration, policy.env_steps, policy.weight_version)
+    # Rank 0 picks and loads the checkpoint and broadcasts its training state: the ranks stay identical.
+    resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume)
     collector = collector_mod.RolloutCollector(spec.env, policy, seed=seed + world * policy.iteration)
     try:
-        coordinator = Coordinator(spec, settings, run_dir) if rank == 0 else None
+        coordinator = Coordinator(spec, settings, run_dir, policy) if rank == 0 else None
     except dist.DistNetworkError as error:
         log.error("cannot host the weight-sync store on port %d (spec.ports.weightSync): %s",
                   settings.weight_sync_port, error)
         return 1
+    # Every rank continues from the same version floor (rank 0 learns the evaluators' newest); MAX all-reduce.
+    floor = coordinator.version_floor(policy.weight_version) if coordinator is not None else 0
+    policy.weight_version = int(_all_reduce([max(floor, policy.weight_version)], dist.ReduceOp.MAX)[0])
     code, row, last_return = CONTINUE, {}, None
     try:
         while code == CONTINUE:
@@ -369,7 +436,9 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
                 if code == CONTINUE and policy.iteration % spec.train.checkpoint.interval_iterations == 0:
                     save_checkpoint(policy, run_dir, spec)
             local = STOP_SIGNAL if stop.requested else CONTINUE
-            code = int(_all_reduce([max(code, local)], dist.ReduceOp.MAX)[0])
+            # one MAX all-reduce: the stop decision, and rank 0's weight version (it may have jumped) for all
+            code, version = _all_reduce([max(code, local), policy.weight_version], dist.ReduceOp.MAX)
+            code, policy.weight_version = int(code), int(version)
         if code == STOP_SIGNAL:
             log.info("stopping on %s", stop.signal_name or "a signal to another rank")
         if coordinator is not None:
@@ -384,18 +453,24 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
 
 
 def main() -> int:
-    """Entry point: read the environment and the manifest, train, exit 0; a bad spec exits 2."""
+    """Entry point: read the environment and the manifest, train.
+
+    Returns:
+        int: 0 when training ended; `contract.EXIT_BAD_MANIFEST` for a bad manifest or environment (including
+            `ENV_ROLE` naming the evaluator role).
+    """
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s train[{rank}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
         settings = ProcessSettings.from_env()
+        settings.require_role(contract.ROLE_TRAIN)
         spec = validate_file(settings.spec_path).spec
     except (SettingsError, ManifestError) as error:
         for line in str(error).splitlines():
             log.error("%s", line)
-        return 2
+        return contract.EXIT_BAD_MANIFEST
     return train(settings, spec)
 
 

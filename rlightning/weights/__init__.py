@@ -10,7 +10,14 @@ Layers, as in TorchRL's weight_update: transport (`_transport`, `_nccl`: how byt
 groups and acknowledgements over `_store`).
 """
 
-from rlightning.weights._buckets import ZERO_COPY_MIN_BYTES, BucketLayout, BucketSpec, Segment, TensorSlot
+from rlightning.weights._buckets import (
+    PACKED_TRANSFER_MAX_BYTES,
+    ZERO_COPY_MIN_BYTES,
+    BucketLayout,
+    BucketSpec,
+    Segment,
+    TensorSlot,
+)
 from rlightning.weights._buffer import WeightBufferMixin
 from rlightning.weights._fingerprint import l2_fingerprint, mismatched_digests, mismatched_fingerprints, tensor_digests
 from rlightning.weights._membership import GroupPlan, Member, plan_groups
@@ -24,6 +31,7 @@ __all__ = [
     "BucketSpec",
     "GroupPlan",
     "Member",
+    "PACKED_TRANSFER_MAX_BYTES",
     "ReceiverReport",
     "Segment",
     "SyncStats",

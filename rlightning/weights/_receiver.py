@@ -24,7 +24,8 @@ class WeightReceiver:
     """Receives versioned weights from a `WeightSender` (one per evaluator process).
 
     Nothing blocks in the constructor: `receive` connects to the store (retrying with backoff, so an evaluator
-    may start before the trainer), registers `ordinal` and then waits for announcements. Between publishes
+    may start before the trainer), registers `ordinal` with the newest version it received (so a restarted
+    sender publishes above it, see `WeightSender.fleet_version`) and then waits for announcements. Between publishes
     the receiver waits on the store, never inside a collective; call `receive` continuously (e.g. from a
     background thread) so it joins every publish within `timeout_seconds`, else it is evicted and registers
     again. A version not newer than the newest one received is never returned. The receiver's collectives wait
@@ -57,6 +58,7 @@ class WeightReceiver:
         self._watcher: _store.KeyWatcher | None = None
         self._address = _transport.local_address_toward(host, port)
         self._session = ""
+        self._backoff = _store.Backoff()  # kept across `receive` calls: one attempt per backoff step
         self._join_event = 0
         self._next_seq = 1
         self._group: tuple[int, int] | None = None
@@ -72,7 +74,7 @@ class WeightReceiver:
     # -- connection and membership ---------------------------------------------------------------------
     def _connect(self, deadline: float) -> dist.TCPStore:
         if self._store is None:
-            store = _store.connect_store(self.host, self.port, self._timeout, deadline)
+            store = _store.connect_store(self.host, self.port, self._timeout, deadline, self._backoff)
             self._store = store
             self._report_store = store.clone()  # reports must not queue behind a blocking wait()
             self._next_seq = store.add(_store.ANNOUNCE_COUNT, 0) + 1
@@ -89,7 +91,8 @@ class WeightReceiver:
         _store.set_json(
             self._store,
             _store.member_event(self._join_event),
-            {"event": "join", "ordinal": self.ordinal, "session": self._session, "cuda": cuda},
+            # `version` lets a restarted sender publish above what the fleet already holds (`fleet_version`)
+            {"event": "join", "ordinal": self.ordinal, "session": self._session, "cuda": cuda, "version": self.version},
         )
 
     def _drop_group(self) -> None:

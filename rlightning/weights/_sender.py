@@ -87,7 +87,9 @@ class WeightSender:
         self._seq = 0
         self.version = 0
         """The newest version published (0 before the first); a resumed trainer publishes newer ones only."""
+        self._reported_version = 0  # highest applied_version seen in reports
         self._layout: _buckets.BucketLayout | None = None
+        self._layout_entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []  # what `_layout` was built from
         self._staging: dict[torch.device, list[torch.Tensor | None]] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="wsync-form")
 
@@ -144,7 +146,11 @@ class WeightSender:
 
     # -- buckets ---------------------------------------------------------------------------------------
     def _prepare_layout(self, state: Mapping[str, torch.Tensor]) -> _buckets.BucketLayout:
-        layout = _buckets.BucketLayout.from_state(state, self.config.bucket_size_bytes)
+        entries = [(name, t.dtype, tuple(t.shape)) for name, t in state.items()]
+        if self._layout is not None and entries == self._layout_entries:  # same tensors: skip layout and hash
+            return self._layout
+        layout = _buckets.BucketLayout(entries, self.config.bucket_size_bytes)
+        self._layout_entries = entries
         if self._layout is None or layout.signature != self._layout.signature:
             self._layout, self._staging = layout, {}
             self._store.set(_store.ROOT + "layout/" + layout.signature, layout.to_json())
@@ -178,7 +184,10 @@ class WeightSender:
             state (Mapping[str, torch.Tensor]): clean name -> tensor (`named_state` of the trained module); any
                 device; names, dtypes and shapes may change between versions (a new layout is announced).
             version (int): strictly greater than every version published by this sender (and, across trainer
-                restarts, restored from the checkpoint).
+                restarts, restored from the checkpoint). When it is not above `fleet_version` (a receiver
+                registered or reported holding that version or a newer one, e.g. after this trainer restarted
+                without its checkpoint, or a late evaluator rejoined), `fleet_version + 1` is published instead,
+                since receivers ignore versions not newer than theirs; `SyncStats.version` is the one published.
 
         Returns:
             SyncStats: bytes, seconds, groups, acknowledging receivers.
@@ -197,6 +206,10 @@ class WeightSender:
         start = time.monotonic()
         layout = self._prepare_layout(state)
         self._read_membership()
+        fleet = self._known_fleet_version()
+        if version <= fleet:  # the fleet would refuse it: jump above, never wedge on an old version
+            log.warning("version %d is not above the fleet's %d; publishing version %d", version, fleet, fleet + 1)
+            version = fleet + 1
         formed = self._plan()
         self._seq += 1
         seq = self._seq
@@ -307,7 +320,21 @@ class WeightSender:
         stats.receivers_acked.sort()
         return stats, errors
 
-    # -- reports and shutdown --------------------------------------------------------------------------
+    # -- versions, reports and shutdown ----------------------------------------------------------------
+    def _known_fleet_version(self) -> int:
+        return max(self._membership.highest_version, self._reported_version)
+
+    @property
+    def fleet_version(self) -> int:
+        """The highest weight version any receiver of this store registered with or reported applied (0 if none).
+
+        Receivers send the newest version they hold when they register (again), so a trainer restarted without
+        its checkpoint learns what the fleet holds once the receivers have re-registered (they reconnect with
+        backoff up to 5 s, `_store.Backoff`) and then publishes above it (`publish`). Reads new membership events.
+        """
+        self._read_membership()
+        return self._known_fleet_version()
+
     def reports(self) -> dict[int, _types.ReceiverReport]:
         """The newest report of every receiver that ever registered and reported.
 
@@ -321,6 +348,7 @@ class WeightSender:
             if self._store.check([key]):
                 doc = _store.get_json(self._store, key)
                 out[ordinal] = _types.ReceiverReport(**doc)  # type: ignore[arg-type]
+                self._reported_version = max(self._reported_version, out[ordinal].applied_version)
         return out
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import socket
 import threading
 import time
 
@@ -74,8 +75,68 @@ def host_store(port: int, timeout: float) -> dist.TCPStore:
     return dist.TCPStore("0.0.0.0", port, None, True, _timedelta(timeout), wait_for_workers=False)
 
 
-def connect_store(host: str, port: int, timeout: float, deadline: float | None = None) -> dist.TCPStore:
+class Backoff:
+    """Exponential backoff of store connection attempts: 0.1 s doubling to 5 s between attempts, reset on success.
+
+    A receiver keeps one across its short `receive` calls, so waiting for an absent sender makes (and logs) one
+    attempt per backoff step rather than starting again at 0.1 s on every call.
+    """
+
+    FIRST, CAP = 0.1, 5.0
+
+    def __init__(self) -> None:
+        self.delay = self.FIRST
+        self.attempt = 0
+        self.not_before = 0.0
+        """`time.monotonic()` before which no attempt is made."""
+        self.last_error: Exception | None = None
+
+    def failed(self, error: Exception) -> float:
+        """Record a failed attempt; the next one waits `delay` seconds, which then doubles (up to `CAP`).
+
+        Returns:
+            float: seconds until the next attempt.
+        """
+        delay = self.delay
+        self.attempt += 1
+        self.last_error = error
+        self.not_before = time.monotonic() + delay
+        self.delay = min(delay * 2, self.CAP)
+        return delay
+
+    def reset(self) -> None:
+        """Start again at `FIRST` (after a successful connection)."""
+        self.delay, self.attempt, self.not_before, self.last_error = self.FIRST, 0, 0.0, None
+
+
+def probe(host: str, port: int, timeout: float) -> OSError | None:
+    """Open and close a plain TCP connection to `host:port` (nothing is sent; the store logs nothing).
+
+    c10d logs an ERROR with a C++ stack for every failed TCPStore client connection, so callers probe first
+    and create the TCPStore only once something listens.
+
+    Args:
+        host (str): the sender's host.
+        port (int): the store's port.
+        timeout (float): bound of the connect, seconds.
+
+    Returns:
+        OSError | None: None when the connection was accepted, else why not (refused, timeout, DNS).
+    """
+    try:
+        with socket.create_connection((host, port), timeout=max(timeout, 0.01)):
+            return None
+    except OSError as exc:  # ConnectionRefusedError, socket.timeout, socket.gaierror
+        return exc
+
+
+def connect_store(
+    host: str, port: int, timeout: float, deadline: float | None = None, backoff: Backoff | None = None
+) -> dist.TCPStore:
     """Connect to the weight-sync store, retrying with exponential backoff (0.1 s doubling to 5 s).
+
+    Each attempt first probes `host:port` with a plain TCP connect (`probe`) and creates the TCPStore client
+    only when that succeeds, so waiting for an absent sender logs one INFO line per attempt and no c10d errors.
 
     Args:
         host (str): the sender's host.
@@ -83,6 +144,8 @@ def connect_store(host: str, port: int, timeout: float, deadline: float | None =
         timeout (float): default bound of blocking store calls once connected, seconds.
         deadline (float | None, optional): `time.monotonic()` after which to give up; None retries for as
             long as this process lives. Defaults to None.
+        backoff (Backoff | None, optional): backoff state carried over from earlier calls (reset on success);
+            None starts a fresh one. Defaults to None.
 
     Returns:
         dist.TCPStore: a client.
@@ -90,27 +153,35 @@ def connect_store(host: str, port: int, timeout: float, deadline: float | None =
     Raises:
         TimeoutError: when `deadline` passes first.
     """
-    delay, attempt = 0.1, 0
+    backoff = backoff or Backoff()
     while True:
-        attempt += 1
-        left = None if deadline is None else deadline - time.monotonic()
-        try:
-            # each attempt's own connect bound is short, so a deadline is honoured closely
-            connect = max(0.5, min(delay * 10, 5.0) if left is None else min(delay * 10, 5.0, left))
-            store = dist.TCPStore(host, port, None, False, _timedelta(connect), wait_for_workers=False)
-            store.set_timeout(_timedelta(timeout))
-            return store
-        except (RuntimeError, dist.DistStoreError) as exc:  # DistNetworkError subclasses RuntimeError
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise TimeoutError(
-                    f"weight-sync store {host}:{port} unreachable after {attempt} attempts: {exc}"
-                ) from exc
-            log.info(
-                "weight-sync store %s:%d not reachable yet (attempt %d: %s); retrying in %.1f s",
-                host, port, attempt, exc, delay,
+        now = time.monotonic()
+        wait = backoff.not_before - now
+        if wait > 0 and deadline is not None and now + wait > deadline:  # the first attempt is always made
+            time.sleep(max(deadline - now, 0.0))
+            raise TimeoutError(
+                f"weight-sync store {host}:{port} unreachable after {backoff.attempt} attempts: {backoff.last_error}"
             )
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        if wait > 0:
+            time.sleep(wait)
+        left = None if deadline is None else deadline - time.monotonic()
+        # each attempt's own connect bound is short, so a deadline is honoured closely
+        bound = min(backoff.delay * 10, 5.0)
+        connect = max(0.5, bound if left is None else min(bound, left))
+        error: Exception | None = probe(host, port, connect)
+        if error is None:
+            try:
+                store = dist.TCPStore(host, port, None, False, _timedelta(connect), wait_for_workers=False)
+                store.set_timeout(_timedelta(timeout))
+                backoff.reset()
+                return store
+            except (RuntimeError, dist.DistStoreError) as exc:  # DistNetworkError subclasses RuntimeError
+                error = exc
+        delay = backoff.failed(error)
+        log.info(
+            "weight-sync store %s:%d not reachable yet (attempt %d: %s); retrying in %.1f s",
+            host, port, backoff.attempt, error, delay,
+        )
 
 
 def set_json(store: dist.Store, key: str, value: object) -> None:

@@ -1,7 +1,9 @@
-"""Every manifest under examples/ passes `rlightning validate` (structural and deep checks)."""
+"""Every manifest under examples/ passes `rlightning validate` (structural and deep checks), and runs."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +29,20 @@ def test_example_validates(path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "valid PolicyGroup" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
+    """`rlightning run examples/cartpole.yaml --plain`, as is: it reaches 475 in about 30k env steps."""
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlightning", "run", str(REPO / "examples" / "cartpole.yaml"), "--plain",
+         "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=840, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reached_target"] is True and summary["final_eval_return"] >= 475, summary
+    assert summary["stop_reason"] == "target_eval_return"
+    assert summary["consistent"] is True, summary

@@ -8,7 +8,6 @@ sessions on different slots do not collide.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from devcluster._ports import slot_from_env
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "policygroups.rlightning.io.yaml"
@@ -107,10 +107,6 @@ def condition(group: dict, type_: str) -> dict:
     return {}
 
 
-def _slot() -> int:
-    return int(os.environ.get("RLIGHTNING_DEVCLUSTER_SLOT", "0"))
-
-
 class OperatorProcess:
     """`rlightning-operator --namespace NS` as a child process, logging to a file.
 
@@ -122,8 +118,8 @@ class OperatorProcess:
 
     def __init__(self, cluster, namespace: str, log_path: Path) -> None:
         self.cluster, self.namespace, self.log_path = cluster, namespace, log_path
-        self.health_port = 38400 + _slot() * 2
-        self.metrics_port = 38401 + _slot() * 2
+        self.health_port = 38400 + slot_from_env() * 2
+        self.metrics_port = 38401 + slot_from_env() * 2
         self.process: subprocess.Popen | None = None
 
     def start(self) -> OperatorProcess:

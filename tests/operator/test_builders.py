@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlightning import contract
-from rlightning.config import parse_manifest
+from rlightning.config import ManifestError, parse_manifest
 from rlightning_operator import _builders as builders
 from rlightning_operator import build_children, with_owner
 
@@ -92,7 +92,6 @@ def test_trainer_job_and_headless_service(example):
     assert env[contract.ENV_TRAIN_MASTER_ADDR] == master
     assert env[contract.ENV_ROLE] == "train" and env[contract.ENV_REPORT_STATUS] == "1"
     assert env[contract.ENV_SPEC_PATH] == f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"
-    assert "job-completion-index" in env[contract.ENV_NODE_RANK]["fieldRef"]["fieldPath"]
     mounts = {m["name"]: m["mountPath"] for m in _container(job)["volumeMounts"]}
     assert mounts["spec"] == contract.SPEC_MOUNT_DIR
     assert _container(job)["resources"] == {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
@@ -109,7 +108,7 @@ def test_evaluator_statefulset(example):
     env = _env(sts)
     assert env[contract.ENV_POD_NAME] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env[contract.ENV_TRAIN_MASTER_ADDR] == "cartpole-train-0.cartpole-train.team-a.svc"
-    assert contract.ENV_REPORT_STATUS not in env and contract.ENV_NODE_RANK not in env
+    assert contract.ENV_REPORT_STATUS not in env
 
 
 # (edit, does the trainers' template change?, does the evaluators' template change?)
@@ -170,6 +169,36 @@ def test_spec_fields_reach_the_children(edit, check):
     assert check(_by_kind(build_children(manifest, NS)))
 
 
+def _volumes(workload):
+    return {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_run_dir_is_an_empty_dir_by_default(example):
+    children = _by_kind(build_children(example, NS))
+    for kind in ("Job", "StatefulSet"):
+        assert _volumes(children[kind])[builders.RUN_DIR_VOLUME] == {"name": builders.RUN_DIR_VOLUME, "emptyDir": {}}
+
+
+def test_checkpoint_claim_is_mounted_at_the_trainers_run_dir_only():
+    document = edited(example_document(), **{"spec.train.checkpoint": {"persistentVolumeClaim": "ckpt.team-a"}})
+    children = _by_kind(build_children(parse_manifest(document), NS))
+    job, sts = children["Job"], children["StatefulSet"]
+    assert _volumes(job)[builders.RUN_DIR_VOLUME] == {
+        "name": builders.RUN_DIR_VOLUME, "persistentVolumeClaim": {"claimName": "ckpt.team-a"}
+    }
+    mounts = {m["name"]: m["mountPath"] for m in _container(job)["volumeMounts"]}
+    assert mounts[builders.RUN_DIR_VOLUME] == contract.DEFAULT_RUN_DIR_IN_POD == _env(job)[contract.ENV_RUN_DIR]
+    assert _volumes(sts)[builders.RUN_DIR_VOLUME]["emptyDir"] == {}  # evaluators keep no checkpoints
+    assert "persistentVolumeClaim" not in _volumes(sts)[builders.RUN_DIR_VOLUME]
+
+
+@pytest.mark.parametrize("claim", ["Ckpt", "ckpt_1", "-ckpt", "ckpt-", "a..b", "", "a" * 254])
+def test_checkpoint_claim_must_be_a_dns_1123_name(claim):
+    document = edited(example_document(), **{"spec.train.checkpoint": {"persistentVolumeClaim": claim}})
+    with pytest.raises(ManifestError, match="persistentVolumeClaim"):
+        parse_manifest(document)
+
+
 def test_with_owner_sets_a_blocking_controller_reference(example):
     owner = {"apiVersion": "rlightning.io/v1alpha1", "kind": "PolicyGroup", "metadata": {"name": "cartpole", "uid": "u-1"}}
     child = build_children(example, NS)[0]
@@ -183,3 +212,25 @@ def test_with_owner_sets_a_blocking_controller_reference(example):
 
 def test_selector_string():
     assert builders.selector_string("g", "eval") == "rlightning.io/policy-group=g,rlightning.io/role=eval"
+
+
+@pytest.mark.parametrize(("timeout", "grace"), [(None, 75), (1, 16), (0.5, 16), (12.2, 28), (600, 615)])
+def test_grace_period_covers_a_clean_leave(timeout, grace):
+    edit = {} if timeout is None else {"spec.weightSync.timeoutSeconds": timeout}
+    children = _by_kind(build_children(parse_manifest(edited(example_document(), **edit)), NS))
+    for kind in ("Job", "StatefulSet"):
+        assert children[kind]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace, kind
+
+
+def test_trainers_validate_the_spec_before_torchrun_and_fail_the_job_on_a_bad_manifest(example):
+    job = _by_kind(build_children(example, NS))["Job"]
+    pod = job["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    spec_file = f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"
+    assert init["command"] == ["python", "-m", "rlightning.cli", "validate", spec_file]
+    assert (init["image"], init["resources"]) == (_container(job)["image"], _container(job)["resources"])
+    assert [m["mountPath"] for m in init["volumeMounts"]] == [contract.SPEC_MOUNT_DIR]
+    fail_job = [rule["onExitCodes"] for rule in job["spec"]["podFailurePolicy"]["rules"] if rule["action"] == "FailJob"]
+    assert {r["containerName"] for r in fail_job} == {builders.VALIDATE_CONTAINER, contract.ROLE_TRAIN}
+    assert all(r["operator"] == "In" and r["values"] == [contract.EXIT_BAD_MANIFEST] for r in fail_job)
+    assert "initContainers" not in _by_kind(build_children(example, NS))["StatefulSet"]["spec"]["template"]["spec"]

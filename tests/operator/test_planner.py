@@ -76,6 +76,13 @@ CASES = [
      lambda o: o[("Job", "cartpole-train")]["metadata"].pop("ownerReferences"),
      [("patch", "Job", {"metadata": {"ownerReferences": [with_owner({"metadata": {}}, OWNER)["metadata"]
                                                           ["ownerReferences"][0]]}})]),
+    ("an adopted Service with a cluster IP is recreated, not patched", {},
+     lambda o: o[("Service", "cartpole-eval")]["spec"].update(clusterIP="10.0.0.7"),
+     [("recreate", "Service", None)]),
+    ("an orphan Service with a cluster IP is recreated on adoption", {},
+     lambda o: (o[("Service", "cartpole-train")]["metadata"].pop("ownerReferences"),
+                o[("Service", "cartpole-train")]["spec"].update(clusterIP="10.0.0.8")),
+     [("recreate", "Service", None)]),
     ("a hand-edited Service is patched back", {},
      lambda o: o[("Service", "cartpole-train")]["metadata"]["annotations"].update({contract.ANNOTATION_SPEC_HASH: "x"}),
      [("patch", "Service", None)]),
@@ -99,3 +106,11 @@ def test_statefulset_patch_leaves_immutable_fields_out():
     sts = next(a for a in actions if a.kind == "StatefulSet")
     assert sorted(sts.body["spec"]) == ["replicas", "template", "updateStrategy"]
     assert sts.body["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_service_recreate_carries_the_headless_manifest():
+    observed = as_observed(desired())
+    observed[("Service", "cartpole-eval")]["spec"]["clusterIP"] = "10.0.0.7"
+    (action,) = plan(desired(), observed)
+    assert action.body == next(c for c in desired() if key(c) == ("Service", "cartpole-eval"))
+    assert action.body["spec"]["clusterIP"] == "None"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
+import threading
 
 import pytest
 
@@ -225,3 +227,66 @@ def test_status_refresh_reads_two_children_and_acts_on_nothing(api, reconciler):
     status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
     assert status["phase"] == "Running" and status["eval"]["summary"] == "2/2"
     assert ("Service", NS, "cartpole-eval") not in api.objects
+
+
+@pytest.mark.parametrize(("code", "reason"), [(403, "Forbidden"), (422, "Invalid")])
+def test_a_refusal_is_reported_once_and_still_raised_for_retry(api, events, reconciler, code, reason):
+    reconciler.reconcile(group())
+    body = group(**{"spec.eval.replicas": 5})
+    body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    refusal = kube.PermanentApiError("patch", "/apis/apps/v1/x", code, "statefulsets is forbidden: nope")
+    events.clear()
+    for _ in range(2):
+        api.fail_next = refusal
+        with pytest.raises(kube.PermanentApiError):
+            reconciler.reconcile(body)
+        body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reason)
+    assert "statefulsets is forbidden: nope" in ready["message"]
+    assert {c["type"] for c in body["status"]["conditions"]} == {"Valid", "TrainersReady", "EvaluatorsReady", "Ready"}
+    assert events == [("Warning", reason, ready["message"])], "one Warning, not one per retry"
+    outcome = reconciler.reconcile(body)  # RBAC fixed: the next retry succeeds and Ready is recomputed
+    assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
+    assert next(c for c in outcome.status["conditions"] if c["type"] == "Ready")["reason"] != reason
+
+
+def test_reconciles_of_one_group_never_overlap_even_when_deleted_and_created_again(api, reconciler):
+    inside, release, overlaps = threading.Event(), threading.Event(), []
+    active = []
+
+    def slow(body, namespace, name):
+        active.append(name)
+        overlaps.append(len(active))
+        inside.set()
+        release.wait(10)
+        active.remove(name)
+
+    reconciler._reconcile_locked = slow
+    first = threading.Thread(target=reconciler.reconcile, args=(group(),))
+    first.start()
+    assert inside.wait(10)
+    gc.collect()  # the group was deleted meanwhile: nothing may drop the lock the first reconcile holds
+    second = threading.Thread(target=reconciler.reconcile, args=(group(),))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive(), "the second reconcile waits for the first"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert overlaps == [1, 1]
+    del first, second
+    gc.collect()
+    assert len(reconciler._locks) == 0, "locks of idle groups are released"
+
+
+def test_a_service_with_a_cluster_ip_is_replaced_by_a_headless_one_in_one_reconcile(api, events, reconciler):
+    reconciler.reconcile(group())
+    service = api.objects[("Service", NS, "cartpole-train")]
+    service["spec"]["clusterIP"] = "10.0.0.9"
+    api.requests.clear()
+    outcome = reconciler.reconcile(group())
+    assert [(a.type, a.kind) for a in outcome.actions] == [("recreate", "Service")] and not outcome.blocked
+    assert api.objects[("Service", NS, "cartpole-train")]["spec"]["clusterIP"] == "None"
+    assert "patch" not in api.requests and api.requests.count("delete") == 1
+    assert events[-1][1] == "Recreating"

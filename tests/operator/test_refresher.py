@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from rlightning_operator import _kube as kube
 from rlightning_operator._reconcile import Outcome
 from rlightning_operator._refresher import Refresher
@@ -16,7 +18,6 @@ class FakeReconciler:
         self.failures = failures
         self.blocked = blocked
         self.exists = exists
-        self.forgotten = []
         self.lock = threading.Lock()
 
     def read_group(self, namespace, name):
@@ -37,9 +38,6 @@ class FakeReconciler:
             self.calls.append(("status", body["metadata"]["name"]))
         return Outcome(actions=[], status={}, status_written=False)
 
-    def forget(self, namespace, name):
-        self.forgotten.append((namespace, name))
-
 
 def test_a_burst_of_events_costs_one_reconcile_per_group():
     reconciler = FakeReconciler()
@@ -59,45 +57,30 @@ def test_a_burst_of_events_costs_one_reconcile_per_group():
     assert sorted(reconciler.calls) == ["a", "a", "b"]
 
 
-def test_transient_errors_are_retried(monkeypatch):
-    monkeypatch.setattr("rlightning_operator._refresher.RETRY_DELAYS_SECONDS", (0.05,))
-    reconciler = FakeReconciler(failures=2)
+def _one_pass(reconciler, name, seconds):
+    """Schedule one pass for `ns/name` with a 10 ms debounce and let retries run for `seconds`."""
 
     async def scenario():
         refresher = Refresher(reconciler, delay=0.01)
-        refresher.schedule("ns", "a")
-        await asyncio.sleep(0.5)
+        refresher.schedule("ns", name)
+        await asyncio.sleep(seconds)
         await refresher.close()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
-    assert reconciler.calls == ["a", "a", "a"]
+    return reconciler.calls
 
 
-def test_blocked_children_are_looked_at_again(monkeypatch):
-    monkeypatch.setattr("rlightning_operator._refresher.RETRY_DELAYS_SECONDS", (0.05,))
-    reconciler = FakeReconciler(blocked=2)
-
-    async def scenario():
-        refresher = Refresher(reconciler, delay=0.01)
-        refresher.schedule("ns", "a")
-        await asyncio.sleep(0.5)
-        await refresher.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
-    assert reconciler.calls == ["a", "a", "a"], "two blocked passes, then one that is not"
+@pytest.mark.parametrize(("reconciler", "why"), [
+    (FakeReconciler(failures=2), "two transient API errors, then success"),
+    (FakeReconciler(blocked=2), "two blocked passes, then one that is not"),
+], ids=["transient-errors", "blocked-children"])
+def test_failed_and_blocked_passes_are_retried(monkeypatch, reconciler, why):
+    monkeypatch.setattr("rlightning_operator._settings.RETRY_DELAYS_SECONDS", (0.05,))
+    assert _one_pass(reconciler, "a", 0.5) == ["a", "a", "a"], why
 
 
-def test_a_deleted_group_is_forgotten():
-    reconciler = FakeReconciler(exists=False)
-
-    async def scenario():
-        refresher = Refresher(reconciler, delay=0.01)
-        refresher.schedule("ns", "gone")
-        await asyncio.sleep(0.2)
-        await refresher.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
-    assert reconciler.calls == [] and reconciler.forgotten == [("ns", "gone")]
+def test_a_deleted_group_is_left_alone():
+    assert _one_pass(FakeReconciler(exists=False), "gone", 0.2) == []
 
 
 def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_refresh():

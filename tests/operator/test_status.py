@@ -10,9 +10,12 @@ from rlightning_operator._status import differs
 SELECTOR = "rlightning.io/policy-group=g,rlightning.io/role=eval"
 
 
-def job(ready=0, succeeded=0, failed=0, conditions=()):
+def job(ready=0, succeeded=0, failed=0, conditions=(), reason="BackoffLimitExceeded"):
     return {"status": {"ready": ready, "succeeded": succeeded, "failed": failed,
-                       "conditions": [{"type": t, "status": "True"} for t in conditions]}}
+                       "conditions": [{"type": t, "status": "True", "reason": reason} for t in conditions]}}
+
+
+REJECTED = job(failed=1, conditions=["FailureTarget", "Failed"], reason="PodFailurePolicy")
 
 
 def sts(replicas=0, ready=0):
@@ -40,6 +43,11 @@ CASES = [
      {"TrainersReady": ("True", "Completed"), "Ready": ("True", "AllReady")}, "0/2", "3/3", 3),
     ("job failed", dict(job=job(failed=4, conditions=["Failed"]), stateful_set=sts(3, 3)), "Failed",
      {"TrainersReady": ("False", "JobFailed"), "Ready": ("False", "JobFailed")}, "0/2", "3/3", 3),
+    ("spec rejected in a trainer pod", dict(job=REJECTED, stateful_set=sts(3, 0)), "Invalid",
+     {"Valid": ("False", "InvalidSpecInPod"), "TrainersReady": ("False", "InvalidSpecInPod"),
+      "EvaluatorsReady": ("False", "Waiting"), "Ready": ("False", "InvalidSpecInPod")}, "0/2", "0/3", 3),
+    ("job failed by retries is no invalid spec", dict(job=job(failed=7, conditions=["Failed"]), stateful_set=sts(3, 0)),
+     "Failed", {"Valid": ("True", "Validated"), "TrainersReady": ("False", "JobFailed")}, "0/2", "0/3", 3),
     ("foreign child", dict(job=job(ready=2), stateful_set=sts(3, 3), conflicts=["ConfigMap/g-spec"]), "Running",
      {"Ready": ("False", "Conflict")}, "2/2", "3/3", 3),
 ]
@@ -76,3 +84,10 @@ def test_transition_time_kept_while_status_unchanged():
     times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
     assert times == {"Valid": "T1", "TrainersReady": "T3", "EvaluatorsReady": "T3", "Ready": "T3"}
     assert differs(first, ready)
+
+
+def test_spec_rejected_in_pod_points_to_the_validate_logs():
+    status = compute_status(Observation("g", 3, nodes=1, replicas=1, job=REJECTED, now="T"))
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert "kubectl logs job/g-train -c validate" in valid["message"]
+    assert valid["observedGeneration"] == 3

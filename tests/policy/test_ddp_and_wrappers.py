@@ -132,3 +132,15 @@ def test_two_rank_ddp_update_keeps_ranks_identical(tmp_path: Path) -> None:
     assert results[0]["observation_sum"] != results[1]["observation_sum"]  # each rank collected its own envs
     assert results[0]["after_update"] == results[1]["after_update"]  # gradients were all-reduced
     assert results[0]["after_update"] != results[0]["after_wrap"]
+
+
+@pytest.mark.timeout(60)
+def test_parallel_ddp_wraps_even_at_world_size_1(one_rank_group) -> None:
+    from rlightning.config import TrainConfig
+
+    forced = PPOPolicy(CONFIG, "train")
+    forced.init_train(META, TrainConfig(parallel="ddp"), seed=1)
+    assert isinstance(forced.agent, torch.nn.parallel.DistributedDataParallel)
+    default = PPOPolicy(CONFIG, "train")
+    default.init_train(META, TrainConfig(), seed=1)  # parallel unset: DDP only above world size 1
+    assert not isinstance(default.agent, torch.nn.parallel.DistributedDataParallel)

@@ -5,6 +5,7 @@ Ports: 38301 (one test; no free-port probing).
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -15,6 +16,7 @@ from policy_helpers import BOX_META, ToyPolicy, toy_batch
 from rlightning import weights
 from rlightning.config import PolicyConfig, WeightBufferConfig, WeightSyncConfig
 from rlightning.policy import PolicyGroup
+from rlightning.policy._consistency import DEFAULT_RTOL, VersionLedger
 
 torch.set_num_threads(1)
 
@@ -95,7 +97,7 @@ def test_a_change_below_the_fingerprint_tolerance_is_caught_by_the_digest(group:
         scale = group.eval_policies[0].scale
         scale.copy_(torch.nextafter(scale, torch.tensor(10.0)))  # one ulp: fingerprint within 1e-6
     problems = group.eval_weight_mismatches(rtol=1e-6)
-    assert problems == {"local-0": ["digest differs for ['scale']"]}
+    assert problems == {"local-0": ["fingerprint or digest differs for ['scale']"]}
 
 
 @pytest.mark.timeout(30)
@@ -174,3 +176,19 @@ def test_remote_evaluator_through_a_weight_sender() -> None:
         receiver.close()
         sender.close()
         evaluator.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("relative_error", "consistent"), [(4e-6, True), (4e-5, False)])
+def test_the_local_and_the_report_check_agree_at_the_default_tolerance(relative_error: float, consistent: bool) -> None:
+    """One rtol (`DEFAULT_RTOL`) and one comparison for in-process evaluators and for remote reports."""
+    group = PolicyGroup(_trainer())
+    version = group.sync_weights()
+    state = weights.named_state(group.train_policy)
+    fingerprint = {name: value * (1 + relative_error) for name, value in weights.l2_fingerprint(state).items()}
+    report = weights.ReceiverReport(0, version, fingerprint, {}, {}, 0.0)  # fingerprint only, no digests
+    verdict = group.check_reports({0: report})
+    assert verdict.consistent is consistent and verdict.on_latest == [0]
+    for method in (PolicyGroup.eval_weight_mismatches, PolicyGroup.verify_eval_weight_consistency,
+                   PolicyGroup.check_reports, VersionLedger.check):  # fmt: skip
+        assert inspect.signature(method).parameters["rtol"].default == DEFAULT_RTOL

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,10 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     assert resumed["iterations"] > summary["iterations"]
     assert resumed["env_steps"] >= 5000
     assert resumed["consistent"] is True, resumed
+    # Rank 0 loaded the checkpoint and broadcast its training state: both ranks hold the same weights.
+    log_text = (run.logs_dir / "trainer.log").read_text()
+    digests = dict(re.findall(r"rank (\d) resumed from .* state digest (\w+)", log_text))
+    assert set(digests) == {"0", "1"} and len(set(digests.values())) == 1, digests
     new_rows = read_jsonl(run.metrics_path)[len(rows) :]
     assert new_rows and new_rows[0]["iteration"] == summary["iterations"] + 1
     assert new_rows[0]["weight_version"] > summary["weight_version"]
@@ -64,3 +69,21 @@ def test_target_eval_return_stops_on_the_final_weights(tmp_path: Path, write_man
     assert all(e["return_version"] == summary["weight_version"] for e in summary["evaluators"].values())
     assert summary["consistent"] is True
     assert summary["env_steps"] < 200_000
+
+
+@pytest.mark.parametrize("strategy", ["single", "none"])
+def test_evaluators_apply_weights_with_either_buffer_strategy(
+    strategy: str, tmp_path: Path, write_manifest, run_helpers
+) -> None:
+    """`none` applies each version at once (gated, between forward passes), `single` through the update thread;
+    either way every version is applied and reported at once, never stalled waiting for an update thread."""
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    manifest = tiny_manifest(total_env_steps=2000, policy={"weightBuffer": {"bufferStrategy": strategy}})
+    code, out = finish(start_run(write_manifest(manifest), run.root))
+    assert code == 0, out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["consistent"] is True, summary
+    assert summary["final_eval_version"] == summary["weight_version"]
+    for name in ("eval-0.log", "eval-1.log"):
+        assert "was not applied" not in (run.logs_dir / name).read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from rlightning import contract, weights
-from rlightning.runtime._consistency import VersionLedger
+from rlightning.policy._consistency import VersionLedger
 from rlightning.runtime.progress import PlainProgress, format_row
 from rlightning.runtime.report import SyncTotals, plot_returns
 from rlightning.runtime.rundir import JsonlTail, RunDir, append_jsonl, default_run_dir, read_jsonl, write_json_atomic

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from rlightning.weights import BucketLayout, tensor_digests
+from rlightning.weights import PACKED_TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout, tensor_digests
 
 torch.set_num_threads(1)
 BOUND = 1024
@@ -61,18 +61,22 @@ def test_layout_is_deterministic_and_signature_detects_changes():
     assert BucketLayout.from_state(state, 2 * BOUND).signature != a.signature
 
 
-def test_segments_cover_buckets_and_send_large_tensors_directly():
-    state = {**mixed_state(), "large.a": torch.zeros(300_000), "large.b": torch.zeros(262_144), "tail": torch.zeros(5)}
-    layout = BucketLayout.from_state(state, 4 * 2**20)
+def test_segments_cover_buckets_pack_runs_up_to_the_bound_and_send_large_or_lone_tensors_directly():
+    mids = {f"mid.{i:02d}": torch.zeros(3 * 2**18) for i in range(12)}  # 3 MiB each: packed, 36 MiB in all
+    large = torch.zeros(ZERO_COPY_MIN_BYTES // 4)
+    state = {**mixed_state(), **mids, "large.a": large, "tail": torch.zeros(5)}
+    layout = BucketLayout.from_state(state, 64 * 2**20)
     for index, bucket in enumerate(layout.buckets):
         segments = [s for s in layout.segments if s.bucket == index]
         assert segments[0].offset == 0
         assert all(a.offset + a.numel == b.offset for a, b in zip(segments, segments[1:]))
         assert segments[-1].offset + segments[-1].numel == bucket.numel
     direct = sorted(s.slots[0].name for s in layout.segments if s.direct)
-    assert direct == ["large.a", "large.b"]  # >= ZERO_COPY_MIN_BYTES (1 MiB)
+    assert direct == ["bn.n", "d.f64", "d.h", "large.a", "mask"]  # >= ZERO_COPY_MIN_BYTES, or alone in a bucket
     float_segments = [s for s in layout.segments if layout.buckets[s.bucket].dtype == torch.float32]
-    assert [s.direct for s in float_segments] == [False, True, True]  # small ones packed together, first
+    assert [s.direct for s in float_segments] == [False, False, True]  # 36 MiB of small ones split in two runs
+    assert all(s.numel * 4 <= PACKED_TRANSFER_MAX_BYTES for s in float_segments if not s.direct)
+    assert [slot.name for slot in float_segments[1].slots] == ["mid.10", "mid.11", "tail"]
     out = torch.empty(layout.buckets[float_segments[0].bucket].numel)
     packed = layout.pack_segment(float_segments[0], state, out)
     assert torch.equal(packed[:5], state["a.b"][:5])

@@ -87,7 +87,7 @@ def test_two_receivers_started_before_sender_get_identical_weights(procs):
 
 
 @pytest.mark.timeout(120)
-def test_restarted_sender_with_older_version_is_never_applied(procs):
+def test_restarted_sender_with_older_version_publishes_above_the_fleet(procs):
     port = 27202
     procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=30.0))
     sender = WeightSender(config(), "127.0.0.1", port)
@@ -95,22 +95,23 @@ def test_restarted_sender_with_older_version_is_never_applied(procs):
     sender.publish(weights_for(5), 5)
     sender.close()
     del sender
-    # a trainer restarted from an older checkpoint publishes version 3: received, acknowledged, not applied
+    # a trainer restarted from an older checkpoint asks for version 3; the receiver re-registered holding 5,
+    # which it would refuse, so the sender publishes 6 (see test_weight_version_floor.py)
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
         wait_members(sender, {0})
         stats = sender.publish(weights_for(3), 3)
+        assert stats.receivers_acked == [0] and stats.version == 6
+        stats = sender.publish(weights_for(7), 7)
         assert stats.receivers_acked == [0]
-        stats = sender.publish(weights_for(6), 6)
-        assert stats.receivers_acked == [0]
-        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied_version == 6)
-        assert reports[0].applied_version == 6
-        assert mismatched_digests(tensor_digests(weights_for(6)), reports[0].digest) == []
+        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied_version == 7)
+        assert reports[0].applied_version == 7
+        assert mismatched_digests(tensor_digests(weights_for(7)), reports[0].digest) == []
     finally:
         sender.close()
     procs[0].terminate()  # it would otherwise wait for another sender
     stop(procs)
-    assert applied_versions(procs[0]) == [5, 6]
+    assert applied_versions(procs[0]) == [5, 6, 7]
 
 
 @pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ from rlightning.weights import WeightBufferMixin, named_state
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
-BIG = 300_000  # float32 elements of `big`: 1.2 MB, above the bucket bound and ZERO_COPY_MIN_BYTES
+BIG = 300_000  # float32 elements of `big`: 1.2 MB, above the bucket bound: alone in its bucket, sent directly
 BUCKET_BYTES = 64 * 1024
 
 

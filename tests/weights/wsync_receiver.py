@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -34,7 +35,10 @@ def main() -> None:
     parser.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     parser.add_argument("--die-in-version", type=int, default=0)
     parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
+    parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
     args = parser.parse_args()
+    if args.log:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = WeightSyncConfig(
         backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout
     )

@@ -1,0 +1,77 @@
+"""Resuming DDP ranks: rank 0's checkpoint wins on every rank, even when the ranks' run dirs differ.
+
+With `train.nodes > 1` each trainer pod has a run directory of its own; here rank 1's is empty, so only the
+broadcast from rank 0 (`rlightning.runtime._resume`) can give it the checkpoint's state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlightning.config import EnvConfig, PolicyConfig
+from rlightning.policy import EnvMeta, PPOPolicy
+from rlightning.runtime import _resume
+from rlightning.runtime.rundir import RunDir
+
+torch.set_num_threads(1)
+HERE = Path(__file__).resolve().parent
+
+
+def _checkpoint(run_dir: RunDir) -> tuple[Path, str, float]:
+    """A checkpoint with trained weights, Adam state and counters; returns (path, digest, optimizer sum)."""
+    policy = PPOPolicy(PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [16]}), "train")
+    policy.init_train(EnvMeta.from_env_config(EnvConfig(id="CartPole-v1", num_envs=2)), seed=7)
+    loss = sum((p**2).sum() for p in policy.parameters())
+    loss.backward()
+    policy.optimizer.step()
+    policy.iteration, policy.env_steps, policy.weight_version = 7, 1234, 5
+    path = policy.save_checkpoint(run_dir.create().checkpoint_path(7))
+    optimizer_sum = sum(
+        float(v.double().sum()) for s in policy.optimizer.state.values() for v in s.values() if torch.is_tensor(v)
+    )
+    return path, _resume.state_digest(policy), optimizer_sum
+
+
+@pytest.mark.timeout(180)
+def test_every_rank_resumes_rank_0s_checkpoint(tmp_path: Path) -> None:
+    world_size = 2
+    run_dirs = [RunDir(tmp_path / f"node{rank}") for rank in range(world_size)]
+    path, digest, optimizer_sum = _checkpoint(run_dirs[0])
+    assert optimizer_sum != 0.0
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(world_size)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "resume_worker.py"), str(store.port), str(rank), str(world_size),
+             str(run_dirs[rank].root), str(out)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for rank, out in enumerate(outs)
+    ]
+    try:
+        for proc in procs:
+            output, _ = proc.communicate(timeout=150)
+            assert proc.returncode == 0, output
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    results = [json.loads(out.read_text()) for out in outs]
+    for result in results:
+        assert result["resumed_from"] == str(path)
+        assert result["digest"] == digest  # bit for bit the checkpoint's weights, on every rank
+        assert result["optimizer_sum"] == pytest.approx(optimizer_sum, rel=1e-12)
+        assert (result["iteration"], result["env_steps"], result["weight_version"]) == (7, 1234, 5)

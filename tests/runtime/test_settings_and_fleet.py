@@ -1,0 +1,103 @@
+"""The process environment (role, expected evaluators) and how trainer rank 0 counts its evaluator fleet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlightning import contract
+from rlightning.config import PolicyGroupManifest
+from rlightning.runtime import eval as eval_mod
+from rlightning.runtime import local, train
+from rlightning.runtime.rundir import RunDir
+from rlightning.runtime.settings import ProcessSettings, SettingsError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_role_and_expected_evaluators_are_read_and_checked() -> None:
+    base = {contract.ENV_SPEC_PATH: "/x.yaml"}
+    settings = ProcessSettings.from_env(base)
+    assert settings.role is None and settings.expected_evaluators is None  # pods: the fleet counts itself
+    settings.require_role(contract.ROLE_TRAIN)  # unset role: started by hand, accepted
+    settings = ProcessSettings.from_env({**base, contract.ENV_ROLE: "eval", contract.ENV_EXPECTED_EVALUATORS: "8"})
+    assert settings.expected_evaluators == 8
+    settings.require_role(contract.ROLE_EVAL)
+    with pytest.raises(SettingsError, match=f"{contract.ENV_ROLE}: is 'eval' but this is the 'train' entrypoint"):
+        settings.require_role(contract.ROLE_TRAIN)
+    with pytest.raises(SettingsError, match=contract.ENV_ROLE):
+        ProcessSettings.from_env({**base, contract.ENV_ROLE: "trainer"})
+    with pytest.raises(SettingsError, match=contract.ENV_EXPECTED_EVALUATORS):
+        ProcessSettings.from_env({**base, contract.ENV_EXPECTED_EVALUATORS: "-1"})
+
+
+@pytest.mark.timeout(120)
+def test_an_entrypoint_started_as_the_other_role_exits_with_a_clear_error(tmp_path: Path, run_helpers) -> None:
+    tiny_manifest = run_helpers[0]
+    spec = tmp_path / contract.SPEC_FILE_NAME
+    spec.write_text(yaml.safe_dump(tiny_manifest()))
+    env = {**os.environ, contract.ENV_SPEC_PATH: str(spec), contract.ENV_ROLE: contract.ROLE_TRAIN,
+           contract.ENV_EVAL_ORDINAL: "0", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "rlightning.runtime.eval"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=100,
+    )
+    assert result.returncode == contract.EXIT_BAD_MANIFEST, result.stderr
+    assert f"{contract.ENV_ROLE}: is 'train' but this is the 'eval' entrypoint" in result.stderr
+
+
+def test_the_launcher_tells_the_trainer_how_many_evaluators_it_starts(tmp_path: Path, run_helpers) -> None:
+    tiny_manifest = run_helpers[0]
+    manifest = PolicyGroupManifest.model_validate(tiny_manifest(eval={"replicas": 3}))
+    run = local.LocalRun(manifest, "", RunDir(tmp_path))
+    trainer_env = run.child_env(contract.ROLE_TRAIN)
+    assert trainer_env[contract.ENV_EXPECTED_EVALUATORS] == "3"
+    assert trainer_env[contract.ENV_ROLE] == contract.ROLE_TRAIN
+    assert run.child_env(contract.ROLE_EVAL, 1)[contract.ENV_ROLE] == contract.ROLE_EVAL
+    assert RunDir(tmp_path).spec_path.name == contract.SPEC_FILE_NAME
+    # An evaluator's grace is the pod's (timeoutSeconds + 15 s), well above its bounded shutdown.
+    assert local.eval_stop_seconds(manifest) == manifest.spec.weight_sync.timeout_seconds + 15
+    assert eval_mod.SHUTDOWN_JOIN_SECONDS + 5 < local.eval_stop_seconds(manifest)
+
+
+class _Fleet:
+    """Stands in for a WeightSender's membership: evaluators that register one by one, `gap` seconds apart."""
+
+    def __init__(self, count: int, gap: float) -> None:
+        self.count, self.gap, self.start = count, gap, time.monotonic()
+
+    @property
+    def members(self) -> list[int]:
+        return list(range(min(self.count, 1 + int((time.monotonic() - self.start) / self.gap))))
+
+
+def _coordinator(fleet: _Fleet, expected: int | None) -> train.Coordinator:
+    coordinator = object.__new__(train.Coordinator)  # only the membership logic; no store, no metrics
+    coordinator.sender, coordinator.expected = fleet, expected
+    return coordinator
+
+
+@pytest.mark.timeout(60)
+def test_in_pods_the_registered_fleet_counts_not_the_spec_replicas() -> None:
+    # A pod's spec has no eval.replicas (it validates to 1); 8 evaluators register.
+    coordinator = _coordinator(_Fleet(8, gap=0.2), expected=None)
+    members = coordinator.settle_members(timeout=20.0)
+    assert members == list(range(8))
+    assert coordinator.expected_count() == 8  # consistency needs all 8 on the final weights, not 1
+
+
+@pytest.mark.timeout(60)
+def test_locally_the_launchers_count_counts() -> None:
+    coordinator = _coordinator(_Fleet(3, gap=0.2), expected=2)
+    assert len(coordinator.settle_members(timeout=20.0)) >= 2
+    assert coordinator.expected_count() == 2
+    slow = _coordinator(_Fleet(1, gap=0.2), expected=2)  # one never comes: bounded wait
+    started = time.monotonic()
+    assert slow.settle_members(timeout=1.0) == [0]
+    assert time.monotonic() - started < 10

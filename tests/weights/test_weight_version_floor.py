@@ -1,0 +1,155 @@
+"""The weight version survives a trainer restart without its checkpoint, and waiting for a sender is quiet.
+
+Real receiver processes over gloo on 127.0.0.1. Ports: 27221-27223, one per test, used by no other test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+
+import pytest
+import torch
+from wsync_helpers import BUCKET_BYTES, start_receiver, stop, wait_members, wait_reports, weights_for
+
+from rlightning.config import WeightSyncConfig
+from rlightning.weights import Member, WeightSender, mismatched_digests, tensor_digests
+from rlightning.weights import _membership, _store
+
+torch.set_num_threads(1)
+TIMEOUT = 5.0
+
+
+def config() -> WeightSyncConfig:
+    return WeightSyncConfig(backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=2, timeout_seconds=TIMEOUT)
+
+
+def applied_versions(proc) -> list[int]:
+    lines = [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
+    return [line["applied"] for line in lines if line["event"] == "applied" and line["applied"] is not None]
+
+
+@pytest.fixture
+def procs():
+    started: list = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+        p.wait(10)
+        if not p.stderr.closed:  # shown when the test failed
+            print(f"--- receiver pid {p.pid} stderr (tail) ---\n{p.stderr.read()[-3000:]}")
+
+
+def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:
+    """A trainer that published `versions` to `ordinals` and then went away (its store with it)."""
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        wait_members(sender, ordinals)
+        for version in versions:
+            assert sender.publish(weights_for(version), version).receivers_acked == sorted(ordinals)
+    finally:
+        sender.close()
+
+
+def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_version: int) -> None:
+    reports = wait_reports(sender, lambda r: all(o in r and r[o].applied_version == version for o in ordinals))
+    for ordinal in ordinals:
+        assert reports[ordinal].applied_version == version
+        assert mismatched_digests(tensor_digests(weights_for(weights_version)), reports[ordinal].digest) == []
+
+
+@pytest.mark.timeout(150)
+def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
+    port = 27221
+    procs += [start_receiver(port, o, "--keep-after-close", lifetime=60.0) for o in (0, 1)]
+    _first_sender(port, {0, 1}, [5])
+    # the trainer comes back without its checkpoint (an emptyDir): its own version is 0
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        assert sender.version == 0
+        wait_members(sender, {0, 1})  # they re-register, carrying the version they hold
+        assert sender.fleet_version == 5
+        stats = sender.publish(weights_for(1), 1)
+        assert stats.version == sender.version == 6 and stats.receivers_acked == [0, 1] and stats.failed == {}
+        _applied(sender, {0, 1}, 6, weights_version=1)
+        with pytest.raises(ValueError, match="version must increase"):
+            sender.publish(weights_for(2), 6)
+        assert sender.publish(weights_for(7), 7).version == 7  # above the fleet: published as asked
+        _applied(sender, {0, 1}, 7, weights_version=7)
+    finally:
+        sender.close()
+    for p in procs:
+        p.terminate()
+    stop(procs)
+    assert [applied_versions(p) for p in procs] == [[5, 6, 7], [5, 6, 7]]
+
+
+@pytest.mark.timeout(150)
+def test_late_evaluator_with_a_newer_version_makes_the_sender_jump_above_it(procs):
+    port = 27222
+    late = start_receiver(port, 1, "--keep-after-close", lifetime=60.0)
+    procs.append(late)
+    _first_sender(port, {1}, [5, 9])
+    os.kill(late.pid, signal.SIGSTOP)  # holds 9; cannot re-register with the next trainer yet
+    procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=60.0))  # a fresh evaluator: version 0
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        wait_members(sender, {0})
+        assert sender.fleet_version == 0
+        assert sender.publish(weights_for(1), 1).version == 1
+        _applied(sender, {0}, 1, weights_version=1)
+        os.kill(late.pid, signal.SIGCONT)
+        wait_members(sender, {0, 1})
+        assert sender.fleet_version == 9
+        stats = sender.publish(weights_for(2), 2)  # evaluator 1 would refuse 2: the sender publishes 10
+        assert stats.version == sender.version == 10 and stats.receivers_acked == [0, 1]
+        _applied(sender, {0, 1}, 10, weights_version=2)
+    finally:
+        sender.close()
+    for p in procs:
+        p.terminate()
+    stop(procs)
+    assert applied_versions(late) == [5, 9, 10]
+    assert applied_versions(procs[1]) == [1, 10]
+
+
+def test_membership_keeps_the_highest_version_receivers_joined_with():
+    members = _membership.Membership()
+    members.apply({"event": "join", "ordinal": 0, "session": "a"})  # an old receiver: no version
+    assert members.highest_version == 0
+    members.apply({"event": "join", "ordinal": 1, "session": "b", "version": 9})
+    members.apply({"event": "join", "ordinal": 0, "session": "c", "version": 4})
+    members.apply({"event": "leave", "ordinal": 1, "session": "b"})
+    assert members.highest_version == 9  # a floor: it never goes down
+    assert members.members == {0: Member(0, "c")}
+
+
+@pytest.mark.timeout(60)
+def test_waiting_for_an_absent_sender_logs_info_lines_and_no_c10d_errors(procs):
+    port = 27223  # nothing listens here
+    procs.append(start_receiver(port, 0, "--log", "--keep-after-close", lifetime=4.0))
+    out, err = procs[0].communicate(timeout=40)
+    assert procs[0].returncode == 0, err
+    assert '"event": "exit"' in out
+    waiting = [line for line in err.splitlines() if "not reachable yet" in line]
+    assert waiting and all(line.startswith("INFO ") for line in waiting)
+    # one attempt per backoff step (0.1 s doubling), kept across the receiver's 1 s `receive` calls
+    assert 2 <= len(waiting) <= 9, waiting
+    assert [line for line in err.splitlines() if "c10d" in line or "TCPStore" in line or "socket.cpp" in line] == []
+
+
+def test_connect_store_gives_up_at_its_deadline_and_keeps_backing_off(caplog):
+    backoff = _store.Backoff()
+    with caplog.at_level(logging.INFO, logger=_store.__name__):
+        for _ in range(2):
+            start = time.monotonic()
+            with pytest.raises(TimeoutError, match="27223 unreachable"):
+                _store.connect_store("127.0.0.1", 27223, 1.0, time.monotonic() + 0.5, backoff)
+            assert time.monotonic() - start >= 0.45  # it waits out its deadline, no busy loop
+    assert backoff.attempt >= 3 and backoff.delay > _store.Backoff.FIRST * 4
+    assert len([r for r in caplog.records if "not reachable yet" in r.getMessage()]) == backoff.attempt
