@@ -8,8 +8,9 @@ EXAMPLE ?= examples/cartpole.yaml
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
+	@echo "Installing into $(VENV): PyPI's torch is a CUDA build of a few GB, fetched once and reused."
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
 install: $(STAMP)

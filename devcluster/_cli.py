@@ -36,7 +36,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         return 1
     _cluster.stop_from_state(workdir, log=_log)  # clear a stale state file of dead processes
     cluster = _cluster.launch(workdir=workdir, slot=slot, detach=True, log=_log)
-    _log(f"devcluster: logs in {cluster.log_dir}; stop with `python -m devcluster down`")
+    _log(f"devcluster: logs in {cluster.log_dir}; stop with `python -m devcluster down --slot {slot}`")
     _log(f"devcluster: kubectl is {cluster.bin('kubectl')}, helm is {cluster.bin('helm')}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0

@@ -21,7 +21,10 @@ rlightning.io policygroups/finalizers   update                                  
                                                                                     OwnerReferencesPermission-
                                                                                     Enforcement)
 "" configmaps                           get, create, patch                          the spec ConfigMap
-"" services                             get, create, patch                          trainer and evaluator Services
+"" services                             get, create, patch, delete                  trainer and evaluator Services
+                                                                                    (a non-headless one is
+                                                                                    recreated: clusterIP is
+                                                                                    immutable)
 "" serviceaccounts                      get, create, patch                          the pods' ServiceAccount
 rbac.authorization.k8s.io roles         get, create, patch                          the pods' Role
 rbac.authorization.k8s.io rolebindings  get, create, patch                          the pods' RoleBinding
@@ -29,13 +32,10 @@ batch jobs                              get, list, watch, create, patch, delete 
                                                                                     template change)
 apps statefulsets                       get, list, watch, create, patch             evaluators
 "" events                               create                                      Events (kopf posts core/v1)
-apiextensions.k8s.io                    list, watch (optional, cluster-wide only)   kopf notices CRDs installed
-customresourcedefinitions                                                           after it started
-"" namespaces                           list, watch (optional, cluster-wide only)   kopf notices new namespaces
 ======================================  ==========================================  ===============================
 
-Nothing on pods, secrets or nodes. Without the optional rows kopf logs a warning and serves what it found at
-start. kopf runs standalone (no peering objects).
+Nothing on pods, secrets, nodes, namespaces or CRDs: kopf's scanning is off, so it serves the PolicyGroup CRD
+present at start. kopf runs standalone (no peering objects).
 """
 
 from rlightning_operator._builders import build_children, owner_reference, with_owner

@@ -66,6 +66,10 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     settings.posting.reporting_instance = socket.gethostname()
     settings.execution.max_workers = memo.settings.workers
     settings.peering.standalone = True
+    # The operator serves named namespaces (or all) and one CRD that exists before it starts (Helm installs
+    # crds/ first), so it needs no list/watch of Namespaces and CRDs; the chart grants neither, and with
+    # scanning on kopf retries those forbidden listings for about a minute before it serves anything.
+    settings.scanning.disabled = True
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
     memo.refresher = refresher.Refresher(

@@ -2,14 +2,44 @@
 
 from __future__ import annotations
 
+import decimal
+import re
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from rlightning.config._base import StrictModel
 
-# A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/):
+# a decimal number, then a binary suffix (Ki..Ei), a decimal SI suffix (n, u, m, k, M..E) or a decimal exponent.
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+_SUFFIX_FACTORS = {
+    "": 1, "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"), "m": decimal.Decimal("1e-3"),
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+
+
+def parse_quantity(text: str) -> decimal.Decimal:
+    """The value of a Kubernetes quantity, for example `"500m"` -> 0.5 and `"2Gi"` -> 2147483648.
+
+    Args:
+        text (str): A quantity as Kubernetes writes it (see QUANTITY_PATTERN's source).
+
+    Returns:
+        decimal.Decimal: Its value in base units (cores, bytes, devices).
+
+    Raises:
+        ValueError: When `text` is not a quantity.
+    """
+    match = re.fullmatch(QUANTITY_PATTERN, text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
+    number = text[: match.start(3)] if match.group(3) else text
+    suffix = match.group(3) or ""
+    if suffix[:1] in ("e", "E"):
+        return decimal.Decimal(number) * decimal.Decimal(10) ** int(suffix[1:])
+    return decimal.Decimal(number) * _SUFFIX_FACTORS[suffix]
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource name of NVIDIA GPUs (device plugin)."""
 
@@ -32,12 +62,21 @@ class ResourceRequirements(StrictModel):
     @field_validator("requests", "limits")
     @classmethod
     def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
-        import re
-
         for name, quantity in value.items():
-            if not re.match(QUANTITY_PATTERN, str(quantity)):
+            if re.fullmatch(QUANTITY_PATTERN, str(quantity)) is None:
                 raise ValueError(f"{name}={quantity!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
         return value
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourceRequirements:
+        # The API server rejects a pod whose request exceeds its limit; say so before any pod is built.
+        for name in sorted(self.requests.keys() & self.limits.keys()):
+            if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
+                raise ValueError(
+                    f"requests.{name} must not exceed limits.{name}, "
+                    f"got requests={self.requests[name]!r}, limits={self.limits[name]!r}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _gpu_requests_match_limits(self) -> ResourceRequirements:

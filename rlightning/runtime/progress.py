@@ -148,6 +148,9 @@ class LiveProgress:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
+        # A ProgressBar ends without a newline: it gets a row of its own, sized to fit 80 columns.
+        bar = ProgressBar(total=max(self.total_env_steps, 1), completed=min(steps, self.total_env_steps), width=50)
+        table.add_row("progress", bar)
         table.add_row("env steps", f"{steps:,} / {self.total_env_steps:,}   iteration {row.get('iteration', 0)}")
         table.add_row("train return", _num(row.get("train_return")))
         target = f"   (target {self.target_eval_return:g})" if self.target_eval_return is not None else ""
@@ -163,8 +166,7 @@ class LiveProgress:
         table.add_row("consistent", Text(_consistent(consistent), style=style))
         table.add_row("elapsed", _num(row.get("elapsed_seconds"), "{:.0f} s"))
         table.add_row("processes", "  ".join(f"{name}: {state}" for name, state in self._processes.items()))
-        bar = ProgressBar(total=max(self.total_env_steps, 1), completed=min(steps, self.total_env_steps), width=60)
-        return Group(Text(self.title, style="bold"), bar, table)
+        return Group(Text(self.title, style="bold"), table)
 
 
 View = LiveProgress | PlainProgress

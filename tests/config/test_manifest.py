@@ -50,6 +50,8 @@ def test_policy_kwargs_stay_free_form(document):
         (("spec", "policy", "policyClass"), "no colon", "spec.policy.policyClass: String should match pattern"),
         (("spec", "train", "pod", "tolerations"), [1], "spec.train.pod.tolerations[0]: Input should be a valid dictionary"),
         (("spec", "eval", "pod", "resources", "limits"), {"cpu": "lots"}, "spec.eval.pod.resources.limits: Value error, cpu='lots'"),
+        (("spec", "eval", "pod", "resources", "limits"), {"cpu": "1.2.3"}, "spec.eval.pod.resources.limits: Value error, cpu='1.2.3'"),
+        (("spec", "train", "pod", "resources", "limits"), {"memory": "1Gi"}, "spec.train.pod.resources: Value error, requests.memory must not exceed limits.memory"),
         (("metadata", "name"), "Bad_Name", "metadata.name: String should match pattern"),
         (("kind",), "Deployment", "kind: Input should be 'PolicyGroup'"),
         (("apiVersion",), "rlightning.io/v2", "apiVersion: Input should be 'rlightning.io/v1alpha1'"),

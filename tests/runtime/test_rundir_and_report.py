@@ -147,3 +147,17 @@ def test_live_progress_shows_returns_version_consistency_and_processes() -> None
     text = out.getvalue()
     for needle in ("28,672 / 200,000", "370.5", "500.0 on version 56", "(target 475)", "NO", "eval-0: exited 1"):
         assert needle in text, text
+
+
+def test_live_progress_fits_an_80_column_terminal() -> None:
+    from rich.console import Console
+
+    from rlightning.runtime.progress import LiveProgress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    with LiveProgress("run cartpole", 200_000, 475, console=console) as view:
+        view.update([{"iteration": 56, "env_steps": 28672}], {"trainer": "running"})
+    last_frame = out.getvalue().split("run cartpole")[-1]
+    lines = [line.strip() for line in last_frame.splitlines()]
+    assert any(line.startswith("env steps") and line.endswith("iteration 56") for line in lines), last_frame

@@ -4,9 +4,8 @@ Only what rlightning_operator calls (its docstring lists the same table) and wha
 no Secrets, no pods, no wildcards. kopf runs standalone, so no peering objects; it finds the PolicyGroup
 resource through API discovery, which every authenticated user may read (system:discovery), and is given no
 access to CustomResourceDefinitions or Namespaces (cluster-scoped, so a per-namespace install could not grant
-them anyway): with kopf's scanning on, it retries those listings for about a minute, then logs that it will
-not notice CRDs or namespaces that appear later and serves the ones it found; with
-`settings.scanning.disabled` it asks for neither.
+them anyway): the operator sets kopf's `settings.scanning.disabled`, so it asks for neither and serves the CRD
+present at start-up (Helm installs crds/ before the Deployment).
 */}}
 {{- define "rlightning-operator.rules" -}}
 # kopf lists and watches PolicyGroups; it patches them with its progress and diff-base annotations.
@@ -28,8 +27,12 @@ not notice CRDs or namespaces that appear later and serves the ones it found; wi
 # ServiceAccount, Role and RoleBinding. Read by name, created, patched on a spec change; deleted only by
 # garbage collection through their owner reference.
 - apiGroups: [""]
-  resources: ["configmaps", "services", "serviceaccounts"]
+  resources: ["configmaps", "serviceaccounts"]
   verbs: ["get", "create", "patch"]
+# `delete`: a Service found with a cluster IP where a headless one is wanted (clusterIP is immutable) is recreated.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]
