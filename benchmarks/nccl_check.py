@@ -7,7 +7,7 @@ GPUs and is not checked here. On one GPU this checks:
   3. ProcessGroupNCCL built by rlightning on a PrefixStore with world size 1 (eager connect), broadcast works;
   4. `resolve_backend("auto")` picks nccl on this machine.
 
-Usage: python benchmarks/nccl_check.py [--port 27701]    (needs CUDA; about a minute)
+Usage: python benchmarks/nccl_check.py [--port 27700]    (needs CUDA; about a minute; uses --port and --port + 1)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,9 @@ import torch.distributed as dist
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import BucketLayout, WeightReceiver, WeightSender, tensor_digests
 from rlightning.weights import _transport
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
+from tests._ports import BENCH_NCCL  # noqa: E402
 
 HOST = "127.0.0.1"
 
@@ -106,7 +110,9 @@ def check_auto_backend() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, default=27701)
+    parser.add_argument(
+        "--port", type=int, default=BENCH_NCCL.first, help="first of two ports (default: block BENCH_NCCL of tests/_ports.py)"
+    )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "operator"))
+sys.path.append(str(REPO))  # operator_cluster imports tests._ports
 
 import kubernetes  # noqa: E402
 import yaml  # noqa: E402

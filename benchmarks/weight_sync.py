@@ -36,6 +36,9 @@ import torch
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import BucketLayout, WeightReceiver, WeightSender
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
+from tests._ports import BENCH_WEIGHT_SYNC  # noqa: E402
+
 HOST = "127.0.0.1"
 TENSOR_NUMEL = 262_144  # 1 MB float32 tensors, plus a 1024-element bias after each
 NAIVE_KEY, TCP_KEY, ROUND_ACK = "bench/naive", "bench/tcp", "bench/ack/{kind}/{round}/{ordinal}"
@@ -247,7 +250,10 @@ def main() -> None:
     )
     parser.add_argument("--bucket-bytes", type=int, default=WeightSyncConfig().bucket_size_bytes)
     parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--port", type=int, default=27501, help="first port; each case uses two from here on")
+    parser.add_argument(
+        "--port", type=int, default=BENCH_WEIGHT_SYNC.first,
+        help="first port; each case uses two from here on (default: block BENCH_WEIGHT_SYNC of tests/_ports.py)",
+    )
     parser.add_argument("--role", default="sender", choices=["sender", "case", "receiver"], help=argparse.SUPPRESS)
     parser.add_argument("--ordinal", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)

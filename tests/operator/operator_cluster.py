@@ -1,8 +1,8 @@
 """Helpers for the operator's integration tests: the CRD, the operator as a subprocess, polling, kubectl JSON.
 
 The operator runs as `rlightning-operator` (the real entry point) in its own process, so a test can kill it
-with SIGKILL and start it again. Its liveness and metrics ports are derived from the devcluster slot so that
-sessions on different slots do not collide.
+with SIGKILL and start it again. Its liveness and metrics ports are the OPERATOR block of tests/_ports.py, two per
+devcluster slot, so that sessions on different slots do not collide.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from devcluster._ports import slot_from_env
+from tests._ports import OPERATOR
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "policygroups.rlightning.io.yaml"
@@ -118,8 +119,8 @@ class OperatorProcess:
 
     def __init__(self, cluster, namespace: str, log_path: Path) -> None:
         self.cluster, self.namespace, self.log_path = cluster, namespace, log_path
-        self.health_port = 38400 + slot_from_env() * 2
-        self.metrics_port = 38401 + slot_from_env() * 2
+        self.health_port = OPERATOR.port(2 * slot_from_env())
+        self.metrics_port = OPERATOR.port(2 * slot_from_env() + 1)
         self.process: subprocess.Popen | None = None
 
     def start(self) -> OperatorProcess:

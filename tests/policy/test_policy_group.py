@@ -1,6 +1,6 @@
 """PolicyGroup: sync to in-process and remote evaluators, consistency checks, checkpoints.
 
-Ports: 38301 (one test; no free-port probing).
+Ports: POLICY of tests/_ports.py (one test; no free-port probing).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rlightning import weights
 from rlightning.config import PolicyConfig, WeightBufferConfig, WeightSyncConfig
 from rlightning.policy import PolicyGroup
 from rlightning.policy._consistency import DEFAULT_RTOL, VersionLedger
+from tests._ports import POLICY
 
 torch.set_num_threads(1)
 
@@ -125,7 +126,7 @@ def test_group_checkpoint_holds_the_weight_version(group: PolicyGroup, tmp_path)
 @pytest.mark.timeout(120)
 def test_remote_evaluator_through_a_weight_sender() -> None:
     config = WeightSyncConfig(timeout_seconds=20.0, group_size=2, bucket_size_bytes=4096)
-    port = 38301
+    port = POLICY.port(0)
     sender = weights.WeightSender(config, "127.0.0.1", port)
     evaluator = _evaluator("single")
     receiver = weights.WeightReceiver(config, "127.0.0.1", port, ordinal=0)

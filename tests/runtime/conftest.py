@@ -13,14 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests._ports import RUNTIME_RUNS
+
 REPO = Path(__file__).resolve().parents[2]
-# Below Linux's ephemeral range (32768-60999), where gloo's own connections take random ports.
-_PORTS = itertools.count(20000 + (os.getpid() % 500) * 24, 3)
+_MANIFESTS = itertools.count()
+"""Index of the next manifest in this session; manifest i gets ports 2i, 2i+1 of RUNTIME_RUNS."""
 
 
 def tiny_manifest(name: str = "tiny", total_env_steps: int = 3000, **spec_overrides: dict) -> dict:
-    """A CartPole manifest that trains for seconds: 2 trainer ranks, 2 evaluators, ports unique to this test."""
-    port = next(_PORTS)
+    """A CartPole manifest that trains for seconds: 2 trainer ranks, 2 evaluators, its own two ports of RUNTIME_RUNS."""
+    index = next(_MANIFESTS)
+    torchrun, weight_sync = RUNTIME_RUNS.port(2 * index), RUNTIME_RUNS.port(2 * index + 1)
     spec = {
         "env": {"id": "CartPole-v1", "numEnvs": 4},
         "policy": {"policyClass": "rlightning.policy.ppo:PPOPolicy", "policyKwargs": {"hiddenSizes": [16, 16]}},
@@ -33,7 +36,7 @@ def tiny_manifest(name: str = "tiny", total_env_steps: int = 3000, **spec_overri
         },
         "eval": {"replicas": 2, "episodesPerReport": 2},
         "weightSync": {"timeoutSeconds": 10},
-        "ports": {"torchrun": port, "weightSync": port + 1, "metrics": 0},
+        "ports": {"torchrun": torchrun, "weightSync": weight_sync, "metrics": 0},
     }
     for key, value in spec_overrides.items():
         spec[key] = {**spec.get(key, {}), **value}

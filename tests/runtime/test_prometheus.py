@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import urllib.request
 
 from rlightning.runtime._prometheus import EvaluatorMetrics, TrainerMetrics
+from tests._ports import RUNTIME_METRICS
 
 
 def test_trainer_and_evaluator_metrics_are_served() -> None:
-    port = 19000 + (os.getpid() % 500) * 2  # below the ephemeral port range
+    port, evaluator_port = RUNTIME_METRICS.port(0), RUNTIME_METRICS.port(1)
     trainer = TrainerMetrics(port)
     trainer.weight_version.set(7)
     trainer.sync_bytes.inc(1024)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert "rlightning_weight_version 7.0" in text
     assert "rlightning_weight_sync_bytes_total 1024.0" in text
-    evaluator = EvaluatorMetrics(port + 1)
+    evaluator = EvaluatorMetrics(evaluator_port)
     evaluator.eval_return.set(475.5)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{evaluator_port}/metrics", timeout=10).read().decode()
     assert "rlightning_eval_return 475.5" in text
 
 

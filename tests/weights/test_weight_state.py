@@ -11,6 +11,7 @@ from torch import nn
 from wsync_helpers import Net, weights_for
 
 from rlightning.weights import clean_state_dict_keys, load_named_state, named_state, tensor_digests
+from tests._ports import WEIGHTS_STATE
 
 torch.set_num_threads(1)
 EXPECTED = {
@@ -39,7 +40,7 @@ def test_named_state_strips_compile_prefix():
 
 @pytest.mark.timeout(60)
 def test_named_state_strips_ddp_prefix_on_one_rank_gloo_group():
-    store = dist.TCPStore("127.0.0.1", 27211, 1, True, datetime.timedelta(seconds=30))
+    store = dist.TCPStore("127.0.0.1", WEIGHTS_STATE.port(0), 1, True, datetime.timedelta(seconds=30))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         net = Net()

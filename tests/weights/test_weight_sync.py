@@ -1,6 +1,6 @@
 """The sender/receiver protocol with real receiver processes over gloo on 127.0.0.1.
 
-Ports: 27201-27209, one per test, below the ephemeral range 32768-60999 (no free-port probing).
+Ports: WEIGHTS_SYNC of tests/_ports.py, one per test (no free-port probing).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rlightning.weights import (
     mismatched_fingerprints,
     tensor_digests,
 )
+from tests._ports import WEIGHTS_SYNC
 
 torch.set_num_threads(1)
 TIMEOUT = 5.0
@@ -52,7 +53,7 @@ def procs():
 
 @pytest.mark.timeout(120)
 def test_two_receivers_started_before_sender_get_identical_weights(procs):
-    port = 27201
+    port = WEIGHTS_SYNC.port(0)
     procs += [start_receiver(port, o) for o in (0, 1)]
     time.sleep(2.0)  # receivers start first and retry with backoff
     sender = WeightSender(config(), "127.0.0.1", port)
@@ -88,7 +89,7 @@ def test_two_receivers_started_before_sender_get_identical_weights(procs):
 
 @pytest.mark.timeout(120)
 def test_restarted_sender_with_older_version_publishes_above_the_fleet(procs):
-    port = 27202
+    port = WEIGHTS_SYNC.port(1)
     procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=30.0))
     sender = WeightSender(config(), "127.0.0.1", port)
     wait_members(sender, {0})
@@ -116,7 +117,7 @@ def test_restarted_sender_with_older_version_publishes_above_the_fleet(procs):
 
 @pytest.mark.timeout(120)
 def test_scale_up_reforms_only_the_affected_group(procs):
-    port = 27203
+    port = WEIGHTS_SYNC.port(2)
     procs += [start_receiver(port, o) for o in (0, 1)]
     sender = WeightSender(config(group_size=2), "127.0.0.1", port)
     try:
@@ -156,7 +157,7 @@ def test_scale_up_reforms_only_the_affected_group(procs):
 
 @pytest.mark.timeout(120)
 def test_receiver_killed_mid_broadcast_fails_only_its_group(procs):
-    port = 27204
+    port = WEIGHTS_SYNC.port(3)
     procs += [
         start_receiver(port, 0),
         start_receiver(port, 1, "--die-in-version", "2"),
@@ -200,7 +201,7 @@ def test_receiver_killed_mid_broadcast_fails_only_its_group(procs):
 
 @pytest.mark.timeout(120)
 def test_stalled_receiver_times_out_within_bound(procs):
-    port = 27205
+    port = WEIGHTS_SYNC.port(4)
     procs += [start_receiver(port, 0), start_receiver(port, 2)]
     sender = WeightSender(config(group_size=2), "127.0.0.1", port)
     try:
@@ -223,7 +224,7 @@ def test_stalled_receiver_times_out_within_bound(procs):
 
 @pytest.mark.timeout(120)
 def test_group_with_an_unresponsive_member_fails_to_form_in_bounded_time_and_others_proceed(procs):
-    port = 27206
+    port = WEIGHTS_SYNC.port(5)
     procs += [start_receiver(port, 0, group_size=1), start_receiver(port, 1, group_size=1)]
     sender = WeightSender(config(group_size=1), "127.0.0.1", port)
     try:

@@ -11,8 +11,9 @@ import pytest
 from wsync_helpers import HERE, PYTHON, start_receiver, stop, weights_for
 
 from rlightning.weights import tensor_digests
+from tests._ports import WEIGHTS_TORCHRUN
 
-MASTER_PORT, WSYNC_PORT = 27301, 27302
+MASTER_PORT, WSYNC_PORT = WEIGHTS_TORCHRUN.port(0), WEIGHTS_TORCHRUN.port(1)
 
 
 @pytest.mark.timeout(180)

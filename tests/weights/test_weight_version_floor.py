@@ -1,6 +1,6 @@
 """The weight version survives a trainer restart without its checkpoint, and waiting for a sender is quiet.
 
-Real receiver processes over gloo on 127.0.0.1. Ports: 27221-27223, one per test, used by no other test.
+Real receiver processes over gloo on 127.0.0.1. Ports: WEIGHTS_VERSION_FLOOR of tests/_ports.py, one per test.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from wsync_helpers import BUCKET_BYTES, start_receiver, stop, wait_members, wait
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import Member, WeightSender, mismatched_digests, tensor_digests
 from rlightning.weights import _membership, _store
+from tests._ports import WEIGHTS_VERSION_FLOOR
 
 torch.set_num_threads(1)
 TIMEOUT = 5.0
@@ -65,7 +66,7 @@ def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_ver
 
 @pytest.mark.timeout(150)
 def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
-    port = 27221
+    port = WEIGHTS_VERSION_FLOOR.port(0)
     procs += [start_receiver(port, o, "--keep-after-close", lifetime=60.0) for o in (0, 1)]
     _first_sender(port, {0, 1}, [5])
     # the trainer comes back without its checkpoint (an emptyDir): its own version is 0
@@ -91,7 +92,7 @@ def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
 
 @pytest.mark.timeout(150)
 def test_late_evaluator_with_a_newer_version_makes_the_sender_jump_above_it(procs):
-    port = 27222
+    port = WEIGHTS_VERSION_FLOOR.port(1)
     late = start_receiver(port, 1, "--keep-after-close", lifetime=60.0)
     procs.append(late)
     _first_sender(port, {1}, [5, 9])
@@ -131,7 +132,7 @@ def test_membership_keeps_the_highest_version_receivers_joined_with():
 
 @pytest.mark.timeout(60)
 def test_waiting_for_an_absent_sender_logs_info_lines_and_no_c10d_errors(procs):
-    port = 27223  # nothing listens here
+    port = WEIGHTS_VERSION_FLOOR.port(2)  # nothing listens here
     procs.append(start_receiver(port, 0, "--log", "--keep-after-close", lifetime=4.0))
     out, err = procs[0].communicate(timeout=40)
     assert procs[0].returncode == 0, err
@@ -145,11 +146,12 @@ def test_waiting_for_an_absent_sender_logs_info_lines_and_no_c10d_errors(procs):
 
 def test_connect_store_gives_up_at_its_deadline_and_keeps_backing_off(caplog):
     backoff = _store.Backoff()
+    port = WEIGHTS_VERSION_FLOOR.port(3)  # nothing listens here
     with caplog.at_level(logging.INFO, logger=_store.__name__):
         for _ in range(2):
             start = time.monotonic()
-            with pytest.raises(TimeoutError, match="27223 unreachable"):
-                _store.connect_store("127.0.0.1", 27223, 1.0, time.monotonic() + 0.5, backoff)
+            with pytest.raises(TimeoutError, match=f"{port} unreachable"):
+                _store.connect_store("127.0.0.1", port, 1.0, time.monotonic() + 0.5, backoff)
             assert time.monotonic() - start >= 0.45  # it waits out its deadline, no busy loop
     assert backoff.attempt >= 3 and backoff.delay > _store.Backoff.FIRST * 4
     assert len([r for r in caplog.records if "not reachable yet" in r.getMessage()]) == backoff.attempt

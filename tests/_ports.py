@@ -1,0 +1,142 @@
+"""Fixed loopback ports of the tests and benchmarks: one disjoint block per area, all below the ephemeral range.
+
+Linux hands out outgoing-connection ports from 32768-60999 (``/proc/sys/net/ipv4/ip_local_port_range``), and
+gloo, the Kubernetes client and kopf open many such connections, so a fixed port in that range can be taken at
+random (EADDRINUSE). Every port a test or benchmark listens on comes from a block below, chosen by a fixed index
+(never a pid or a free-port probe); a test needing several ports numbers them 0, 1, 2, ... in its block.
+
+======================  ===========  ==================================================================
+Block                   Ports        Used by
+======================  ===========  ==================================================================
+RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync
+                                     (2 per manifest, in the order of the session, 50 per session)
+RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
+WEIGHTS_SYNC            27200-27219  tests/weights/test_weight_sync.py (one per test)
+WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
+WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
+WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)
+POLICY                  27400-27409  tests/policy/test_policy_group.py
+BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
+OPERATOR                27600-27619  tests/operator/operator_cluster.py: health, metrics (2 per devcluster slot)
+BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (2)
+(devcluster)            28700-28799  devcluster/_ports.py: 10 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
+(defaults)              29500 29600  rlightning.contract torchrun, weight sync: ``examples/cartpole.yaml``
+                        9400         as run unchanged by tests/cli/test_examples.py; 8080, 9090: the
+                        8080 9090    operator's health and metrics defaults
+======================  ===========  ==================================================================
+
+Ports bound with 0 (an OS-chosen port, e.g. the TCPStores of tests/policy and tests/runtime/test_resume.py)
+need no entry. Importing this module checks that the blocks are disjoint, below 32768 and clear of the reserved
+ports above (so a new block that overlaps fails every test at once).
+
+Import it as ``from tests._ports import ...``: pytest puts the repository root on ``sys.path``
+(``pythonpath = ["."]`` in pyproject.toml) and ``tests`` is then a namespace package; a benchmark run as a
+script inserts the repository root itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from devcluster import _ports as devcluster_ports
+from rlightning import contract
+
+EPHEMERAL_FIRST = 32768
+"""First port of Linux's default ephemeral range (32768-60999)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PortBlock:
+    """A contiguous block of loopback ports owned by one area.
+
+    Attributes:
+        name (str): The area, for error messages.
+        first (int): First port of the block.
+        size (int): Number of ports.
+    """
+
+    name: str
+    first: int
+    size: int
+
+    @property
+    def last(self) -> int:
+        """Last port of the block (inclusive)."""
+        return self.first + self.size - 1
+
+    def port(self, index: int) -> int:
+        """Return the port at a fixed index of the block.
+
+        Args:
+            index (int): 0..size-1.
+
+        Returns:
+            int: ``first + index``.
+
+        Raises:
+            IndexError: When the index lies outside the block (it would take another area's port).
+        """
+        if not 0 <= index < self.size:
+            raise IndexError(
+                f"port index {index} is outside block {self.name} ({self.first}-{self.last}, {self.size} ports): "
+                "use fewer ports or widen the block in tests/_ports.py"
+            )
+        return self.first + index
+
+
+RUNTIME_RUNS = PortBlock("RUNTIME_RUNS", 27000, 100)
+RUNTIME_METRICS = PortBlock("RUNTIME_METRICS", 27100, 10)
+WEIGHTS_SYNC = PortBlock("WEIGHTS_SYNC", 27200, 20)
+WEIGHTS_STATE = PortBlock("WEIGHTS_STATE", 27220, 10)
+WEIGHTS_VERSION_FLOOR = PortBlock("WEIGHTS_VERSION_FLOOR", 27230, 10)
+WEIGHTS_TORCHRUN = PortBlock("WEIGHTS_TORCHRUN", 27300, 10)
+POLICY = PortBlock("POLICY", 27400, 10)
+BENCH_WEIGHT_SYNC = PortBlock("BENCH_WEIGHT_SYNC", 27500, 100)
+OPERATOR = PortBlock("OPERATOR", 27600, 2 * (devcluster_ports.MAX_SLOT + 1))
+BENCH_NCCL = PortBlock("BENCH_NCCL", 27700, 10)
+
+BLOCKS = (
+    RUNTIME_RUNS, RUNTIME_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR, WEIGHTS_TORCHRUN, POLICY,
+    BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL,
+)
+"""Every block of the table above."""
+
+RESERVED = (
+    PortBlock(
+        "devcluster", devcluster_ports.BASE_PORT, devcluster_ports.BLOCK_SIZE * (devcluster_ports.MAX_SLOT + 1)
+    ),
+    *(
+        PortBlock(name, port, 1)
+        for name, port in (
+            ("contract.TORCHRUN_PORT", contract.TORCHRUN_PORT),
+            ("contract.WEIGHT_SYNC_PORT", contract.WEIGHT_SYNC_PORT),
+            ("contract.METRICS_PORT", contract.METRICS_PORT),
+            ("contract.OPERATOR_HEALTH_PORT", contract.OPERATOR_HEALTH_PORT),
+            ("contract.OPERATOR_METRICS_PORT", contract.OPERATOR_METRICS_PORT),
+        )
+    ),
+)
+"""Ports owned elsewhere: devcluster's slots and the defaults that examples/cartpole.yaml runs with."""
+
+
+def check_layout(blocks: tuple[PortBlock, ...] = BLOCKS, reserved: tuple[PortBlock, ...] = RESERVED) -> None:
+    """Fail when a block overlaps another block or a reserved port, or reaches the ephemeral range.
+
+    Args:
+        blocks (tuple[PortBlock, ...]): The blocks to check (default :data:`BLOCKS`).
+        reserved (tuple[PortBlock, ...]): Ports they must avoid (default :data:`RESERVED`).
+
+    Raises:
+        ValueError: Naming the offending block(s).
+    """
+    for block in blocks:
+        if block.last >= EPHEMERAL_FIRST:
+            raise ValueError(f"block {block.name} ends at {block.last}: must stay below {EPHEMERAL_FIRST}")
+    ordered = sorted(blocks + reserved, key=lambda b: b.first)
+    for low, high in zip(ordered, ordered[1:]):
+        if high.first <= low.last:
+            raise ValueError(f"port blocks {low.name} ({low.first}-{low.last}) and {high.name} "
+                             f"({high.first}-{high.last}) overlap")
+
+
+check_layout()
