@@ -32,6 +32,12 @@ class WeightReceiver:
     up to twice `timeout_seconds`: the sender may spend one timeout on a stalled group before it goes on with
     the others, and a healthy group must outlast that.
 
+    The sender's host name is resolved only once its store answers (a trainer pod's DNS name does not resolve
+    before the pod exists; until then the receiver keeps retrying, logging INFO). Every store call is bounded
+    (`_store.bounded`) and, while idle, the receiver checks the sender's heartbeat (`_store.HeartbeatMonitor`):
+    when it stands still for more than `2 * timeout_seconds` (a node that vanished without FIN or RST) the
+    receiver drops the connection and connects again, registering with the version it holds.
+
     Args:
         config (WeightSyncConfig): must equal the sender's (bucket size, timeout, backend).
         host (str): the sender's host.
@@ -56,7 +62,8 @@ class WeightReceiver:
         self._store: dist.TCPStore | None = None
         self._report_store: dist.Store | None = None
         self._watcher: _store.KeyWatcher | None = None
-        self._address = _transport.local_address_toward(host, port)
+        self._address = ""  # local address toward `host`, found once the store connected (the name resolves)
+        self._monitor = _store.HeartbeatMonitor(self._timeout)
         self._session = ""
         self._backoff = _store.Backoff()  # kept across `receive` calls: one attempt per backoff step
         self._join_event = 0
@@ -76,8 +83,13 @@ class WeightReceiver:
         if self._store is None:
             store = _store.connect_store(self.host, self.port, self._timeout, deadline, self._backoff)
             self._store = store
+            self._monitor = _store.HeartbeatMonitor(self._timeout)
+            if not self._address:
+                self._address = _transport.local_address_toward(self.host, self.port)
+            # bounded: a listening socket of a stopped sender accepts connections but never answers
+            count = _store.bounded(lambda: store.add(_store.ANNOUNCE_COUNT, 0), self._timeout, "a first read")
             self._report_store = store.clone()  # reports must not queue behind a blocking wait()
-            self._next_seq = store.add(_store.ANNOUNCE_COUNT, 0) + 1
+            self._next_seq = count + 1
             self._register()
             log.info("receiver %d connected to %s:%d", self.ordinal, self.host, self.port)
         return self._store
@@ -87,13 +99,17 @@ class WeightReceiver:
         self._drop_group()
         self._session = uuid.uuid4().hex
         cuda = self.config.backend != "gloo" and _nccl.available()
-        self._join_event = self._store.add(_store.MEMBER_COUNT, 1)
-        _store.set_json(
-            self._store,
-            _store.member_event(self._join_event),
-            # `version` lets a restarted sender publish above what the fleet already holds (`fleet_version`)
-            {"event": "join", "ordinal": self.ordinal, "session": self._session, "cuda": cuda, "version": self.version},
-        )
+        store = self._store
+        # `version` lets a restarted sender publish above what the fleet already holds (`fleet_version`)
+        event = {"event": "join", "ordinal": self.ordinal, "session": self._session, "cuda": cuda}
+        event["version"] = self.version
+
+        def post() -> int:
+            index = store.add(_store.MEMBER_COUNT, 1)
+            _store.set_json(store, _store.member_event(index), event)
+            return index
+
+        self._join_event = _store.bounded(post, self._timeout, "a registration")  # a vanished sender never answers
 
     def _drop_group(self) -> None:
         if self._transport is not None:
@@ -102,6 +118,8 @@ class WeightReceiver:
 
     def _disconnect(self) -> None:
         self._drop_group()
+        if self._watcher is not None:
+            self._watcher.cancel()
         self._store, self._report_store, self._watcher = None, None, None
 
     # -- receiving -------------------------------------------------------------------------------------
@@ -143,7 +161,7 @@ class WeightReceiver:
                     reason = str(lost)
             except TimeoutError:  # no store within the deadline
                 return None
-            except RuntimeError as lost:  # store connection lost: the sender is gone
+            except (RuntimeError, OSError) as lost:  # store lost or silent (heartbeat): the sender is gone
                 reason = str(lost)
             log.warning("receiver %d lost the weight-sync store (%s); reconnecting", self.ordinal, reason)
             self._disconnect()
@@ -173,20 +191,32 @@ class WeightReceiver:
 
     def _next_announcement(self, store: dist.TCPStore, deadline: float) -> dict | None:
         self._prepare_buckets()
-        newest = store.add(_store.ANNOUNCE_COUNT, 0)
-        if newest >= self._next_seq:
-            self._next_seq = newest  # skip publishes already missed: the sender has moved on
+        self._monitor.check(store)
+
+        def poll() -> tuple[int, bool]:
+            newest = store.add(_store.ANNOUNCE_COUNT, 0)
+            seq = max(newest, self._next_seq)  # skip publishes already missed: the sender has moved on
+            return seq, store.check([_store.announce(seq)])
+
+        # every call on the store is bounded (`_store.bounded`): a vanished sender never answers
+        self._next_seq, present = _store.bounded(poll, self._timeout, "a poll for announcements")
         key = _store.announce(self._next_seq)
-        if not store.check([key]):
+        if not present:
             watcher = self._watcher
             if watcher is None or watcher.key != key:
                 if watcher is not None:  # it waits on an older key, which exists: it ends at once
                     watcher.wait(self._timeout)
-                self._watcher = watcher = _store.KeyWatcher(store.clone(), key)
-            if not watcher.wait(deadline - time.monotonic()):
-                return None
+                    watcher.cancel()
+                clone = _store.bounded(store.clone, self._timeout, "a new connection")
+                self._watcher = watcher = _store.KeyWatcher(clone, key, self._timeout)
+            # wait in steps, checking the sender's heartbeat between them: a vanished sender sends no RST
+            while not watcher.wait(min(deadline - time.monotonic(), self._timeout / 4)):
+                self._monitor.check(store)
+                if time.monotonic() >= deadline:
+                    return None
         self._next_seq += 1
-        return _store.get_json(store, key)  # type: ignore[return-value]
+        ann = _store.bounded(lambda: _store.get_json(store, key), self._timeout, "an announcement")
+        return ann  # type: ignore[return-value]
 
     def _take_part(self, store: dist.TCPStore, ann: dict) -> tuple[int, dict[str, torch.Tensor]] | None:
         seq, version = int(ann["seq"]), int(ann["version"])
@@ -240,10 +270,16 @@ class WeightReceiver:
         except RuntimeError as exc:
             raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
         commit = _store.commit(seq, key[0])
-        if _store.wait_keys(store, [commit], 2 * self._timeout) or store.get(commit) != b"ok":
+
+        def committed() -> bool:
+            return not _store.wait_keys(store, [commit], 2 * self._timeout) and store.get(commit) == b"ok"
+
+        if not _store.bounded(committed, 3 * self._timeout, f"the commit of publish {seq}"):
             raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
-        store.set(_store.ack(seq, self.ordinal), str(version))
-        if version <= self.version:
+        ignored = version <= self.version  # acknowledged as ignored: the sender does not count it as applied
+        value = _store.IGNORED if ignored else str(version)
+        _store.bounded(lambda: store.set(_store.ack(seq, self.ordinal), value), self._timeout, "an acknowledgement")
+        if ignored:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
         self._last_layout = (layout, transport.device)

@@ -11,7 +11,12 @@ One publish, in order (keys in `_store`):
    from its own memory; at most `_transport.MAX_IN_FLIGHT` transfers in flight;
 5. commit each group ("ok" only when every broadcast of the group succeeded), then wait for the acks of the
    committed receivers. Receivers use a version only after the commit, so a failed group never yields a
-   partial or torn version. Members of failed groups are evicted and re-register.
+   partial or torn version. Members of failed groups are evicted and re-register. An ack holds the version
+   applied, or `_store.IGNORED` from a receiver that already held it (counted in `receivers_ignored`);
+6. delete the keys of publish `seq - 2` (and membership events once read), so the store stays bounded.
+
+A daemon thread advances `_store.HEARTBEAT` every `timeout_seconds / 4` until `close()`, so receivers notice
+a sender that went silent.
 """
 
 from __future__ import annotations
@@ -78,7 +83,11 @@ class WeightSender:
         self.config = config
         self._timeout = float(config.timeout_seconds)
         self._store = _store.host_store(port, self._timeout)
-        self._address = _transport.local_address_toward(host, port)
+        self._host, self._port = host, port
+        self._address = ""  # local address toward `host`, found when the first group forms (the name may
+        # not resolve yet when a pod starts)
+        self._heartbeat = _store.Heartbeat(self._store.clone(), self._timeout / 4)
+        self._published: dict[int, tuple[list[int], list[int]]] = {}  # seq -> (groups, ordinals), for cleanup
         self._membership = _membership.Membership()
         self._events_read = 0
         self._event_missing_since: float | None = None
@@ -100,6 +109,7 @@ class WeightSender:
             key = _store.member_event(self._events_read + 1)
             if self._store.check([key]):
                 self._membership.apply(_store.get_json(self._store, key))  # type: ignore[arg-type]
+                self._store.delete_key(key)  # read once, by this sender only: the store stays bounded
             else:  # the writer is between add() and set(); skip it only if it never completes
                 now = time.monotonic()
                 self._event_missing_since = self._event_missing_since or now
@@ -132,6 +142,8 @@ class WeightSender:
     def _form(self, live: _LiveGroup) -> None:
         plan = live.plan
         try:
+            if not self._address:
+                self._address = _transport.local_address_toward(self._host, self._port)
             live.transport = _transport.BroadcastGroup(
                 self._store,
                 _store.group_prefix(plan.index, plan.generation),
@@ -141,7 +153,7 @@ class WeightSender:
                 live.backend,
                 self._address,
             )
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:  # OSError: `host` does not resolve (yet)
             live.fail(f"forming generation {plan.generation} failed: {exc}")
 
     # -- buckets ---------------------------------------------------------------------------------------
@@ -239,6 +251,7 @@ class WeightSender:
         list(self._pool.map(self._form, [self._groups[g] for g in formed]))
         self._stream(seq, version, layout, state, groups)
         stats, errors = self._finish(seq, version, layout, groups, formed)
+        self._forget(seq, groups)
         stats.seconds = time.monotonic() - start
         if stats.failed:
             detail = "; ".join(f"group {g} (ordinals {stats.failed[g]}): {errors[g]}" for g in sorted(stats.failed))
@@ -310,7 +323,10 @@ class WeightSender:
         errors: dict[int, str] = {}
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
-            stats.receivers_acked += [m.ordinal for m in live.plan.members if m not in absent]
+            for member in live.plan.members:
+                if member not in absent:  # acknowledged: applied (its value is the version) or ignored
+                    applied = self._store.get(_store.ack(seq, member.ordinal)) == str(version).encode()
+                    (stats.receivers_acked if applied else stats.receivers_ignored).append(member.ordinal)
             if absent:
                 stats.failed[live.plan.index] = [m.ordinal for m in absent]
                 errors[live.plan.index] = live.error or f"no acknowledgement within {self._timeout:g} s"
@@ -318,7 +334,24 @@ class WeightSender:
                 for member in absent:
                     self._membership.evict(member.ordinal, member.session)
         stats.receivers_acked.sort()
+        stats.receivers_ignored.sort()
         return stats, errors
+
+    def _forget(self, seq: int, groups: list[_LiveGroup]) -> None:
+        """Delete the keys of publish `seq - 2` (receivers are done with them), so the store stays bounded.
+
+        Publish `seq - 1` is kept: a receiver that read the announcement count just before `seq` was announced
+        may still fetch it. Group rendezvous keys are left: gloo's key names are internal to it.
+        """
+        ordinals = [m.ordinal for live in groups for m in live.plan.members]
+        self._published[seq] = ([live.plan.index for live in groups], ordinals)
+        old = self._published.pop(seq - 2, None)
+        if old is None:
+            return
+        keys = [_store.announce(seq - 2)]
+        keys += [_store.commit(seq - 2, g) for g in old[0]] + [_store.ack(seq - 2, o) for o in old[1]]
+        for key in keys:
+            self._store.delete_key(key)  # False (not an error) for an ack that never came
 
     # -- versions, reports and shutdown ----------------------------------------------------------------
     def _known_fleet_version(self) -> int:
@@ -374,6 +407,7 @@ class WeightSender:
             keys = [_store.ack(self._seq, o) for o in self._membership.members]
             _store.wait_keys(self._store, keys, min(linger, self._timeout))
         finally:
+            self._heartbeat.stop()
             for live in self._groups.values():
                 live.fail("closed")
             self._groups.clear()

@@ -13,8 +13,12 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +27,9 @@ MEMBER_COUNT = ROOT + "members/n"
 """Counter of membership events (store.add); event i lives at `member_event(i)`."""
 ANNOUNCE_COUNT = ROOT + "announce/n"
 """Sequence number of the newest announcement (store.add); announcement s lives at `announce(s)`."""
+HEARTBEAT = ROOT + "heartbeat"
+"""Counter the sender's `Heartbeat` thread advances (store.add) every `timeout_seconds / 4`; receivers that see it
+stand still for more than `2 * timeout_seconds` treat the sender as gone (e.g. its node vanished without a RST)."""
 
 
 def member_event(index: int) -> str:
@@ -41,8 +48,12 @@ def commit(seq: int, group: int) -> str:
 
 
 def ack(seq: int, ordinal: int) -> str:
-    """Key a receiver sets to the version it received in publish `seq`."""
+    """Key a receiver sets to the version it took from publish `seq`, or to `IGNORED` (not newer than its own)."""
     return f"{ROOT}ack/{seq}/{ordinal}"
+
+
+IGNORED = "ignored"
+"""Value of an `ack` key whose receiver dropped the version (it already held that version or a newer one)."""
 
 
 def report(ordinal: int) -> str:
@@ -171,17 +182,60 @@ def connect_store(
         error: Exception | None = probe(host, port, connect)
         if error is None:
             try:
-                store = dist.TCPStore(host, port, None, False, _timedelta(connect), wait_for_workers=False)
+                # bounded: a stopped sender's socket accepts the connection but never answers the handshake
+                store = bounded(
+                    lambda: dist.TCPStore(host, port, None, False, _timedelta(connect), wait_for_workers=False),
+                    connect + 1.0,
+                    "the connection",
+                )
                 store.set_timeout(_timedelta(timeout))
                 backoff.reset()
                 return store
-            except (RuntimeError, dist.DistStoreError) as exc:  # DistNetworkError subclasses RuntimeError
+            except (RuntimeError, OSError) as exc:  # DistStoreError/DistNetworkError subclass RuntimeError
                 error = exc
         delay = backoff.failed(error)
         log.info(
             "weight-sync store %s:%d not reachable yet (attempt %d: %s); retrying in %.1f s",
             host, port, backoff.attempt, error, delay,
         )
+
+
+def bounded(call: Callable[[], T], timeout: float, what: str) -> T:
+    """Run a store call in a daemon thread and wait for it at most `timeout` seconds.
+
+    A TCPStore client's `add`/`get`/`set` wait for the answer without bound (its timeout covers `wait` and
+    connecting only), so a call to a sender whose node vanished (no FIN, no RST) would hang for ever. On a
+    timeout the thread is left behind, blocked on a connection the caller must then drop.
+
+    Args:
+        call (Callable[[], T]): the store call.
+        timeout (float): bound, seconds.
+        what (str): what the call does, for the error.
+
+    Returns:
+        T: what `call` returned.
+
+    Raises:
+        RuntimeError: when `call` did not return within `timeout` (or raised it).
+    """
+    result: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            result.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="wsync-call", daemon=True).start()
+    if not done.wait(timeout):
+        raise RuntimeError(f"weight-sync store did not answer {what} within {timeout:g} s")
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
 
 
 def set_json(store: dist.Store, key: str, value: object) -> None:
@@ -216,31 +270,43 @@ def wait_keys(store: dist.Store, keys: list[str], timeout: float) -> list[str]:
 class KeyWatcher:
     """Waits for one key on its own store connection in a daemon thread; callers wait on an event.
 
-    Lets a receiver poll with short timeouts without timing out store calls: a TCPStore `wait` that times out
-    logs a c10d warning each time, which would flood an idle evaluator's log. The thread ends when the key
-    appears or the connection breaks (the sender went away).
+    Lets a receiver poll with short timeouts without timing out store calls on its main connection. The thread
+    re-arms its wait in steps of at most `step` seconds (a TCPStore `wait` that times out logs one c10d warning,
+    so steps are long) and ends when the key appears, the connection breaks or fails to answer within the
+    store's timeout (the sender went away), or `cancel()` is called.
 
     Args:
         store (dist.Store): a connection of its own (e.g. `clone()`), used only by this watcher.
         key (str): the key to wait for.
+        step (float): longest single wait, seconds (the receiver passes `timeout_seconds`).
     """
 
-    _FOREVER = datetime.timedelta(days=7)
-
-    def __init__(self, store: dist.Store, key: str) -> None:
+    def __init__(self, store: dist.Store, key: str, step: float) -> None:
         self.key = key
         self.error: Exception | None = None
+        self._step = _timedelta(max(step, 0.01))
         self._done = threading.Event()
+        self._cancelled = threading.Event()
         self._store = store
         threading.Thread(target=self._run, name="wsync-watch", daemon=True).start()
 
     def _run(self) -> None:
         try:
-            self._store.wait([self.key], self._FOREVER)
-        except RuntimeError as exc:  # connection lost (or, after a week, a timeout)
+            while not self._cancelled.is_set():
+                try:
+                    self._store.wait([self.key], self._step)
+                    return
+                except RuntimeError:  # a timed-out step, or a lost connection: `check` tells them apart
+                    if self._store.check([self.key]):  # raises when the store does not answer
+                        return
+        except RuntimeError as exc:
             self.error = exc
         finally:
             self._done.set()
+
+    def cancel(self) -> None:
+        """Stop at the end of the current step (the receiver dropped this connection)."""
+        self._cancelled.set()
 
     @property
     def finished(self) -> bool:
@@ -260,4 +326,68 @@ class KeyWatcher:
             return False
         if self.error is not None:
             raise RuntimeError(f"weight-sync store connection lost: {self.error}")
-        return True
+        return not self._cancelled.is_set()
+
+
+class Heartbeat:
+    """Advances `HEARTBEAT` every `period` seconds from a daemon thread, on its own store connection.
+
+    Args:
+        store (dist.Store): a connection of its own (e.g. `clone()` of the hosted store).
+        period (float): seconds between beats (the sender passes `timeout_seconds / 4`).
+    """
+
+    def __init__(self, store: dist.Store, period: float) -> None:
+        self._store, self._period = store, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wsync-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._store.add(HEARTBEAT, 1)
+            except RuntimeError as exc:  # the store is gone (closed): nothing to beat for
+                log.debug("weight-sync heartbeat stopped: %s", exc)
+                return
+            if self._stop.wait(self._period):
+                return
+
+    def stop(self) -> None:
+        """Stop beating and wait (bounded by one store call) for the thread to end."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+class HeartbeatMonitor:
+    """Receiver side: decides from the sender's heartbeat whether the sender is still there.
+
+    Args:
+        timeout (float): `timeout_seconds`; the sender is gone when the heartbeat stands still longer than
+            `2 * timeout`, checked at most every `timeout / 4` seconds.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._value: int | None = None
+        self._changed = time.monotonic()
+        self._checked = 0.0
+
+    def check(self, store: dist.Store) -> None:
+        """Read the heartbeat (at most every `timeout / 4` s) and raise when it stood still too long.
+
+        Args:
+            store (dist.Store): a connection to the store (the read is bounded by `timeout`, see `bounded`).
+
+        Raises:
+            RuntimeError: when the read fails or the heartbeat has not advanced for more than `2 * timeout` s.
+        """
+        now = time.monotonic()
+        if now - self._checked < self._timeout / 4:
+            return
+        value = bounded(lambda: store.add(HEARTBEAT, 0), self._timeout, "a heartbeat read")
+        now = self._checked = time.monotonic()
+        if value != self._value:  # read before judging: a receiver resumed after a pause sees a fresh value
+            self._value, self._changed = value, now
+        elif now - self._changed > 2 * self._timeout:
+            raise RuntimeError(f"sender heartbeat stood still for {now - self._changed:.1f} s")

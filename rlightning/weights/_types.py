@@ -28,7 +28,9 @@ class SyncStats:
         seconds (float): wall time of the publish, from announcement to the last acknowledgement.
         groups (dict[int, int]): group index -> generation, for every group the publish addressed.
         formed_groups (list[int]): groups (re)formed by this publish (new or changed membership).
-        receivers_acked (list[int]): ordinals that acknowledged the version, sorted.
+        receivers_acked (list[int]): ordinals that acknowledged applying the version, sorted.
+        receivers_ignored (list[int]): ordinals that received the version but dropped it, already holding that
+            version or a newer one (not a failure), sorted.
         failed (dict[int, list[int]]): group index -> ordinals that did not acknowledge, for failed groups.
     """
 
@@ -39,6 +41,7 @@ class SyncStats:
     groups: dict[int, int] = dataclasses.field(default_factory=dict)
     formed_groups: list[int] = dataclasses.field(default_factory=list)
     receivers_acked: list[int] = dataclasses.field(default_factory=list)
+    receivers_ignored: list[int] = dataclasses.field(default_factory=list)
     failed: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
