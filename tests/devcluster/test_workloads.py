@@ -7,10 +7,11 @@ the Job controller's tracking finalizer on pods of a Job with a podFailurePolicy
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
+
+from tests._polling import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -93,14 +94,7 @@ spec:
 
 
 def _wait_for(what: str, check, timeout: float = WAIT_SECONDS):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
+    return wait_for(what, check, timeout, interval=0.5)
 
 
 def _items(cluster, *args: str) -> list[dict]:

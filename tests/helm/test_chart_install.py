@@ -15,10 +15,10 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 from helm_chart import CHART, RELEASE, REPO, by_kind, documents
 from rlightning import contract
+from tests._polling import wait_for
 
 EXAMPLE = REPO / "examples" / "cartpole.yaml"
 GROUP = "cartpole"
@@ -64,17 +64,6 @@ DENIED = [
     ("list", "customresourcedefinitions.apiextensions.k8s.io", ()),
     ("create", "clusterroles.rbac.authorization.k8s.io", ()),
 ]
-
-
-def _wait_for(what: str, check, timeout: float, explain=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{explain()}")
-        time.sleep(0.5)
 
 
 def _can_i(cluster, kubeconfig: pathlib.Path, namespace: str, verb: str, resource: str, *args: str) -> bool:
@@ -151,7 +140,7 @@ def test_operator_reconciles_with_exactly_the_charts_rbac(helm, cluster, namespa
             group = _get_json(cluster, "policygroup", GROUP, "-n", namespace)
             return group if group and group.get("status", {}).get("phase") == "Running" else None
 
-        group = _wait_for("PolicyGroup cartpole to be Running", running, WAIT_SECONDS, log.read_text)
+        group = wait_for("PolicyGroup cartpole to be Running", running, WAIT_SECONDS, explain=log.read_text)
         assert not group["metadata"].get("finalizers"), "PolicyGroups must not need the operator to be deleted"
 
         children = {
@@ -193,7 +182,7 @@ def test_operator_reconciles_with_exactly_the_charts_rbac(helm, cluster, namespa
     def namespace_gone():
         return cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0
 
-    _wait_for(f"namespace {namespace} to be deleted", namespace_gone, NAMESPACE_GONE_SECONDS,
+    wait_for(f"namespace {namespace} to be deleted", namespace_gone, NAMESPACE_GONE_SECONDS,
               lambda: cluster.kubectl("get", "all,policygroups", "-n", namespace, check=False).stdout)
 
 

@@ -12,13 +12,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import yaml
 from devcluster._ports import slot_from_env
+from tests import _polling
 from tests._ports import OPERATOR
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,16 +31,8 @@ OPERATOR_START_SECONDS = 60.0
 
 
 def wait_for(what: str, check, timeout: float = WAIT_SECONDS, interval: float = 0.3):
-    """Poll `check()` until it returns a truthy value; raise AssertionError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
+    """`tests._polling.wait_for` with this module's default bound (WAIT_SECONDS)."""
+    return _polling.wait_for(what, check, timeout, interval)
 
 
 def get_json(cluster, *args: str) -> dict:

@@ -55,15 +55,6 @@ def wait_line(lines: queue.Queue, needle: str, timeout: float) -> str | None:
     return None
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGCONT)
-            p.kill()
-        p.wait(10)
 
 
 @pytest.mark.timeout(60)

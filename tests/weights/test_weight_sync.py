@@ -5,14 +5,13 @@ Ports: WEIGHTS_SYNC of tests/_ports.py, one per test (no free-port probing).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
 import pytest
 import torch
-from wsync_helpers import BUCKET_BYTES, start_receiver, stop, wait_members, wait_reports, weights_for
+from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, wait_members, wait_reports, weights_for
 
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import (
@@ -35,20 +34,8 @@ def config(group_size: int = 2) -> WeightSyncConfig:
     )
 
 
-def applied_versions(proc) -> list[int]:
-    """Versions a finished receiver process applied, from its JSON lines."""
-    lines = [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
-    return [line["applied"] for line in lines if line["event"] == "applied" and line["applied"] is not None]
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(10)
 
 
 @pytest.mark.timeout(120)

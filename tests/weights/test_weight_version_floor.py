@@ -5,7 +5,6 @@ Real receiver processes over gloo on 127.0.0.1. Ports: WEIGHTS_VERSION_FLOOR of 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -13,7 +12,7 @@ import time
 
 import pytest
 import torch
-from wsync_helpers import BUCKET_BYTES, start_receiver, stop, wait_members, wait_reports, weights_for
+from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, wait_members, wait_reports, weights_for
 
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import Member, WeightSender, mismatched_digests, tensor_digests
@@ -28,22 +27,8 @@ def config() -> WeightSyncConfig:
     return WeightSyncConfig(backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=2, timeout_seconds=TIMEOUT)
 
 
-def applied_versions(proc) -> list[int]:
-    lines = [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
-    return [line["applied"] for line in lines if line["event"] == "applied" and line["applied"] is not None]
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGCONT)
-            p.kill()
-        p.wait(10)
-        if not p.stderr.closed:  # shown when the test failed
-            print(f"--- receiver pid {p.pid} stderr (tail) ---\n{p.stderr.read()[-3000:]}")
 
 
 def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -93,3 +94,9 @@ def wait_members(sender, ordinals: set[int], timeout: float = 60.0) -> None:
         if time.monotonic() > end:
             raise TimeoutError(f"registered {sender.members}, expected {sorted(ordinals)}")
         time.sleep(0.1)
+
+
+def applied_versions(proc) -> list[int]:
+    """Versions a finished receiver process (wsync_receiver.py) applied, from its JSON lines on stdout."""
+    lines = [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
+    return [line["applied"] for line in lines if line["event"] == "applied" and line["applied"] is not None]
