@@ -183,7 +183,7 @@ def test_operator_reconciles_with_exactly_the_charts_rbac(helm, cluster, namespa
         return cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0
 
     wait_for(f"namespace {namespace} to be deleted", namespace_gone, NAMESPACE_GONE_SECONDS,
-              lambda: cluster.kubectl("get", "all,policygroups", "-n", namespace, check=False).stdout)
+             explain=lambda: cluster.kubectl("get", "all,policygroups", "-n", namespace, check=False).stdout)
 
 
 def test_all_namespaces_release_grants_cluster_wide_without_secrets(helm, cluster, namespace):
