@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ import torch.distributed as dist
 
 from rlightning.config import EnvConfig, PolicyConfig
 from rlightning.policy import EnvMeta, PolicyGroup, PPOPolicy
+from tests._gloo_workers import run_ranks
 
 torch.set_num_threads(1)
 HERE = Path(__file__).resolve().parent
@@ -104,27 +101,7 @@ def test_strict_load_rejects_foreign_keys_and_non_strict_loads_the_overlap() -> 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_rank_ddp_update_keeps_ranks_identical(tmp_path: Path) -> None:
-    world_size = 2
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    outs = [tmp_path / f"rank{rank}.json" for rank in range(world_size)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "ddp_worker.py"), str(store.port), str(rank), str(world_size), str(out)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for rank, out in enumerate(outs)
-    ]
-    try:
-        for proc in procs:
-            output, _ = proc.communicate(timeout=150)
-            assert proc.returncode == 0, output
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    results = [json.loads(out.read_text()) for out in outs]
+    results = run_ranks(HERE / "ddp_worker.py", 2, tmp_path, [[], []])
     for result in results:
         assert result["ddp"] and result["world_size"] == 2
         assert result["env_steps"] == 32 * 4 * 2  # summed over ranks

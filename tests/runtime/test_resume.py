@@ -6,21 +6,16 @@ broadcast from rank 0 (`rlightning.runtime._resume`) can give it the checkpoint'
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlightning.config import EnvConfig, PolicyConfig
 from rlightning.policy import EnvMeta, PPOPolicy
 from rlightning.runtime import _resume
 from rlightning.runtime.rundir import RunDir
+from tests._gloo_workers import run_ranks
 
 torch.set_num_threads(1)
 HERE = Path(__file__).resolve().parent
@@ -47,29 +42,7 @@ def test_every_rank_resumes_rank_0s_checkpoint(tmp_path: Path) -> None:
     run_dirs = [RunDir(tmp_path / f"node{rank}") for rank in range(world_size)]
     path, digest, optimizer_sum = _checkpoint(run_dirs[0])
     assert optimizer_sum != 0.0
-    store = dist.TCPStore(
-        "127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
-    )
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    outs = [tmp_path / f"rank{rank}.json" for rank in range(world_size)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "resume_worker.py"), str(store.port), str(rank), str(world_size),
-             str(run_dirs[rank].root), str(out)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        for rank, out in enumerate(outs)
-    ]
-    try:
-        for proc in procs:
-            output, _ = proc.communicate(timeout=150)
-            assert proc.returncode == 0, output
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    results = [json.loads(out.read_text()) for out in outs]
+    results = run_ranks(HERE / "resume_worker.py", world_size, tmp_path, [[str(d.root)] for d in run_dirs])
     for result in results:
         assert result["resumed_from"] == str(path)
         assert result["digest"] == digest  # bit for bit the checkpoint's weights, on every rank
