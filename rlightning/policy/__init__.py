@@ -1,20 +1,17 @@
 """Policies: the seed's `BasePolicy` API, the `PolicyGroup` handle, the policy-class loader and PPO.
 
 Belongs here: what a policy is and does (build, act, learn, receive weights, checkpoint) and the handle that
-keeps evaluators in step with the trainer. Not here: moving bytes between processes (`rlightning.weights`),
-env stepping loops and process entrypoints (`rlightning.runtime`).
+keeps evaluators in step with the trainer. `base_policy` holds the seed's API; the private modules behind it
+each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`). Not here: moving
+bytes between processes (`rlightning.weights`), env stepping loops and process entrypoints (`rlightning.runtime`).
 """
 
+from rlightning.policy._ddp import infer_train_dp_world_size, set_nested_attr
 from rlightning.policy._env_meta import EnvMeta, make_env
 from rlightning.policy._loader import build_policy, load_policy_class
 from rlightning.policy._rng import seed_everything
-from rlightning.policy.base_policy import (
-    BasePolicy,
-    PolicyRole,
-    clone_checkpoint_value,
-    infer_train_dp_world_size,
-    set_nested_attr,
-)
+from rlightning.policy._training_state import clone_checkpoint_value
+from rlightning.policy.base_policy import BasePolicy, PolicyRole
 from rlightning.policy.policy_group import PolicyGroup, SyncedWeights
 from rlightning.policy.ppo import PPOKwargs, PPOPolicy
 

@@ -1,42 +1,35 @@
 """`BasePolicy`: the seed's policy API (an `nn.Module` that rolls out, trains and receives weights), defects fixed.
 
 A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess` and learns in
-`update_dataset`/`train`. The base class owns everything concurrent: rollouts and weight updates are mutually
-exclusive (`RolloutGate`), update requests are counted by generation so none is lost, and an exception in a
-rollout releases the gate. Weights are named by `rlightning.weights.named_state`, so bare parameters and
-buffers are synced, fingerprinted and checkpointed like any other tensor.
+`update_dataset`/`train`. The base class keeps the seed's API as short delegations to private modules, each
+with one job: rollouts and weight updates are mutually exclusive (`_gate`); update requests are counted by
+generation so none is lost, and an exception in a rollout releases the gate (`_weight_updates`); the device
+and DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints and resumes
+(`_training_state`, `_rng`); phase durations as bounded running aggregates (`_timing`). Weights are named by
+`rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and checkpointed
+like any other tensor.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import copy
 import enum
-import logging
 import os
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from pydantic import BaseModel
 from tensordict import TensorDict
 from torch import nn
 
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
-from rlightning.policy import _gate, _rng
+from rlightning.policy import _ddp, _gate, _rng, _timing, _training_state, _weight_updates
 from rlightning.policy._env_meta import EnvMeta
-
-logger = logging.getLogger(__name__)
-
-CHECKPOINT_FORMAT_VERSION = 1
-"""Version of the dict `BasePolicy.save_checkpoint` writes; bumped on incompatible changes."""
 
 
 class PolicyRole(enum.StrEnum):
@@ -44,86 +37,6 @@ class PolicyRole(enum.StrEnum):
 
     TRAIN = "train"
     EVAL = "eval"
-
-
-def set_nested_attr(obj: Any, name: str, value: Any) -> None:
-    """Set a dotted attribute, `set_nested_attr(policy, "agent.actor", module)`.
-
-    Args:
-        obj (Any): The root object.
-        name (str): Dotted attribute path; every part but the last must exist.
-        value (Any): The new value.
-
-    Raises:
-        AttributeError: When an intermediate attribute is missing.
-    """
-    *parents, last = name.split(".")
-    for part in parents:
-        obj = getattr(obj, part)
-    setattr(obj, last, value)
-
-
-def infer_train_dp_world_size() -> int:
-    """The data-parallel world size of this trainer process.
-
-    Returns:
-        int: `torch.distributed`'s world size when the default group is initialised, else torchrun's
-            `WORLD_SIZE` environment variable, else 1.
-
-    Raises:
-        ValueError: When `WORLD_SIZE` is set but not a positive integer.
-    """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    raw = os.environ.get("WORLD_SIZE")
-    if raw is None:
-        return 1
-    try:
-        size = int(raw)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise ValueError(f"environment variable WORLD_SIZE must be a positive integer, got {raw!r}")
-    return size
-
-
-def clone_checkpoint_value(value: Any) -> Any:
-    """Deep-clone a checkpoint value so later training cannot change the snapshot; tensors move to the CPU.
-
-    Args:
-        value (Any): A tensor, a dict/list/tuple of values, or any other (deep-copied) object.
-
-    Returns:
-        Any: The clone, with every tensor detached, on the CPU and owning its memory.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, Mapping):
-        return {key: clone_checkpoint_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(clone_checkpoint_value(item) for item in value)
-    return copy.deepcopy(value)
-
-
-def resolve_device(setting: str) -> torch.device:
-    """Map `spec.policy.device` to a torch device.
-
-    Args:
-        setting (str): `auto` (the local CUDA device `LOCAL_RANK` when CUDA is available, else cpu), `cpu` or
-            `cuda`.
-
-    Returns:
-        torch.device: The device.
-
-    Raises:
-        RuntimeError: When `cuda` is asked for and CUDA is not available.
-    """
-    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("spec.policy.device is 'cuda' but this process sees no CUDA device")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
@@ -146,7 +59,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         model_list (list[tuple[str, nn.Module]]): Child modules with trainable parameters, by attribute name.
         iteration (int): Completed `train` calls.
         env_steps (int): Environment steps consumed by training, summed over all data-parallel ranks.
-        timing_raw (dict[str, list[float]]): Durations in seconds by phase (`rollout`, `update_weights`, ...).
+        timings (_timing.PhaseTimings): Running count, total and maximum of the durations by phase (`rollout`,
+            `update_weights`); bounded memory however long the policy runs.
     """
 
     kwargs_model: ClassVar[type[BaseModel] | None] = None
@@ -157,9 +71,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             raise TypeError(f"config must be a PolicyConfig, got {type(config).__name__}")
         self.config = config
         self.role_type = self._sanity_check(role_type)
-        self.ready = False
-        self.is_init = False
-        self.device = resolve_device(config.device)
+        self._initialized = False
+        self.device = _ddp.resolve_device(config.device)
         self.model_list: list[tuple[str, nn.Module]] = []
         self.rollout_mode = config.rollout_mode
         self.env_meta: EnvMeta | None = None
@@ -168,15 +81,12 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         self.dp_world_size = 1
         self.iteration = 0
         self.env_steps = 0
-        self.timing_raw: dict[str, list[float]] = defaultdict(list)
-        self.weight_update_error: BaseException | None = None
+        self.timings = _timing.PhaseTimings()
         self._gate = _gate.RolloutGate(1 if self.rollout_mode == "sync" else None)
-        self._update_cond = threading.Condition()
-        self._update_requested = 0  # generation of the newest notify_update_weights
-        self._update_handled = 0  # newest generation whose update was applied (or failed)
-        self._update_stop = False
-        self._update_thread: threading.Thread | None = None
         self.__init_weight_buffer_mixin__(config.weight_buffer.buffer_strategy)
+        self._update_thread = _weight_updates.WeightUpdateThread(
+            self, self._gate, self.timings, f"{type(self).__name__}-weight-update"
+        )
 
     @staticmethod
     def _sanity_check(role_type: PolicyRole | str) -> PolicyRole:
@@ -322,13 +232,9 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
         self._build(env_meta, seed)
         nn.Module.train(self, False)
-        if self.weight_buffer_strategy != "none" and self._update_thread is None:
-            self._update_stop = False
-            self._update_thread = threading.Thread(
-                target=self.update_weights, name=f"{type(self).__name__}-weight-update", daemon=True
-            )
+        if self.weight_buffer_strategy != "none":
             self._update_thread.start()
-        self.is_init = self.ready = True
+        self._initialized = True
 
     def init_train(self, env_meta: EnvMeta, train_config: TrainConfig | None = None, seed: int | None = None) -> None:
         """Build the network for training: train mode, DDP (see below), the optimizer, counters at zero. The
@@ -351,36 +257,15 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
         self._build(env_meta, seed)
         nn.Module.train(self, True)
-        self.dp_world_size = infer_train_dp_world_size()
+        self.dp_world_size = _ddp.infer_train_dp_world_size()
         forced = train_config is not None and train_config.parallel == "ddp"
         if self.dp_world_size > 1 or forced:
-            self._wrap_ddp()
+            self.model_list = _ddp.wrap_children_in_ddp(self, self.model_list, self.device, self.dp_world_size)
         self.optimizer = self.setup_optimizer(self.config.optim)
         self.train_config = train_config
         self.iteration = 0
         self.env_steps = 0
-        self.is_init = self.ready = True
-
-    def _wrap_ddp(self) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                f"data-parallel world size is {self.dp_world_size} but torch.distributed is not initialised; "
-                "call torch.distributed.init_process_group first"
-            )
-        bare = [name for name, param in self.named_parameters(recurse=False) if param.requires_grad]
-        if bare:
-            raise ValueError(
-                f"{type(self).__name__}: trainable parameters {bare} are not inside a child module, so DDP "
-                "cannot all-reduce their gradients; register them on a child module"
-            )
-        # CPU modules take no device_ids (gloo); a CUDA module takes its own device.
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = []
-        for name, module in self.model_list:
-            ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
-            set_nested_attr(self, name, ddp)
-            wrapped.append((name, ddp))
-        self.model_list = wrapped
+        self._initialized = True
 
     def is_initialized(self) -> bool:
         """Whether `init_train` or `init_eval` has run.
@@ -388,7 +273,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         Returns:
             bool: True once initialised.
         """
-        return self.is_init
+        return self._initialized
 
     def reset_training_state(self, train_config: TrainConfig, env_meta: EnvMeta, seed: int) -> None:
         """Start training afresh: seed, rebuild the network and optimizer, zero the counters.
@@ -415,13 +300,13 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
                 return self.postprocess(env_ret, self.rollout_step(env_ret))
         finally:
             self._gate.exit_rollout()
-            self.timing_raw["rollout"].append(time.perf_counter() - start)
+            self.timings.record("rollout", time.perf_counter() - start)
 
     def _require_init(self) -> None:
-        if not self.is_init:
+        if not self._initialized:
             raise RuntimeError(f"{type(self).__name__} is not initialised: call init_eval or init_train first")
 
-    def _rollout(self, env_ret: Mapping[str, Any], timeout: float | None = None) -> Any:
+    def rollout(self, env_ret: Mapping[str, Any], timeout: float | None = None) -> Any:
         """Run `rollout_step` then `postprocess`, never while a weight update is applied.
 
         Args:
@@ -432,6 +317,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             Any: The output of `postprocess`.
 
         Raises:
+            RuntimeError: When the policy is not initialised.
             TimeoutError: When not admitted within `timeout`.
         """
         self._require_init()
@@ -439,8 +325,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             raise TimeoutError(f"rollout not admitted within {timeout} s (a weight update holds the policy)")
         return self._forward_and_release(env_ret)
 
-    async def _rollout_async(self, env_ret: Mapping[str, Any]) -> Any:
-        """Like `_rollout`, from an asyncio task: admission waits without blocking the loop and the forward
+    async def rollout_async(self, env_ret: Mapping[str, Any]) -> Any:
+        """Like `rollout`, from an asyncio task: admission waits without blocking the loop and the forward
         runs in the loop's default executor, so concurrent requests overlap (async mode).
 
         Args:
@@ -448,6 +334,9 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
 
         Returns:
             Any: The output of `postprocess`.
+
+        Raises:
+            RuntimeError: When the policy is not initialised.
         """
         self._require_init()
         await self._gate.enter_rollout_async()
@@ -458,14 +347,6 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             raise
         # Cancelling the caller does not cut the forward short: the worker releases the gate when done.
         return await future
-
-    def rollout(self, env_ret: Mapping[str, Any], timeout: float | None = None) -> Any:
-        """Public name of `_rollout`: one admitted forward pass."""
-        return self._rollout(env_ret, timeout)
-
-    async def rollout_async(self, env_ret: Mapping[str, Any]) -> Any:
-        """Public name of `_rollout_async`: one admitted forward pass from an asyncio task."""
-        return await self._rollout_async(env_ret)
 
     def check_idle(self, timeout: float | None = None) -> bool:
         """Wait until no rollout and no weight update is in flight.
@@ -488,16 +369,18 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
 
     # -- weight updates --------------------------------------------------------------------------------------------
 
+    @property
+    def weight_update_error(self) -> BaseException | None:
+        """BaseException | None: What the last weight update raised; None after one that succeeded."""
+        return self._update_thread.error
+
     def notify_update_weights(self) -> int:
         """Ask for the staged weights to be applied; safe from any thread, never lost during an update.
 
         Returns:
             int: The request's generation; `wait_for_weight_update_done` waits for it.
         """
-        with self._update_cond:
-            self._update_requested += 1
-            self._update_cond.notify_all()
-            return self._update_requested
+        return self._update_thread.notify()
 
     def push_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> bool:
         """Hand received weights to the policy the way its buffer strategy wants, never during a rollout.
@@ -514,13 +397,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         Returns:
             bool: True when staged or applied, False when ignored as not newer.
         """
-        if self.weight_buffer_strategy == "none":
-            with self._gate.exclusive():
-                return self.stage_weights(version, state)
-        if not self.stage_weights(version, state):
-            return False
-        self.notify_update_weights()
-        return True
+        return self._update_thread.push(version, state)
 
     def wait_for_weight_update_done(self, timeout: float | None = None) -> bool:
         """Wait until every update requested so far has been applied.
@@ -532,10 +409,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             bool: True when applied without error, False on timeout or when the last update failed
                 (see `weight_update_error`).
         """
-        with self._update_cond:
-            target = self._update_requested
-            done = self._update_cond.wait_for(lambda: self._update_handled >= target, timeout)
-            return done and self.weight_update_error is None
+        return self._update_thread.wait_done(timeout)
 
     def apply_staged_weights(self, timeout: float | None = None) -> int | None:
         """Apply the staged weights now, exclusive of rollouts; marks every request so far as handled.
@@ -552,44 +426,16 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             TimeoutError: When rollouts did not drain within `timeout` (nothing applied, request kept).
             Exception: Whatever applying raised (also kept in `weight_update_error`).
         """
-        with self._update_cond:
-            generation = self._update_requested
-        start = time.perf_counter()
-        with self._gate.exclusive(timeout) as held:
-            if not held:
-                raise TimeoutError(f"rollouts did not finish within {timeout} s; weights not applied")
-            version: int | None = None
-            error: Exception | None = None
-            try:
-                version = self.update_weights_from_buffer()
-            except Exception as exc:
-                error = exc
-            with self._update_cond:
-                self.weight_update_error = error
-                self._update_handled = max(self._update_handled, generation)
-                self._update_cond.notify_all()
-        self.timing_raw["update_weights"].append(time.perf_counter() - start)
-        if error is not None:
-            raise error
-        return version
+        return self._update_thread.apply_staged(timeout)
 
     def update_weights(self) -> None:
-        """The update thread's loop: wait for a request, wait for rollouts to drain, apply, repeat.
+        """The update thread's loop (`init_eval` starts it on a daemon thread): wait for a request, wait for
+        rollouts to drain, apply, repeat.
 
         A request that arrives while an update runs has a newer generation and triggers another pass.
         Errors are logged and kept in `weight_update_error`; the loop continues. Returns after `close`.
         """
-        while True:
-            with self._update_cond:
-                self._update_cond.wait_for(
-                    lambda: self._update_stop or self._update_requested > self._update_handled
-                )
-                if self._update_stop:
-                    return
-            try:
-                self.apply_staged_weights()
-            except Exception:
-                logger.exception("%s: applying staged weights failed", type(self).__name__)
+        self._update_thread.run()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the update thread (idempotent).
@@ -598,12 +444,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             timeout (float, optional): Seconds to wait for the thread to finish its current update.
                 Defaults to 5.0.
         """
-        with self._update_cond:
-            self._update_stop = True
-            self._update_cond.notify_all()
-        if self._update_thread is not None:
-            self._update_thread.join(timeout)
-            self._update_thread = None
+        self._update_thread.close(timeout)
 
     # -- fingerprints -----------------------------------------------------------------------------------------------
 
@@ -635,12 +476,10 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
         cls = type(self)
         return {
-            "format_version": CHECKPOINT_FORMAT_VERSION,
+            "format_version": _training_state.CHECKPOINT_FORMAT_VERSION,
             "policy_class": f"{cls.__module__}:{cls.__qualname__}",
-            "weights": clone_checkpoint_value(dict(weights.named_state(self))),
-            "optimizer": None if self.optimizer is None else clone_checkpoint_value(self.optimizer.state_dict()),
-            "counters": {"iteration": self.iteration, "env_steps": self.env_steps},
-            "weight_version": self.weight_version,
+            "weights": _training_state.clone_checkpoint_value(dict(weights.named_state(self))),
+            **_training_state.capture(self),
             "rng": _rng.capture_rng_state(),
         }
 
@@ -653,12 +492,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         Returns:
             Path: The path written.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        torch.save(self.checkpoint_state(), tmp)
-        os.replace(tmp, path)
-        return path
+        return _training_state.write_checkpoint(self.checkpoint_state(), path)
 
     def load_checkpoint(self, path: str | os.PathLike[str], restore_rng: bool = True) -> dict[str, Any]:
         """Resume from a checkpoint: weights, optimizer, counters, weight version and (optionally) RNG states.
@@ -677,19 +511,10 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             ValueError: When the file's format version is unknown.
         """
         self._require_init()
-        state = torch.load(Path(path), map_location="cpu", weights_only=True)
-        if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-            raise ValueError(
-                f"{path}: checkpoint format_version must be {CHECKPOINT_FORMAT_VERSION}, "
-                f"got {state.get('format_version')!r}"
-            )
+        state = _training_state.read_checkpoint(path)
         with self._gate.exclusive():
             self.load_state_dict(state["weights"])
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.iteration = int(state["counters"]["iteration"])
-        self.env_steps = int(state["counters"]["env_steps"])
-        self.weight_version = int(state["weight_version"])
+        _training_state.restore(self, state)
         if restore_rng:
             _rng.restore_rng_state(state["rng"])
         return state
@@ -697,22 +522,21 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
     # -- timing ------------------------------------------------------------------------------------------------------
 
     def print_timing_summary(self, reset: bool = False) -> dict[str, dict[str, float]]:
-        """Print count, total and mean seconds per timed phase.
+        """Print count, total, mean and maximum seconds per timed phase, since start or the last reset.
 
         Args:
-            reset (bool, optional): Clear the recorded durations afterwards. Defaults to False.
+            reset (bool, optional): Start the aggregates afresh afterwards. Defaults to False.
 
         Returns:
-            dict[str, dict[str, float]]: `{phase: {"count", "total_s", "mean_s"}}`.
+            dict[str, dict[str, float]]: `{phase: {"count", "total_s", "mean_s", "max_s"}}`, phases by name.
         """
-        summary = {}
-        for phase, durations in sorted(self.timing_raw.items()):
-            samples = list(durations)
-            if samples:
-                total = sum(samples)
-                summary[phase] = {"count": float(len(samples)), "total_s": total, "mean_s": total / len(samples)}
+        summary = {
+            phase: {"count": stats.count, "total_s": stats.total_s, "mean_s": stats.mean_s, "max_s": stats.max_s}
+            for phase, stats in self.timings.snapshot(reset).items()
+        }
         for phase, row in summary.items():
-            print(f"{phase:>16}: n={int(row['count'])} total={row['total_s']:.3f}s mean={row['mean_s'] * 1e3:.3f}ms")
-        if reset:
-            self.timing_raw.clear()
+            print(
+                f"{phase:>16}: n={row['count']} total={row['total_s']:.3f}s mean={row['mean_s'] * 1e3:.3f}ms "
+                f"max={row['max_s'] * 1e3:.3f}ms"
+            )
         return summary

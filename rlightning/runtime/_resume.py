@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from rlightning import weights
-from rlightning.policy.base_policy import BasePolicy, clone_checkpoint_value
+from rlightning.policy import _training_state
+from rlightning.policy.base_policy import BasePolicy
 from rlightning.runtime.rundir import RunDir
 
 log = logging.getLogger("rlightning.train")
@@ -51,23 +52,10 @@ def broadcast_training_state(policy: BasePolicy, src: int = 0) -> None:
     with torch.no_grad():
         for _, tensor in sorted(weights.named_state(policy).items()):
             dist.broadcast(tensor, src)
-    optimizer = policy.optimizer
-    payload = [
-        {
-            "optimizer": None if optimizer is None else clone_checkpoint_value(optimizer.state_dict()),
-            "iteration": policy.iteration,
-            "env_steps": policy.env_steps,
-            "weight_version": policy.weight_version,
-        }
-    ]
+    payload = [_training_state.capture(policy)]
     dist.broadcast_object_list(payload, src, device=policy.device if dist.get_backend() == "nccl" else None)
     if dist.get_rank() != src:
-        state = payload[0]
-        if optimizer is not None and state["optimizer"] is not None:
-            optimizer.load_state_dict(state["optimizer"])
-        policy.iteration = int(state["iteration"])
-        policy.env_steps = int(state["env_steps"])
-        policy.weight_version = int(state["weight_version"])
+        _training_state.restore(policy, payload[0])
 
 
 def resume(policy: BasePolicy, run_dir: RunDir, enabled: bool) -> str | None:

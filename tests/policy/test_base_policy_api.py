@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import torch
+import tracemalloc
+from pathlib import Path
+
 import pytest
+import torch
 from policy_helpers import BOX_META, ToyPolicy, obs, toy_batch
 
+import rlightning.policy
 from rlightning.config import PolicyConfig, TrainConfig
 from rlightning.policy import (
     BasePolicy,
@@ -38,7 +42,7 @@ def test_config_must_be_a_policy_config() -> None:
 def test_constructor_state_before_init() -> None:
     policy = ToyPolicy(role_type=PolicyRole.EVAL)
     assert policy.role_type is PolicyRole.EVAL
-    assert not policy.ready and not policy.is_initialized()
+    assert not policy.is_initialized()
     assert policy.device == torch.device("cpu")
     assert policy.rollout_mode == "sync" and policy.model_list == [] and policy.weight_version == 0
     with pytest.raises(RuntimeError, match="init_eval or init_train"):
@@ -49,14 +53,14 @@ def test_init_eval_builds_in_eval_mode_and_finds_models() -> None:
     policy = ToyPolicy()
     policy.init_eval(BOX_META, seed=1)
     try:
-        assert policy.is_initialized() and policy.ready
+        assert policy.is_initialized()
         assert not policy.training and not policy.net.training
         assert [name for name, _ in policy.model_list] == ["net"]
         assert policy.rollout(obs(2)).shape == (2, 2)
-        assert policy._update_thread is not None and policy._update_thread.is_alive()
+        assert policy._update_thread.is_alive()
     finally:
         policy.close()
-    assert policy._update_thread is None
+    assert not policy._update_thread.is_alive()
 
 
 def test_eval_switches_mode_without_running_the_training_step() -> None:
@@ -118,9 +122,34 @@ def test_request_accounting_and_timing_summary(capsys: pytest.CaptureFixture[str
         for _ in range(3):
             policy.rollout(obs())
         summary = policy.print_timing_summary(reset=True)
-        assert summary["rollout"]["count"] == 3 and summary["rollout"]["total_s"] > 0
+        row = summary["rollout"]
+        assert row["count"] == 3 and row["total_s"] > 0
+        assert row["mean_s"] == pytest.approx(row["total_s"] / 3) and row["mean_s"] <= row["max_s"] <= row["total_s"]
         assert "rollout" in capsys.readouterr().out
         assert policy.print_timing_summary() == {}
+    finally:
+        policy.close()
+
+
+def test_timings_stay_bounded_however_many_rollouts() -> None:
+    # A pod rolls out for days: the memory the policy package holds for timings must not grow per call.
+    policy = ToyPolicy()
+    policy.init_eval(BOX_META)
+    policy_files = tracemalloc.Filter(True, str(Path(rlightning.policy.__file__).parent / "*"))
+    try:
+        for _ in range(50):  # warm up: first-call allocations (dicts, caches) are not growth
+            policy.rollout(obs(1))
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot().filter_traces([policy_files])
+            for _ in range(2000):
+                policy.rollout(obs(1))
+            after = tracemalloc.take_snapshot().filter_traces([policy_files])
+        finally:
+            tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        assert grown < 4096, f"timings grew by {grown} bytes over 2000 rollouts"
+        assert policy.timings.stats("rollout").count == 2050
     finally:
         policy.close()
 

@@ -31,7 +31,7 @@ def _value(policy: PPOPolicy, count: float) -> float:
 
 def test_collect_layout_and_truncation_bootstrap(policy: PPOPolicy) -> None:
     collector = RolloutCollector(counter_env_config(num_envs=2), policy, seed=0)
-    rollouts_before = len(policy.timing_raw["rollout"])
+    rollouts_before = policy.timings.stats("rollout").count
     data = collector.collect(7)
     assert data.batch_size == torch.Size([7, 2])
     expected_dtypes = {"observation": torch.float32, "action": torch.int64, "log_prob": torch.float32,
@@ -49,7 +49,7 @@ def test_collect_layout_and_truncation_bootstrap(policy: PPOPolicy) -> None:
     assert next_value[6].item() == pytest.approx(_value(policy, 1.0), abs=1e-6)  # after the last step
     assert torch.equal(next_value[[0, 1, 3, 4]], data["value"][[1, 2, 4, 5], 0])
     # every action went through the gated rollout path: 7 steps + 2 truncation bootstraps + 1 final value
-    assert len(policy.timing_raw["rollout"]) - rollouts_before == 10
+    assert policy.timings.stats("rollout").count - rollouts_before == 10
     assert list(collector.recent_returns) == [3.0] * 4 and list(collector.recent_lengths) == [3] * 4
     assert collector.episodes_finished == 4 and collector.env_steps == 14
     collector.close()

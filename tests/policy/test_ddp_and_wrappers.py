@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from rlightning.config import EnvConfig, PolicyConfig
-from rlightning.policy import EnvMeta, PolicyGroup, PPOPolicy
+from rlightning.policy import EnvMeta, PolicyGroup, PPOPolicy, _ddp
 from tests._gloo_workers import run_ranks
 
 torch.set_num_threads(1)
@@ -51,15 +51,14 @@ def test_ddp_wrapping_on_cpu_and_the_bare_parameter_rule(one_rank_group) -> None
     from policy_helpers import BOX_META, ToyPolicy
 
     policy = _policy(seed=1)
-    policy.dp_world_size = 2  # what a 2-rank run sees; the 1-rank group stands in for it
-    policy._wrap_ddp()
+    # world size 2 is what a 2-rank run sees; the 1-rank group stands in for it
+    policy.model_list = _ddp.wrap_children_in_ddp(policy, policy.model_list, policy.device, world_size=2)
     assert isinstance(policy.agent, torch.nn.parallel.DistributedDataParallel) and policy.agent.device_ids is None
     assert policy.model_list == [("agent", policy.agent)] and policy.network is policy.agent.module
     toy = ToyPolicy(role_type="train")
     toy.init_train(BOX_META, seed=0)
-    toy.dp_world_size = 2
     with pytest.raises(ValueError, match=r"\['scale'\] are not inside a child module"):
-        toy._wrap_ddp()
+        _ddp.wrap_children_in_ddp(toy, toy.model_list, toy.device, world_size=2)
 
 
 @pytest.mark.timeout(60)
