@@ -1,11 +1,11 @@
 """`BasePolicy`: the seed's policy API (an `nn.Module` that rolls out, trains and receives weights), defects fixed.
 
 A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess` and learns in
-`update_dataset`/`train`. The base class keeps the seed's API as short delegations to private modules, each
-with one job: rollouts and weight updates are mutually exclusive (`_gate`); update requests are counted by
-generation so none is lost, and an exception in a rollout releases the gate (`_weight_updates`); the device
-and DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints and resumes
-(`_training_state`, `_rng`); phase durations as bounded running aggregates (`_timing`). Weights are named by
+`update_dataset`/`train`. The base class keeps the seed's API, mostly as short delegations to private modules
+with one job each: rollouts and weight updates are mutually exclusive (`_gate`; a rollout that raises still
+releases it); update requests are counted by generation so none is lost (`_weight_updates`); the device and
+DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints and resumes (`_training_state`,
+`_rng`); phase durations as bounded running aggregates (`_timing`). Weights are named by
 `rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and checkpointed
 like any other tensor.
 """
