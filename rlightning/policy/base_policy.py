@@ -31,6 +31,12 @@ from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
 from rlightning.policy import _ddp, _gate, _rng, _timing, _training_state, _weight_updates
 from rlightning.policy._env_meta import EnvMeta
 
+# The seed's module functions keep their import path here (`from rlightning.policy.base_policy import ...`).
+from rlightning.policy._ddp import infer_train_dp_world_size, set_nested_attr
+from rlightning.policy._training_state import clone_checkpoint_value
+
+__all__ = ["BasePolicy", "PolicyRole", "clone_checkpoint_value", "infer_train_dp_world_size", "set_nested_attr"]
+
 
 class PolicyRole(enum.StrEnum):
     """What a policy process does: train (DDP rank) or eval (a member of the evaluation fleet)."""
