@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import copy
-import enum
 import logging
 import os
 import threading
@@ -30,6 +29,7 @@ from torch import nn
 
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
+from rlightning.contract import PolicyRole
 from rlightning.policy import _gate, _rng
 from rlightning.policy._env_meta import EnvMeta
 
@@ -37,13 +37,6 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT_VERSION = 1
 """Version of the dict `BasePolicy.save_checkpoint` writes; bumped on incompatible changes."""
-
-
-class PolicyRole(enum.StrEnum):
-    """What a policy process does: train (DDP rank) or eval (a member of the evaluation fleet)."""
-
-    TRAIN = "train"
-    EVAL = "eval"
 
 
 def set_nested_attr(obj: Any, name: str, value: Any) -> None:
