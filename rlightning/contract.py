@@ -1,11 +1,13 @@
 """Names shared by the pod runtime, the local launcher and the operator.
 
-Every API coordinate, label, annotation, environment variable and default port lives here and nowhere
+Every API coordinate, role, label, annotation, environment variable and default port lives here and nowhere
 else. Pure constants: this module imports neither torch nor kopf, so the operator can import it and stay
 small.
 """
 
 from __future__ import annotations
+
+import enum
 
 # -- API coordinates of the PolicyGroup custom resource ------------------------------------------------
 API_GROUP = "rlightning.io"
@@ -38,11 +40,16 @@ TORCHRUN_PORT_NAME = "torchrun"
 WEIGHT_SYNC_PORT_NAME = "weight-sync"
 METRICS_PORT_NAME = "metrics"
 
-# -- Roles (values of rlightning.policy.PolicyRole, of LABEL_ROLE and of ENV_ROLE) ---------------------------
-ROLE_TRAIN = "train"
-"""A trainer: a DDP rank under torchrun, in the trainers' Job."""
-ROLE_EVAL = "eval"
-"""An evaluator: a member of the evaluation fleet, in the evaluators' StatefulSet."""
+# -- Roles (values of LABEL_ROLE and of ENV_ROLE) ---------------------------------------------------------
+class PolicyRole(enum.StrEnum):
+    """What a policy process does; the seed's `rlightning.policy.PolicyRole`, defined here once so that the
+    operator and the launch plan use the same values without importing torch."""
+
+    TRAIN = "train"
+    """A trainer: a DDP rank under torchrun, in the trainers' Job."""
+    EVAL = "eval"
+    """An evaluator: a member of the evaluation fleet, in the evaluators' StatefulSet."""
+
 
 # -- Exit codes of the pod runtime ---------------------------------------------------------------------
 EXIT_BAD_MANIFEST = 2
@@ -54,7 +61,7 @@ LABEL_PREFIX = API_GROUP
 LABEL_GROUP = f"{LABEL_PREFIX}/policy-group"
 """The PolicyGroup a child object belongs to (its metadata.name)."""
 LABEL_ROLE = f"{LABEL_PREFIX}/role"
-"""`ROLE_TRAIN` or `ROLE_EVAL`."""
+"""A `PolicyRole` value."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "rlightning-operator"
 ANNOTATION_SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
@@ -66,7 +73,7 @@ ENV_GROUP_NAME = "RLIGHTNING_GROUP_NAME"
 ENV_NAMESPACE = "RLIGHTNING_NAMESPACE"
 """Namespace of the PolicyGroup; unset when running locally."""
 ENV_ROLE = "RLIGHTNING_ROLE"
-"""`ROLE_TRAIN` or `ROLE_EVAL`."""
+"""A `PolicyRole` value."""
 ENV_SPEC_PATH = "RLIGHTNING_SPEC_PATH"
 """Path of the validated manifest (YAML) the process runs."""
 ENV_RUN_DIR = "RLIGHTNING_RUN_DIR"

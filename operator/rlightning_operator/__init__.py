@@ -3,8 +3,8 @@
 What belongs here: pure builders (`_builders`), the pure planner (`_planner`) and status function
 (`_status`), the one module that calls the API (`_kube`), the reconcile that ties them (`_reconcile`), thin
 kopf handlers (`_handlers`, `_refresher`), settings, metrics and the `rlightning-operator` entry point. From
-`rlightning` it imports only `rlightning.config` and `rlightning.contract` (no torch). Design notes and the
-user's flow: docs/operator.md.
+`rlightning` it imports only `rlightning.config`, `rlightning.contract` and `rlightning.launch` (no torch).
+Design notes and the user's flow: docs/operator.md.
 
 RBAC the operator needs (Role per served namespace, or ClusterRole with --all-namespaces):
 

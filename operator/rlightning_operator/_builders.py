@@ -4,7 +4,8 @@ Builders never call the API, read the environment or the clock; the same input g
 Owner references are not set here: the reconciler adds them (`with_owner`). Every child carries the spec-hash
 annotation (contract.ANNOTATION_SPEC_HASH) that the planner compares; the pod templates of the Job and the
 StatefulSet carry a hash that ignores `spec.eval.replicas`, `minReplicas` and `maxReplicas`, so scaling never
-looks like a template change.
+looks like a template change. A pod's command, environment and grace period come from the launch plan
+(`rlightning.launch`) that `rlightning run` starts its processes from too.
 """
 
 from __future__ import annotations
@@ -12,26 +13,26 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 from typing import Any
 
 import yaml
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest, PolicyGroupSpec
 
-TRAIN = contract.ROLE_TRAIN
-EVAL = contract.ROLE_EVAL
 SCALING_FIELDS = ("replicas", "minReplicas", "maxReplicas")
 """Fields of spec.eval that only size the evaluator fleet: excluded from every hash."""
 RUN_DIR_VOLUME = "run"
 SPEC_VOLUME = "spec"
 VALIDATE_CONTAINER = "validate"
 """The trainers' init container: `rlightning validate` of the mounted spec (structural and deep checks)."""
-GRACE_MARGIN_SECONDS = 15
-"""Added to spec.weightSync.timeoutSeconds for a pod's terminationGracePeriodSeconds: after SIGTERM an
-evaluator leaves its group cleanly (bounded by the weight-sync timeout) and a trainer finishes the publish in
-flight (same bound) and writes its final checkpoint and summary.json (the margin)."""
+PYTHON = "python"
+"""The image's interpreter."""
+NODE_RANK_FROM_JOB_INDEX = "$(JOB_COMPLETION_INDEX)"
+"""torchrun's node rank: Kubernetes expands `$(VAR)` in a command from the container's environment, where an
+Indexed Job sets JOB_COMPLETION_INDEX."""
+DOWNWARD_API_FIELDS = {contract.ENV_NAMESPACE: "metadata.namespace", contract.ENV_POD_NAME: "metadata.name"}
+"""The pod field (downward API) that fills each variable a launch plan lists in `env_from_pod`."""
 
 
 def digest(value: Any) -> str:
@@ -59,13 +60,13 @@ def labels(group: str, role: str | None = None) -> dict[str, str]:
     """
     result = {contract.LABEL_GROUP: group, contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}
     if role is not None:
-        result[contract.LABEL_ROLE] = role
+        result[contract.LABEL_ROLE] = str(role)  # a plain str, not the enum: manifests are plain data
     return dict(sorted(result.items()))
 
 
 def selector(group: str, role: str) -> dict[str, str]:
     """The label selector of the pods of one role of PolicyGroup `group` (a subset of `labels`)."""
-    return {contract.LABEL_GROUP: group, contract.LABEL_ROLE: role}
+    return {contract.LABEL_GROUP: group, contract.LABEL_ROLE: str(role)}
 
 
 def selector_string(group: str, role: str) -> str:
@@ -95,8 +96,9 @@ def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
     """
     data = spec.model_dump(by_alias=True, mode="json")
     for key in SCALING_FIELDS:
-        data[EVAL].pop(key, None)
-    data[EVAL if role == TRAIN else TRAIN].pop("pod", None)
+        data[contract.PolicyRole.EVAL].pop(key, None)
+    other = contract.PolicyRole.EVAL if role == contract.PolicyRole.TRAIN else contract.PolicyRole.TRAIN
+    data[other].pop("pod", None)
     return data
 
 
@@ -112,7 +114,7 @@ def _stamp(manifest: dict[str, Any], value: Any) -> dict[str, Any]:
 def _ports(spec: PolicyGroupSpec, role: str) -> list[tuple[str, int]]:
     """(name, port) pairs a role's pods listen on, metrics last and only when enabled."""
     ports = []
-    if role == TRAIN:
+    if role == contract.PolicyRole.TRAIN:
         ports = [
             (contract.TORCHRUN_PORT_NAME, spec.ports.torchrun),
             (contract.WEIGHT_SYNC_PORT_NAME, spec.ports.weight_sync),
@@ -122,54 +124,55 @@ def _ports(spec: PolicyGroupSpec, role: str) -> list[tuple[str, int]]:
     return ports
 
 
-def _env(manifest: PolicyGroupManifest, namespace: str, role: str) -> list[dict[str, Any]]:
-    spec, group = manifest.spec, manifest.metadata.name
-    env: dict[str, dict[str, Any]] = {
-        contract.ENV_GROUP_NAME: {"value": group},
-        contract.ENV_NAMESPACE: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        contract.ENV_POD_NAME: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        contract.ENV_ROLE: {"value": role},
-        contract.ENV_SPEC_PATH: {"value": f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"},
-        contract.ENV_RUN_DIR: {"value": contract.DEFAULT_RUN_DIR_IN_POD},
-        contract.ENV_TRAIN_MASTER_ADDR: {"value": train_master_addr(group, namespace)},
-        contract.ENV_WEIGHT_SYNC_PORT: {"value": str(spec.ports.weight_sync)},
-        contract.ENV_METRICS_PORT: {"value": str(spec.ports.metrics)},
-    }
-    if role == TRAIN:
-        env[contract.ENV_REPORT_STATUS] = {"value": "1"}
+def launch_site(manifest: PolicyGroupManifest, namespace: str) -> launch.LaunchSite:
+    """Where the pods of a PolicyGroup run, for its launch plans: the mounted spec, trainer pod 0 as master,
+    the node rank from the Job's completion index, metrics on, a fleet sized by the StatefulSet.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        launch.LaunchSite: The site of its pods.
+    """
+    return launch.LaunchSite(
+        python=PYTHON,
+        master_addr=train_master_addr(manifest.metadata.name, namespace),
+        spec_path=f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}",
+        run_dir=contract.DEFAULT_RUN_DIR_IN_POD,
+        node_rank=NODE_RANK_FROM_JOB_INDEX,
+        metrics=True,
+        expected_evaluators=None,
+        in_pod=True,
+    )
+
+
+def _env(plan: launch.LaunchPlan) -> list[dict[str, Any]]:
+    env: dict[str, dict[str, Any]] = {name: {"value": value} for name, value in plan.env.items()}
+    for name in plan.env_from_pod:
+        env[name] = {"valueFrom": {"fieldRef": {"fieldPath": DOWNWARD_API_FIELDS[name]}}}
     return [{"name": name, **value} for name, value in sorted(env.items())]
 
 
 def _run_dir_source(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
     """The volume source of the run directory: the trainer's checkpoint claim when set, else an emptyDir."""
     claim = spec.train.checkpoint.persistent_volume_claim
-    if role == TRAIN and claim:
+    if role == contract.PolicyRole.TRAIN and claim:
         return {"persistentVolumeClaim": {"claimName": claim}}
     return {"emptyDir": {}}
 
 
-def termination_grace_seconds(spec: PolicyGroupSpec) -> int:
-    """terminationGracePeriodSeconds of trainer and evaluator pods (Kubernetes' default, 30 s, is too short).
-
-    Args:
-        spec (PolicyGroupSpec): The validated spec.
-
-    Returns:
-        int: ceil(spec.weightSync.timeoutSeconds) + `GRACE_MARGIN_SECONDS`, in seconds.
-    """
-    return math.ceil(spec.weight_sync.timeout_seconds) + GRACE_MARGIN_SECONDS
-
-
-def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str, command: list[str]) -> dict[str, Any]:
+def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[str, Any]:
     spec, group = manifest.spec, manifest.metadata.name
-    pod = spec.train.pod if role == TRAIN else spec.eval.pod
+    pod = spec.train.pod if role == contract.PolicyRole.TRAIN else spec.eval.pod
+    plan = launch.plan(manifest, role, launch_site(manifest, namespace))
     resources = pod.resources.model_dump(by_alias=True, mode="json")
     container: dict[str, Any] = {
-        "name": role,
+        "name": str(role),
         "image": pod.image or spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": command,
-        "env": _env(manifest, namespace, role),
+        "command": list(plan.argv),
+        "env": _env(plan),
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(spec, role)],
         "resources": {key: dict(sorted(value.items())) for key, value in resources.items() if value},
         "volumeMounts": [
@@ -179,7 +182,7 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str, command:
     }
     result: dict[str, Any] = {
         "serviceAccountName": contract.service_account_name(group),
-        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "terminationGracePeriodSeconds": plan.grace_seconds,
         "containers": [container],
         "volumes": [
             {"name": RUN_DIR_VOLUME, **_run_dir_source(spec, role)},
@@ -217,7 +220,7 @@ def build_config_map(manifest: PolicyGroupManifest, namespace: str) -> dict[str,
         "spec": manifest.spec.model_dump(by_alias=True, mode="json"),
     }
     for field in SCALING_FIELDS:
-        del document["spec"][EVAL][field]
+        del document["spec"][contract.PolicyRole.EVAL][field]
     data = {contract.SPEC_FILE_NAME: yaml.safe_dump(document, sort_keys=True)}
     result = {
         "apiVersion": "v1",
@@ -271,7 +274,7 @@ def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
 
 def _service(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[str, Any]:
     group = manifest.metadata.name
-    name = contract.train_name(group) if role == TRAIN else contract.eval_name(group)
+    name = contract.train_name(group) if role == contract.PolicyRole.TRAIN else contract.eval_name(group)
     ports = _ports(manifest.spec, role)
     spec: dict[str, Any] = {
         "clusterIP": "None",
@@ -300,7 +303,7 @@ def _validate_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
         "name": VALIDATE_CONTAINER,
         "image": main["image"],
         "imagePullPolicy": main["imagePullPolicy"],
-        "command": ["python", "-m", "rlightning.cli", "validate", f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"],
+        "command": [PYTHON, "-m", "rlightning.cli", "validate", f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"],
         "resources": copy.deepcopy(main["resources"]),
         "volumeMounts": [copy.deepcopy(m) for m in main["volumeMounts"] if m["name"] == SPEC_VOLUME],
     }
@@ -316,12 +319,12 @@ def _workload(
 ) -> dict[str, Any]:
     """A Job (trainers) or StatefulSet (evaluators) running `pod_spec`; its metadata and pod template carry the
     hash of its spec and of the role's view of the PolicyGroup's spec."""
-    role = TRAIN if kind == "Job" else EVAL
+    role = contract.PolicyRole.TRAIN if kind == "Job" else contract.PolicyRole.EVAL
     group = manifest.metadata.name
     spec["template"] = {"metadata": {"labels": labels(group, role)}, "spec": pod_spec}
     value = digest([spec, role_view(manifest.spec, role)])
     spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
-    name = contract.train_name(group) if role == TRAIN else contract.eval_name(group)
+    name = contract.train_name(group) if role == contract.PolicyRole.TRAIN else contract.eval_name(group)
     metadata = {**_metadata(name, namespace, group, role), "annotations": {contract.ANNOTATION_SPEC_HASH: value}}
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
 
@@ -329,8 +332,9 @@ def _workload(
 def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
     """The trainers: a headless Service (rendezvous DNS, resolvable before readiness) and an Indexed Job.
 
-    Each Job pod runs `torchrun --nnodes N --nproc-per-node P --node-rank $(JOB_COMPLETION_INDEX)
-    --master-addr <pod 0 DNS> --master-port <ports.torchrun> -m rlightning.runtime.train`. The pod failure
+    Each Job pod runs the trainer's launch plan: `python -m torch.distributed.run --nnodes=N --nproc-per-node=P
+    --node-rank=$(JOB_COMPLETION_INDEX) --master-addr=<pod 0 DNS> --master-port=<ports.torchrun> ...
+    -m rlightning.runtime.train`. The pod failure
     policy fails the Job at once on exit code 2 (a manifest the runtime rejects; retrying cannot help) and
     does not count disruptions (preemption, eviction, node drain) against `backoffLimit`. An init container
     (`VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the runtime
@@ -345,17 +349,7 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     """
     spec, group = manifest.spec, manifest.metadata.name
     name = contract.train_name(group)
-    command = [
-        "torchrun",
-        f"--nnodes={spec.train.nodes}",
-        f"--nproc-per-node={spec.train.procs_per_node}",
-        "--node-rank=$(JOB_COMPLETION_INDEX)",
-        f"--master-addr={train_master_addr(group, namespace)}",
-        f"--master-port={spec.ports.torchrun}",
-        "-m",
-        "rlightning.runtime.train",
-    ]
-    pod_spec = _pod_spec(manifest, namespace, TRAIN, command)
+    pod_spec = _pod_spec(manifest, namespace, contract.PolicyRole.TRAIN)
     pod_spec.update({"restartPolicy": "Never", "subdomain": name, "initContainers": [_validate_container(pod_spec)]})
     bad_manifest = {"operator": "In", "values": [contract.EXIT_BAD_MANIFEST]}
     job_spec: dict[str, Any] = {
@@ -366,12 +360,13 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         "podFailurePolicy": {
             "rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": container, **bad_manifest}}
-                for container in (VALIDATE_CONTAINER, TRAIN)
+                for container in (VALIDATE_CONTAINER, str(contract.PolicyRole.TRAIN))
             ]
             + [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
         },
     }
-    return [_service(manifest, namespace, TRAIN), _workload("batch/v1", "Job", manifest, namespace, job_spec, pod_spec)]
+    job = _workload("batch/v1", "Job", manifest, namespace, job_spec, pod_spec)
+    return [_service(manifest, namespace, contract.PolicyRole.TRAIN), job]
 
 
 def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
@@ -387,16 +382,16 @@ def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
     """
     spec, group = manifest.spec, manifest.metadata.name
     name = contract.eval_name(group)
-    pod_spec = _pod_spec(manifest, namespace, EVAL, ["python", "-m", "rlightning.runtime.eval"])
+    pod_spec = _pod_spec(manifest, namespace, contract.PolicyRole.EVAL)
     sts_spec: dict[str, Any] = {
         "serviceName": name,
         "podManagementPolicy": "Parallel",
-        "selector": {"matchLabels": selector(group, EVAL)},
+        "selector": {"matchLabels": selector(group, contract.PolicyRole.EVAL)},
         "updateStrategy": {"type": "RollingUpdate"},
     }
     sts = _workload("apps/v1", "StatefulSet", manifest, namespace, sts_spec, pod_spec)
     sts["spec"] = {"replicas": spec.eval.replicas, **sts["spec"]}  # after hashing: scaling is no template change
-    return [_service(manifest, namespace, EVAL), sts]
+    return [_service(manifest, namespace, contract.PolicyRole.EVAL), sts]
 
 
 def build_children(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:

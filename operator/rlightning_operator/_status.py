@@ -98,7 +98,7 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         dict[str, Any]: camelCase keys `OWNED_FIELDS` (a JSON merge patch for the status subresource).
     """
     obs = observation
-    selector = builders.selector_string(obs.name, builders.EVAL)
+    selector = builders.selector_string(obs.name, contract.PolicyRole.EVAL)
     if obs.problems:
         message = "; ".join(obs.problems)
         valid = _condition("Valid", False, "InvalidSpec", message, obs)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import enum
 import os
 import time
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from torch import nn
 
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
+from rlightning.contract import PolicyRole
 from rlightning.policy import _ddp, _gate, _rng, _timing, _training_state, _weight_updates
 from rlightning.policy._env_meta import EnvMeta
 
@@ -36,13 +36,6 @@ from rlightning.policy._ddp import infer_train_dp_world_size, set_nested_attr
 from rlightning.policy._training_state import clone_checkpoint_value
 
 __all__ = ["BasePolicy", "PolicyRole", "clone_checkpoint_value", "infer_train_dp_world_size", "set_nested_attr"]
-
-
-class PolicyRole(enum.StrEnum):
-    """What a policy process does: train (DDP rank) or eval (a member of the evaluation fleet)."""
-
-    TRAIN = "train"
-    EVAL = "eval"
 
 
 class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):

@@ -164,7 +164,7 @@ def main() -> int:
     )
     try:
         settings = ProcessSettings.from_env()
-        settings.require_role(contract.ROLE_EVAL)
+        settings.require_role(contract.PolicyRole.EVAL)
         ordinal = eval_ordinal(os.environ)
         spec = validate_file(settings.spec_path).spec
     except (SettingsError, ManifestError) as error:

@@ -1,8 +1,9 @@
 """The local launcher behind `rlightning run`: the pods of a PolicyGroup as processes on this machine.
 
 Trainers run under `torchrun` (one node, `train.world_size` ranks, static rendezvous on 127.0.0.1 at
-`spec.ports.torchrun`); each evaluator is a process of its own. They run the very entrypoints pods run
-(`rlightning.runtime.train`, `rlightning.runtime.eval`), configured by the same ENV_* variables.
+`spec.ports.torchrun`); each evaluator is a process of its own. Their argv, environment and grace period come
+from the launch plan the operator puts into pods (`rlightning.launch`), at a local `LaunchSite`: the very
+entrypoints pods run (`rlightning.runtime.train`, `rlightning.runtime.eval`), the same ENV_* variables.
 
 Supervision, as a cluster would do it:
 - The trainer ending with exit code 0 ends the run; the evaluators are then stopped with SIGTERM.
@@ -10,7 +11,8 @@ Supervision, as a cluster would do it:
 - A dead evaluator is restarted with the same ordinal, as its StatefulSet would; the trainer drops it from
   weight sync until it is back. After `eval_restarts` restarts of one evaluator the run fails.
 - Ctrl-C (SIGINT) or SIGTERM asks the trainer to stop (it checkpoints and writes summary.json), then stops
-  the evaluators; a second Ctrl-C kills everything at once.
+  the evaluators; a second Ctrl-C kills everything at once. A child still running after its plan's grace
+  period (a pod's terminationGracePeriodSeconds) is killed.
 
 Every child runs in a session of its own (so the terminal's Ctrl-C reaches only the launcher) and logs to
 `<run dir>/logs/<name>.log`.
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest
 from rlightning.runtime import progress as progress_mod
 from rlightning.runtime.report import plot_returns
@@ -37,27 +39,9 @@ from rlightning.runtime.rundir import JsonlTail, RunDir, read_jsonl
 TRAINER = "trainer"
 POLL_SECONDS = 0.25
 """How often the launcher polls its children and the metrics file."""
-TRAINER_STOP_SECONDS = 60.0
-"""Grace given to torchrun after SIGTERM (it gives its ranks 30 s, they checkpoint) before SIGKILL."""
-EVAL_STOP_MARGIN_SECONDS = 15.0
-"""Added to spec.weightSync.timeoutSeconds for an evaluator's grace after SIGTERM before SIGKILL (`eval_stop_seconds`),
-as the operator does for a pod's terminationGracePeriodSeconds."""
+MASTER_ADDR = "127.0.0.1"
+"""Trainer rank 0's host: this machine, on loopback."""
 LOG_TAIL_LINES = 25
-
-
-def eval_stop_seconds(manifest: PolicyGroupManifest) -> float:
-    """Grace given to an evaluator after SIGTERM before SIGKILL: what a pod gets from the operator.
-
-    The evaluator needs far less (`rlightning.runtime.eval.SHUTDOWN_JOIN_SECONDS` plus leaving its group),
-    so it exits cleanly within this bound.
-
-    Args:
-        manifest (PolicyGroupManifest): The validated manifest.
-
-    Returns:
-        float: spec.weightSync.timeoutSeconds + `EVAL_STOP_MARGIN_SECONDS`, in seconds.
-    """
-    return manifest.spec.weight_sync.timeout_seconds + EVAL_STOP_MARGIN_SECONDS
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -78,6 +62,7 @@ class Child:
         command (list[str]): argv.
         env (dict[str, str]): Its environment.
         log_path (Path): Its stdout and stderr.
+        grace_seconds (float): Grace after SIGTERM before SIGKILL, in seconds.
         restarts (int): Times it was restarted.
     """
 
@@ -85,6 +70,7 @@ class Child:
     command: list[str]
     env: dict[str, str]
     log_path: Path
+    grace_seconds: float
     restarts: int = 0
     popen: subprocess.Popen | None = field(default=None, repr=False)
     _log: IO[bytes] | None = field(default=None, repr=False)
@@ -173,63 +159,49 @@ class LocalRun:
         self._started_at = 0.0
 
     # -- what the children are --------------------------------------------------------------------------
-    def child_env(self, role: str, ordinal: int | None = None) -> dict[str, str]:
-        """The environment of a child: this one's plus the contract's ENV_* variables for `role` (`train`, `eval`).
-
-        Trainers also get `ENV_EXPECTED_EVALUATORS` (the evaluators this launcher starts, `eval.replicas`).
-        """
-        spec = self.manifest.spec
-        env = dict(os.environ)
-        env.update(
-            {
-                contract.ENV_GROUP_NAME: self.manifest.metadata.name,
-                contract.ENV_ROLE: role,
-                contract.ENV_SPEC_PATH: str(self.run_dir.spec_path.resolve()),
-                contract.ENV_RUN_DIR: str(self.run_dir.root.resolve()),
-                contract.ENV_TRAIN_MASTER_ADDR: "127.0.0.1",
-                contract.ENV_WEIGHT_SYNC_PORT: str(spec.ports.weight_sync),
-                contract.ENV_METRICS_PORT: "0",
-                contract.ENV_REPORT_STATUS: "0",
-                contract.ENV_EXPECTED_EVALUATORS: str(spec.eval.replicas),
-                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-                "PYTHONUNBUFFERED": "1",
-            }
+    def launch_site(self) -> launch.LaunchSite:
+        """This machine as the site of the launch plans: trainer rank 0 on loopback, all trainer ranks on one
+        node, the run directory's spec, no metrics endpoints (they would share a port), and the trainer told of
+        the `eval.replicas` evaluators this launcher starts."""
+        return launch.LaunchSite(
+            python=self.python,
+            master_addr=MASTER_ADDR,
+            spec_path=str(self.run_dir.spec_path.resolve()),
+            run_dir=str(self.run_dir.root.resolve()),
+            node_rank=None,
+            metrics=False,
+            expected_evaluators=self.manifest.spec.eval.replicas,
+            in_pod=False,
         )
-        env.pop(contract.ENV_NAMESPACE, None)
-        env.pop(contract.ENV_POD_NAME, None)
-        if ordinal is not None:
-            env[contract.ENV_EVAL_ORDINAL] = str(ordinal)
-        else:
-            env.pop(contract.ENV_EVAL_ORDINAL, None)
+
+    def child_env(self, plan: launch.LaunchPlan) -> dict[str, str]:
+        """The environment of a child: this process's, without variables the runtime reads, plus the plan's.
+
+        Args:
+            plan (launch.LaunchPlan): The child's launch plan.
+
+        Returns:
+            dict[str, str]: The environment; OMP_NUM_THREADS defaults to 1 (the children share this machine's
+                cores) and output is unbuffered (the logs follow the run).
+        """
+        env = {name: value for name, value in os.environ.items() if name not in launch.RUNTIME_ENV}
+        env.update(plan.env)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def trainer_command(self) -> list[str]:
-        """`torchrun` on one node with `train.world_size` ranks running `rlightning.runtime.train`."""
-        spec = self.manifest.spec
-        return [
-            self.python, "-m", "torch.distributed.run",
-            "--nnodes", "1",
-            "--nproc-per-node", str(spec.train.world_size),
-            "--master-addr", "127.0.0.1",
-            "--master-port", str(spec.ports.torchrun),
-            "--max-restarts", "0",
-            "--monitor-interval", "0.5",
-            "-m", "rlightning.runtime.train",
-        ]  # fmt: skip
-
-    def evaluator_command(self) -> list[str]:
-        """One evaluator process running `rlightning.runtime.eval`."""
-        return [self.python, "-m", "rlightning.runtime.eval"]
+    def child(self, name: str, role: contract.PolicyRole, ordinal: int | None = None) -> Child:
+        """The child `name` of `role`, from its launch plan."""
+        plan = launch.plan(self.manifest, role, self.launch_site(), ordinal)
+        log_path = self.run_dir.logs_dir / f"{name}.log"
+        return Child(name, list(plan.argv), self.child_env(plan), log_path, plan.grace_seconds)
 
     def children(self) -> list[Child]:
         """Evaluators first (they wait for the trainer's store), then the trainer."""
-        logs = self.run_dir.logs_dir
         evals = [
-            Child(f"eval-{i}", self.evaluator_command(), self.child_env(contract.ROLE_EVAL, i), logs / f"eval-{i}.log")
-            for i in range(self.manifest.spec.eval.replicas)
+            self.child(f"eval-{i}", contract.PolicyRole.EVAL, i) for i in range(self.manifest.spec.eval.replicas)
         ]
-        trainer = Child(TRAINER, self.trainer_command(), self.child_env(contract.ROLE_TRAIN), logs / "trainer.log")
-        return [*evals, trainer]
+        return [*evals, self.child(TRAINER, contract.PolicyRole.TRAIN)]
 
     # -- running ----------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -285,7 +257,7 @@ class LocalRun:
                 view.message("interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)")
                 trainer.signal(signal.SIGTERM)
                 interrupted_at = time.monotonic()
-            if self._interrupts > 1 or (interrupted_at and time.monotonic() - interrupted_at > TRAINER_STOP_SECONDS):
+            if self._interrupts > 1 or (interrupted_at and time.monotonic() - interrupted_at > trainer.grace_seconds):
                 view.message("killing every child process")
                 return 130
             code = trainer.poll()
@@ -318,11 +290,11 @@ class LocalRun:
 
     def _stop_all(self, trainer: Child, evals: list[Child]) -> None:
         kill_now = self._interrupts > 1
-        trainer.stop(0.0 if kill_now else TRAINER_STOP_SECONDS)
+        trainer.stop(0.0 if kill_now else trainer.grace_seconds)
         for child in evals:
             child.signal(signal.SIGTERM)
         for child in evals:
-            child.stop(0.0 if kill_now else eval_stop_seconds(self.manifest))
+            child.stop(0.0 if kill_now else child.grace_seconds)
 
     def _print_outcome(self, code: int, seconds: float) -> None:
         out = sys.stdout if code == 0 else sys.stderr

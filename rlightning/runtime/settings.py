@@ -1,7 +1,7 @@
 """What a trainer or evaluator process learns from its environment: the ENV_* variables of the contract.
 
-Pods get them from the operator's templates, local runs from `rlightning run`. Nothing else configures a
-process: the rest comes from the manifest at `ENV_SPEC_PATH`.
+Pods and the processes of `rlightning run` get them from the same launch plan (`rlightning.launch`). Nothing
+else configures a process: the rest comes from the manifest at `ENV_SPEC_PATH`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlightning import contract
+from rlightning import contract, launch
 
 
 class SettingsError(ValueError):
@@ -70,8 +70,8 @@ class ProcessSettings:
         weight_sync_port (int): Port of the weight-sync store (`ENV_WEIGHT_SYNC_PORT`).
         metrics_port (int): Prometheus port; 0 disables it (`ENV_METRICS_PORT`).
         report_status (bool): Whether trainer rank 0 patches status.training (`ENV_REPORT_STATUS` = `1`).
-        role (str | None): `contract.ROLE_TRAIN` or `contract.ROLE_EVAL` (`ENV_ROLE`); None when unset (an
-            entrypoint started by hand).
+        role (str | None): A `contract.PolicyRole` value (`ENV_ROLE`); None when unset (an entrypoint started by
+            hand).
         expected_evaluators (int | None): Evaluators the local launcher started (`ENV_EXPECTED_EVALUATORS`);
             None in pods, where the trainer counts the evaluators registered with its weight sender.
     """
@@ -102,10 +102,9 @@ class ProcessSettings:
         """
         environ = os.environ if environ is None else environ
         role = environ.get(contract.ENV_ROLE) or None
-        if role not in (None, contract.ROLE_TRAIN, contract.ROLE_EVAL):
-            raise SettingsError(
-                f"{contract.ENV_ROLE}: must be {contract.ROLE_TRAIN!r} or {contract.ROLE_EVAL!r}, got {role!r}"
-            )
+        if role is not None and role not in tuple(contract.PolicyRole):
+            allowed = " or ".join(repr(member.value) for member in contract.PolicyRole)
+            raise SettingsError(f"{contract.ENV_ROLE}: must be {allowed}, got {role!r}")
         expected = environ.get(contract.ENV_EXPECTED_EVALUATORS, "")
         expected_evaluators = None if expected == "" else _int(environ, contract.ENV_EXPECTED_EVALUATORS)
         if expected_evaluators is not None and expected_evaluators < 0:
@@ -126,20 +125,20 @@ class ProcessSettings:
             expected_evaluators=expected_evaluators,
         )
 
-    def require_role(self, entrypoint_role: str) -> None:
+    def require_role(self, entrypoint_role: contract.PolicyRole) -> None:
         """Check that the process was started as the role of the entrypoint it runs.
 
         A pod whose `ENV_ROLE` names the other role runs the wrong entrypoint (a template or command mix-up);
         failing at once is clearer than a trainer and an evaluator that wait for each other forever.
 
         Args:
-            entrypoint_role (str): `contract.ROLE_TRAIN` or `contract.ROLE_EVAL`, the entrypoint's role.
+            entrypoint_role (contract.PolicyRole): The entrypoint's role.
 
         Raises:
             SettingsError: `ENV_ROLE` is set to a different role (unset is accepted: a process started by hand).
         """
         if self.role is not None and self.role != entrypoint_role:
             raise SettingsError(
-                f"{contract.ENV_ROLE}: is {self.role!r} but this is the {entrypoint_role!r} entrypoint "
-                f"(rlightning.runtime.{'train' if entrypoint_role == contract.ROLE_TRAIN else 'eval'})"
+                f"{contract.ENV_ROLE}: is {self.role!r} but this is the {entrypoint_role.value!r} entrypoint "
+                f"({launch.TRAIN_MODULE if entrypoint_role == contract.PolicyRole.TRAIN else launch.EVAL_MODULE})"
             )

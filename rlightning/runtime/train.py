@@ -465,7 +465,7 @@ def main() -> int:
     )
     try:
         settings = ProcessSettings.from_env()
-        settings.require_role(contract.ROLE_TRAIN)
+        settings.require_role(contract.PolicyRole.TRAIN)
         spec = validate_file(settings.spec_path).spec
     except (SettingsError, ManifestError) as error:
         for line in str(error).splitlines():

@@ -51,6 +51,13 @@ def test_deterministic(example):
     assert build_children(example, NS) == build_children(example, NS)
 
 
+def test_children_are_plain_data(example):
+    import yaml
+
+    children = build_children(example, NS)
+    assert yaml.safe_load(yaml.safe_dump(children)) == children  # no enum or other object leaks into a manifest
+
+
 def test_config_map_holds_the_validated_manifest(example):
     import yaml
 
@@ -85,8 +92,9 @@ def test_trainer_job_and_headless_service(example):
     assert pod["serviceAccountName"] == "cartpole-runtime"
     master = "cartpole-train-0.cartpole-train.team-a.svc"
     assert _container(job)["command"] == [
-        "torchrun", "--nnodes=1", "--nproc-per-node=2", "--node-rank=$(JOB_COMPLETION_INDEX)",
-        f"--master-addr={master}", "--master-port=29500", "-m", "rlightning.runtime.train",
+        "python", "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "--node-rank=$(JOB_COMPLETION_INDEX)", f"--master-addr={master}", "--master-port=29500", "--max-restarts=0",
+        "--monitor-interval=0.5", "-m", "rlightning.runtime.train",
     ]
     env = _env(job)
     assert env[contract.ENV_TRAIN_MASTER_ADDR] == master
@@ -231,6 +239,6 @@ def test_trainers_validate_the_spec_before_torchrun_and_fail_the_job_on_a_bad_ma
     assert (init["image"], init["resources"]) == (_container(job)["image"], _container(job)["resources"])
     assert [m["mountPath"] for m in init["volumeMounts"]] == [contract.SPEC_MOUNT_DIR]
     fail_job = [rule["onExitCodes"] for rule in job["spec"]["podFailurePolicy"]["rules"] if rule["action"] == "FailJob"]
-    assert {r["containerName"] for r in fail_job} == {builders.VALIDATE_CONTAINER, contract.ROLE_TRAIN}
+    assert {r["containerName"] for r in fail_job} == {builders.VALIDATE_CONTAINER, contract.PolicyRole.TRAIN}
     assert all(r["operator"] == "In" and r["values"] == [contract.EXIT_BAD_MANIFEST] for r in fail_job)
     assert "initContainers" not in _by_kind(build_children(example, NS))["StatefulSet"]["spec"]["template"]["spec"]

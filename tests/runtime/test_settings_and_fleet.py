@@ -25,12 +25,12 @@ def test_role_and_expected_evaluators_are_read_and_checked() -> None:
     base = {contract.ENV_SPEC_PATH: "/x.yaml"}
     settings = ProcessSettings.from_env(base)
     assert settings.role is None and settings.expected_evaluators is None  # pods: the fleet counts itself
-    settings.require_role(contract.ROLE_TRAIN)  # unset role: started by hand, accepted
+    settings.require_role(contract.PolicyRole.TRAIN)  # unset role: started by hand, accepted
     settings = ProcessSettings.from_env({**base, contract.ENV_ROLE: "eval", contract.ENV_EXPECTED_EVALUATORS: "8"})
     assert settings.expected_evaluators == 8
-    settings.require_role(contract.ROLE_EVAL)
+    settings.require_role(contract.PolicyRole.EVAL)
     with pytest.raises(SettingsError, match=f"{contract.ENV_ROLE}: is 'eval' but this is the 'train' entrypoint"):
-        settings.require_role(contract.ROLE_TRAIN)
+        settings.require_role(contract.PolicyRole.TRAIN)
     with pytest.raises(SettingsError, match=contract.ENV_ROLE):
         ProcessSettings.from_env({**base, contract.ENV_ROLE: "trainer"})
     with pytest.raises(SettingsError, match=contract.ENV_EXPECTED_EVALUATORS):
@@ -42,7 +42,7 @@ def test_an_entrypoint_started_as_the_other_role_exits_with_a_clear_error(tmp_pa
     tiny_manifest = run_helpers[0]
     spec = tmp_path / contract.SPEC_FILE_NAME
     spec.write_text(yaml.safe_dump(tiny_manifest()))
-    env = {**os.environ, contract.ENV_SPEC_PATH: str(spec), contract.ENV_ROLE: contract.ROLE_TRAIN,
+    env = {**os.environ, contract.ENV_SPEC_PATH: str(spec), contract.ENV_ROLE: contract.PolicyRole.TRAIN,
            contract.ENV_EVAL_ORDINAL: "0", "OMP_NUM_THREADS": "1"}  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-m", "rlightning.runtime.eval"],
@@ -56,14 +56,14 @@ def test_the_launcher_tells_the_trainer_how_many_evaluators_it_starts(tmp_path: 
     tiny_manifest = run_helpers[0]
     manifest = PolicyGroupManifest.model_validate(tiny_manifest(eval={"replicas": 3}))
     run = local.LocalRun(manifest, "", RunDir(tmp_path))
-    trainer_env = run.child_env(contract.ROLE_TRAIN)
-    assert trainer_env[contract.ENV_EXPECTED_EVALUATORS] == "3"
-    assert trainer_env[contract.ENV_ROLE] == contract.ROLE_TRAIN
-    assert run.child_env(contract.ROLE_EVAL, 1)[contract.ENV_ROLE] == contract.ROLE_EVAL
+    *evals, trainer = run.children()
+    assert trainer.env[contract.ENV_EXPECTED_EVALUATORS] == "3"
+    assert trainer.env[contract.ENV_ROLE] == contract.PolicyRole.TRAIN
+    assert [child.env[contract.ENV_ROLE] for child in evals] == [contract.PolicyRole.EVAL] * 3
     assert RunDir(tmp_path).spec_path.name == contract.SPEC_FILE_NAME
     # An evaluator's grace is the pod's (timeoutSeconds + 15 s), well above its bounded shutdown.
-    assert local.eval_stop_seconds(manifest) == manifest.spec.weight_sync.timeout_seconds + 15
-    assert eval_mod.SHUTDOWN_JOIN_SECONDS + 5 < local.eval_stop_seconds(manifest)
+    assert evals[0].grace_seconds == manifest.spec.weight_sync.timeout_seconds + 15
+    assert eval_mod.SHUTDOWN_JOIN_SECONDS + 5 < evals[0].grace_seconds
 
 
 class _Fleet:

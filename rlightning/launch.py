@@ -1,0 +1,170 @@
+"""The launch plan: how the process of a trainer or an evaluator starts, in a pod or under `rlightning run`.
+
+`plan` gives, per role, the argv, the environment (names from `rlightning.contract`) and the termination
+grace period. The operator's builders put it into pod templates; the local launcher starts processes from it.
+What differs between a pod and a local process is a `LaunchSite`. Pure: no I/O, no reading of the process
+environment or the clock, and no torch or kopf, so the operator can import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlightning import contract
+from rlightning.config import PolicyGroupManifest, PolicyGroupSpec
+
+TRAIN_MODULE = "rlightning.runtime.train"
+EVAL_MODULE = "rlightning.runtime.eval"
+TORCHRUN_MONITOR_INTERVAL_SECONDS = 0.5
+"""How often torchrun polls its workers; its default (0.1 s) costs CPU for nothing at these time scales."""
+GRACE_MARGIN_SECONDS = 15
+"""Added to spec.weightSync.timeoutSeconds for the grace after SIGTERM: an evaluator leaves its group cleanly
+(bounded by the weight-sync timeout), a trainer finishes the publish in flight (same bound) and writes its final
+checkpoint and summary.json (the margin)."""
+RUNTIME_ENV = (
+    contract.ENV_EVAL_ORDINAL,
+    contract.ENV_EXPECTED_EVALUATORS,
+    contract.ENV_GROUP_NAME,
+    contract.ENV_METRICS_PORT,
+    contract.ENV_NAMESPACE,
+    contract.ENV_POD_NAME,
+    contract.ENV_REPORT_STATUS,
+    contract.ENV_ROLE,
+    contract.ENV_RUN_DIR,
+    contract.ENV_SPEC_PATH,
+    contract.ENV_TRAIN_MASTER_ADDR,
+    contract.ENV_WEIGHT_SYNC_PORT,
+)
+"""Every variable the runtime reads (`rlightning.runtime.settings`); a launcher drops inherited ones."""
+
+
+@dataclass(frozen=True)
+class LaunchSite:
+    """Where the processes of a PolicyGroup run: what differs between its pods and `rlightning run`.
+
+    Attributes:
+        python (str): Interpreter of every process: `python` in the image, `sys.executable` locally.
+        master_addr (str): Host of trainer node rank 0 (torchrun's rendezvous, the weight-sync store): pod 0's
+            DNS name, or `127.0.0.1`.
+        spec_path (str): The manifest the processes read.
+        run_dir (str): Directory for metrics, checkpoints and the summary.
+        node_rank (str | None): torchrun's `--node-rank`; in a pod `$(JOB_COMPLETION_INDEX)`, which Kubernetes
+            expands from the Indexed Job's environment. None runs all `train.world_size` ranks as one node.
+        metrics (bool): Serve Prometheus metrics on `spec.ports.metrics` (pods: each has its own address);
+            False sets port 0, no endpoint (local processes would share one port).
+        expected_evaluators (int | None): Evaluators the launcher starts, told to the trainer; None when the
+            fleet size is dynamic (pods: the trainer counts the evaluators that register).
+        in_pod (bool): The processes run in Kubernetes pods: their namespace and pod name (hence an evaluator's
+            ordinal) come from the downward API (`LaunchPlan.env_from_pod`), and trainer rank 0 reports to the
+            PolicyGroup's status. False: an evaluator gets its ordinal in the environment.
+    """
+
+    python: str
+    master_addr: str
+    spec_path: str
+    run_dir: str
+    node_rank: str | None
+    metrics: bool
+    expected_evaluators: int | None
+    in_pod: bool
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one process of a role starts.
+
+    Attributes:
+        role (contract.PolicyRole): The role.
+        argv (tuple[str, ...]): The command line.
+        env (dict[str, str]): Environment variables with their values, sorted by name.
+        env_from_pod (tuple[str, ...]): Names of variables the platform fills when the pod starts (the pod's
+            namespace and name, from the downward API), sorted; empty outside pods.
+        grace_seconds (int): Grace after SIGTERM before SIGKILL (a pod's terminationGracePeriodSeconds), in s.
+    """
+
+    role: contract.PolicyRole
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    env_from_pod: tuple[str, ...]
+    grace_seconds: int
+
+
+def grace_seconds(spec: PolicyGroupSpec) -> int:
+    """Grace after SIGTERM of trainers and evaluators (Kubernetes' default, 30 s, is too short).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+
+    Returns:
+        int: ceil(spec.weightSync.timeoutSeconds) + `GRACE_MARGIN_SECONDS`, in seconds.
+    """
+    return math.ceil(spec.weight_sync.timeout_seconds) + GRACE_MARGIN_SECONDS
+
+
+def _argv(spec: PolicyGroupSpec, role: contract.PolicyRole, site: LaunchSite) -> tuple[str, ...]:
+    if role == contract.PolicyRole.EVAL:
+        return (site.python, "-m", EVAL_MODULE)
+    if site.node_rank is None:
+        nodes = ["--nnodes=1", f"--nproc-per-node={spec.train.world_size}"]
+    else:
+        nodes = [f"--nnodes={spec.train.nodes}", f"--nproc-per-node={spec.train.procs_per_node}"]
+        nodes.append(f"--node-rank={site.node_rank}")
+    return (
+        site.python, "-m", "torch.distributed.run",  # torchrun, run by the interpreter of every other process
+        *nodes,
+        f"--master-addr={site.master_addr}",
+        f"--master-port={spec.ports.torchrun}",
+        "--max-restarts=0",  # a failed rank fails the process; the Job or the launcher decides what follows
+        f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL_SECONDS}",
+        "-m", TRAIN_MODULE,
+    )  # fmt: skip
+
+
+def plan(
+    manifest: PolicyGroupManifest, role: contract.PolicyRole | str, site: LaunchSite, ordinal: int | None = None
+) -> LaunchPlan:
+    """The launch plan of one role's process of a PolicyGroup at `site`.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        role (contract.PolicyRole | str): `train` or `eval`.
+        site (LaunchSite): Pods or local processes.
+        ordinal (int | None, optional): An evaluator's ordinal; None in pods, where it comes from the pod's
+            name. Defaults to None.
+
+    Returns:
+        LaunchPlan: argv, environment and grace period.
+
+    Raises:
+        ValueError: `role` is not a role; `ordinal` is given to a trainer, negative, or missing for an evaluator
+            outside a pod.
+    """
+    role = contract.PolicyRole(role)
+    spec = manifest.spec
+    if ordinal is not None and (role == contract.PolicyRole.TRAIN or ordinal < 0):
+        raise ValueError(f"ordinal: only an evaluator has one, and it is >= 0; got {ordinal} for role {role}")
+    if role == contract.PolicyRole.EVAL and ordinal is None and not site.in_pod:
+        raise ValueError("ordinal: an evaluator outside a pod needs one (a pod's comes from its name)")
+    env = {
+        contract.ENV_GROUP_NAME: manifest.metadata.name,
+        contract.ENV_ROLE: role.value,
+        contract.ENV_SPEC_PATH: site.spec_path,
+        contract.ENV_RUN_DIR: site.run_dir,
+        contract.ENV_TRAIN_MASTER_ADDR: site.master_addr,
+        contract.ENV_WEIGHT_SYNC_PORT: str(spec.ports.weight_sync),
+        contract.ENV_METRICS_PORT: str(spec.ports.metrics if site.metrics else 0),
+    }
+    if ordinal is not None:
+        env[contract.ENV_EVAL_ORDINAL] = str(ordinal)
+    if role == contract.PolicyRole.TRAIN and site.expected_evaluators is not None:
+        env[contract.ENV_EXPECTED_EVALUATORS] = str(site.expected_evaluators)
+    if role == contract.PolicyRole.TRAIN and site.in_pod:
+        env[contract.ENV_REPORT_STATUS] = "1"
+    return LaunchPlan(
+        role=role,
+        argv=_argv(spec, role, site),
+        env=dict(sorted(env.items())),
+        env_from_pod=(contract.ENV_NAMESPACE, contract.ENV_POD_NAME) if site.in_pod else (),
+        grace_seconds=grace_seconds(spec),
+    )

@@ -1,0 +1,151 @@
+"""The launch plan: one argv, environment and grace per role for pods and `rlightning run`; the runtime accepts both."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlightning import contract, launch
+from rlightning.config import parse_manifest
+from rlightning.runtime import local
+from rlightning.runtime.rundir import RunDir
+from rlightning.runtime.settings import ProcessSettings, eval_ordinal
+from rlightning_operator import _builders as builders
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole.yaml"
+NS = "team-a"
+POD_MASTER = "cartpole-train-0.cartpole-train.team-a.svc"
+
+
+def _manifest(**spec):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    for key, value in spec.items():
+        document["spec"][key] = {**document["spec"].get(key, {}), **value}
+    return parse_manifest(document)
+
+
+def _site(**fields) -> launch.LaunchSite:
+    local_site = {"python": "py", "master_addr": "127.0.0.1", "spec_path": "/r/policygroup.yaml", "run_dir": "/r",
+                  "node_rank": None, "metrics": False, "expected_evaluators": 2, "in_pod": False}  # fmt: skip
+    return launch.LaunchSite(**{**local_site, **fields})
+
+
+POD = {"python": "python", "master_addr": POD_MASTER, "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
+       "expected_evaluators": None, "in_pod": True}  # fmt: skip
+TORCHRUN = ("-m", "torch.distributed.run")
+TRAIN_TAIL = ("--max-restarts=0", "--monitor-interval=0.5", "-m", "rlightning.runtime.train")
+
+# (spec edits, site fields, role, ordinal, argv, env entries, env_from_pod)
+PLAN_CASES = {
+    "local trainer: every rank on one node, told the fleet size": (
+        {"train": {"nodes": 2, "procsPerNode": 3}}, {}, "train", None,
+        ("py", *TORCHRUN, "--nnodes=1", "--nproc-per-node=6", "--master-addr=127.0.0.1", "--master-port=29500",
+         *TRAIN_TAIL),
+        {contract.ENV_EXPECTED_EVALUATORS: "2", contract.ENV_METRICS_PORT: "0", contract.ENV_ROLE: "train"},
+        (),
+    ),
+    "local evaluator: its ordinal in the environment": (
+        {}, {}, "eval", 1, ("py", "-m", "rlightning.runtime.eval"),
+        {contract.ENV_EVAL_ORDINAL: "1", contract.ENV_ROLE: "eval", contract.ENV_RUN_DIR: "/r"},
+        (),
+    ),
+    "pod trainer: node rank from the Job, reports status": (
+        {"train": {"nodes": 2, "procsPerNode": 3}}, POD, "train", None,
+        ("python", *TORCHRUN, "--nnodes=2", "--nproc-per-node=3", "--node-rank=$(JOB_COMPLETION_INDEX)",
+         f"--master-addr={POD_MASTER}", "--master-port=29500", *TRAIN_TAIL),
+        {contract.ENV_REPORT_STATUS: "1", contract.ENV_METRICS_PORT: "9400",
+         contract.ENV_TRAIN_MASTER_ADDR: POD_MASTER},
+        (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
+    ),
+    "pod evaluator: ordinal from the pod name": (
+        {"ports": {"weightSync": 30000}}, POD, "eval", None, ("python", "-m", "rlightning.runtime.eval"),
+        {contract.ENV_WEIGHT_SYNC_PORT: "30000", contract.ENV_GROUP_NAME: "cartpole"},
+        (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_plan(case):
+    edits, site, role, ordinal, argv, env, from_pod = PLAN_CASES[case]
+    plan = launch.plan(_manifest(**edits), role, _site(**site), ordinal)
+    assert plan.role == role and plan.argv == argv
+    assert {name: plan.env.get(name) for name in env} == env
+    assert plan.env_from_pod == from_pod
+    assert list(plan.env) == sorted(plan.env) and set(plan.env) | set(from_pod) <= set(launch.RUNTIME_ENV)
+    absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS} if role == "eval" else set()
+    absent |= {contract.ENV_EVAL_ORDINAL} if ordinal is None else set()
+    assert not absent & set(plan.env)
+
+
+@pytest.mark.parametrize(("timeout", "grace"), [(None, 75), (1, 16), (0.5, 16), (12.2, 28), (600, 615)])
+def test_grace_covers_a_clean_leave_for_both_roles(timeout, grace):
+    manifest = _manifest() if timeout is None else _manifest(weightSync={"timeoutSeconds": timeout})
+    plans = [launch.plan(manifest, "train", _site()), launch.plan(manifest, "eval", _site(), 0)]
+    assert [plan.grace_seconds for plan in plans] == [grace, grace]
+
+
+@pytest.mark.parametrize(
+    ("role", "site", "ordinal", "error"),
+    [
+        ("trainer", {}, None, "'trainer' is not a valid PolicyRole"),
+        ("train", {}, 0, "ordinal: only an evaluator has one"),
+        ("eval", {}, -1, "ordinal: .* >= 0"),
+        ("eval", {}, None, "ordinal: an evaluator outside a pod needs one"),
+    ],
+)
+def test_plan_rejects(role, site, ordinal, error):
+    with pytest.raises(ValueError, match=error):
+        launch.plan(_manifest(), role, _site(**site), ordinal)
+
+
+def _pod_environ(container: dict, pod_name: str) -> dict[str, str]:
+    """A container's env as the kubelet sets it: values, and downward-API fields of this pod."""
+    fields = {"metadata.namespace": NS, "metadata.name": pod_name}
+    return {
+        item["name"]: item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in container["env"]
+    }
+
+
+def test_the_pods_environment_gives_valid_settings_for_each_role():
+    children = {child["kind"]: child for child in builders.build_children(_manifest(), NS)}
+    environs = {
+        "train": _pod_environ(children["Job"]["spec"]["template"]["spec"]["containers"][0], "cartpole-train-0-x7k2p"),
+        "eval": _pod_environ(children["StatefulSet"]["spec"]["template"]["spec"]["containers"][0], "cartpole-eval-3"),
+    }
+    for role, environ in environs.items():
+        settings = ProcessSettings.from_env(environ)
+        settings.require_role(contract.PolicyRole(role))
+        assert (settings.role, settings.group_name, settings.namespace) == (role, "cartpole", NS)
+        assert (settings.master_addr, settings.weight_sync_port, settings.metrics_port) == (POD_MASTER, 29600, 9400)
+        assert settings.spec_path == Path(contract.SPEC_MOUNT_DIR) / contract.SPEC_FILE_NAME
+        assert settings.run_dir == Path(contract.DEFAULT_RUN_DIR_IN_POD)
+        assert settings.report_status is (role == "train") and settings.expected_evaluators is None
+    assert eval_ordinal(environs["eval"]) == 3
+
+
+def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monkeypatch):
+    # A launcher started from inside a pod (or a shell that ran one by hand) must not leak its own settings.
+    inherited = {contract.ENV_NAMESPACE: "x", contract.ENV_REPORT_STATUS: "1", contract.ENV_POD_NAME: "p-9"}
+    for name, value in inherited.items():
+        monkeypatch.setenv(name, value)
+    run = local.LocalRun(_manifest(eval={"replicas": 3}), "", RunDir(tmp_path / "run"))
+    *evals, trainer = run.children()
+    assert trainer.command[:3] == [sys.executable, *TORCHRUN] and evals[0].command[0] == sys.executable
+    for ordinal, child in enumerate([*evals, trainer]):
+        settings = ProcessSettings.from_env(child.env)
+        role = "train" if child is trainer else "eval"
+        settings.require_role(contract.PolicyRole(role))
+        assert (settings.role, settings.group_name, settings.namespace) == (role, "cartpole", None)
+        assert (settings.master_addr, settings.weight_sync_port, settings.metrics_port) == ("127.0.0.1", 29600, 0)
+        assert settings.spec_path == RunDir(tmp_path / "run").spec_path.resolve()
+        assert settings.report_status is False
+        assert settings.expected_evaluators == (3 if role == "train" else None)
+        if role == "eval":
+            assert eval_ordinal(child.env) == ordinal
+        assert child.grace_seconds == 75 and re.fullmatch(r"(eval-\d|trainer)", child.name)
