@@ -15,7 +15,7 @@ from rlightning.policy.base_policy import (
     infer_train_dp_world_size,
     set_nested_attr,
 )
-from rlightning.policy.policy_group import PolicyGroup, SyncedWeights
+from rlightning.policy.policy_group import PolicyGroup
 from rlightning.policy.ppo import PPOKwargs, PPOPolicy
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "PPOPolicy",
     "PolicyGroup",
     "PolicyRole",
-    "SyncedWeights",
     "build_policy",
     "clone_checkpoint_value",
     "infer_train_dp_world_size",
