@@ -147,13 +147,13 @@ _ADAPTERS: dict[type, pydantic.TypeAdapter] = {
 }
 
 
-def encode(message: object) -> bytes:
+def encode(message: object) -> str:
     """The JSON encoding of `message` (one of this module's messages or a `ReceiverReport`).
 
     Raises:
         KeyError: for any other type.
     """
-    return _ADAPTERS[type(message)].dump_json(message)
+    return _ADAPTERS[type(message)].dump_json(message).decode()
 
 
 def write(store: dist.Store, key: str, message: object) -> None:
