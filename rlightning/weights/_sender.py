@@ -102,7 +102,7 @@ class WeightSender:
         self._next_generation = 1
         self._seq = 0
         self._version = int(version)
-        self._reported_version = 0  # highest applied_version seen in reports
+        self._reported_version = 0  # highest applied version seen in reports
         self._layout: _buckets.BucketLayout | None = None
         self._layout_entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []  # what `_layout` was built from
         self._staging: dict[torch.device, list[torch.Tensor | None]] = {}
