@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import BucketLayout, WeightReceiver, WeightSender, tensor_digests
+from rlightning.weights import WeightReceiver, WeightRecord, WeightSender, tensor_digests
 from rlightning.weights import _transport
+from rlightning.weights._buckets import BucketLayout
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
 from tests._ports import BENCH_NCCL  # noqa: E402
@@ -67,13 +68,13 @@ def check_gloo_from_cuda(port: int) -> str:
             time.sleep(0.1)
             sender.reports()
         state = cuda_state()
-        stats = sender.publish(state, 1)
+        stats = sender.publish(state)
         assert stats.receivers_acked == [0], stats
         while 0 not in sender.reports():
             assert time.monotonic() < deadline, "no report"
             time.sleep(0.1)
         report = sender.reports()[0]
-        assert report.digest == tensor_digests(state), "receiver digests differ"
+        assert report.applied.digest == tensor_digests(state), "receiver digests differ"
         return f"{stats.bytes} bytes in {stats.seconds:.3f} s"
     finally:
         sender.close()
@@ -88,7 +89,7 @@ def run_receiver(port: int) -> None:
         if got is not None:
             version, state = got
             on_gpu = {k: v.to("cuda") for k, v in state.items()}
-            receiver.report(version, {}, tensor_digests(on_gpu), {})
+            receiver.report(WeightRecord(version, {}, tensor_digests(on_gpu)), {})
     receiver.close()
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import BucketLayout, WeightReceiver, WeightSender
+from rlightning.weights import WeightReceiver, WeightSender
+from rlightning.weights._buckets import BucketLayout
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
 from tests._ports import BENCH_WEIGHT_SYNC  # noqa: E402
@@ -142,15 +143,15 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             sender.reports()
         rss0, _ = rss_kib()
         reset_peak()
-        sender.publish(state, 1)  # first publish: forms the group, allocates the staging buckets
+        sender.publish(state)  # first publish: forms the group, allocates the staging buckets
         _, peak_first = rss_kib()
         times, deltas = [], []
-        for v in range(2, 2 + args.syncs):
+        for _ in range(args.syncs):
             time.sleep(args.gap)
             before, _ = rss_kib()
             reset_peak()
             t0 = time.perf_counter()
-            sender.publish(state, v)
+            sender.publish(state)
             times.append(time.perf_counter() - t0)
             deltas.append(rss_kib()[1] - before)
         row["bucketed_s"] = min(times)
@@ -209,27 +210,32 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
     return row
 
 
-def print_table(rows: list[dict], bucket_bytes: int) -> None:
-    gb = 1e9
-    print(f"\nbucket bound {bucket_bytes / 2**20:.0f} MiB; seconds per sync (best of runs); GB/s per receiver")
+def print_header(bucket_bytes: int) -> None:
+    print(f"bucket bound {bucket_bytes / 2**20:.0f} MiB; seconds per sync (best of runs); GB/s per receiver")
     head = (
         f"{'params':>7} {'recv':>4} {'MB':>6} {'bkts':>4} | {'bucketed s':>10} {'GB/s':>6} | "
         f"{'naive s':>8} {'GB/s':>6} | {'tcp s':>7} {'GB/s':>6} | {'bkt/tcp':>7} {'bkt/naive':>9} | "
         f"{'peak+1st':>8} {'peak+':>6} {'2 bkts':>6}"
     )
     print(head)
-    print("-" * len(head))
-    for r in rows:
-        naive = r["naive_s"]
-        cells = [
-            f"{r['params'] / 1e6:>6g}M {r['receivers']:>4} {r['bytes'] / 2**20:>6.0f} {r['buckets']:>4}",
-            f"{r['bucketed_s']:>10.4f} {r['bytes'] / r['bucketed_s'] / gb:>6.2f}",
-            f"{naive:>8.4f} {r['bytes'] / naive / gb:>6.2f}" if naive else f"{'n/a':>15}",
-            f"{r['tcp_s']:>7.4f} {r['bytes'] / r['tcp_s'] / gb:>6.2f}",
-            f"{r['tcp_s'] / r['bucketed_s']:>7.2f} " + (f"{naive / r['bucketed_s']:>9.2f}" if naive else f"{'n/a':>9}"),
-            f"{r['peak_delta_first_mb']:>8.1f} {r['peak_delta_steady_mb']:>6.1f} {r['two_buckets_mb']:>6.1f}",
-        ]
-        print(" | ".join(cells), flush=True)
+    print("-" * len(head), flush=True)
+
+
+def print_row(r: dict) -> None:
+    gb = 1e9
+    naive = r["naive_s"]
+    cells = [
+        f"{r['params'] / 1e6:>6g}M {r['receivers']:>4} {r['bytes'] / 2**20:>6.0f} {r['buckets']:>4}",
+        f"{r['bucketed_s']:>10.4f} {r['bytes'] / r['bucketed_s'] / gb:>6.2f}",
+        f"{naive:>8.4f} {r['bytes'] / naive / gb:>6.2f}" if naive else f"{'n/a':>15}",
+        f"{r['tcp_s']:>7.4f} {r['bytes'] / r['tcp_s'] / gb:>6.2f}",
+        f"{r['tcp_s'] / r['bucketed_s']:>7.2f} " + (f"{naive / r['bucketed_s']:>9.2f}" if naive else f"{'n/a':>9}"),
+        f"{r['peak_delta_first_mb']:>8.1f} {r['peak_delta_steady_mb']:>6.1f} {r['two_buckets_mb']:>6.1f}",
+    ]
+    print(" | ".join(cells), flush=True)
+
+
+def print_notes() -> None:
     print("bkt/tcp: bucketed throughput as a fraction of the plain TCP stream (goal >= 0.70 at 100M, 1 receiver);")
     print("peak+1st / peak+: sender RSS high-water mark (MiB) above its RSS before the first publish (staging")
     print("allocated, group formed) / before later publishes (staging reused); goal below '2 bkts', twice the")
@@ -265,8 +271,8 @@ def main() -> None:
     if args.role == "case":  # one case per process, so memory figures do not inherit an earlier case's heap
         print("ROW " + json.dumps(run_case(parse_size(args.sizes), args.n, args.port, args)), flush=True)
         return
-    rows = []
     port = args.port
+    print_header(args.bucket_bytes)  # once; each row follows as its case finishes
     for size in args.sizes.split(","):
         for n in (int(x) for x in args.receivers.split(",")):
             cmd = [sys.executable, __file__, "--role", "case", "--sizes", size, "--n", str(n), "--port", str(port),
@@ -274,10 +280,9 @@ def main() -> None:
                    "--group-size", str(args.group_size),
                    "--timeout", str(args.timeout)]
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
-            rows.append(json.loads(next(line for line in out.splitlines() if line.startswith("ROW "))[4:]))
+            print_row(json.loads(next(line for line in out.splitlines() if line.startswith("ROW "))[4:]))
             port += 2
-            print_table(rows[-1:], args.bucket_bytes)
-    print_table(rows, args.bucket_bytes)
+    print_notes()
 
 if __name__ == "__main__":
     main()

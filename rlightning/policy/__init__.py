@@ -12,7 +12,7 @@ from rlightning.policy._loader import build_policy, load_policy_class
 from rlightning.policy._rng import seed_everything
 from rlightning.policy._training_state import clone_checkpoint_value
 from rlightning.policy.base_policy import BasePolicy, PolicyRole
-from rlightning.policy.policy_group import PolicyGroup, SyncedWeights
+from rlightning.policy.policy_group import PolicyGroup
 from rlightning.policy.ppo import PPOKwargs, PPOPolicy
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "PPOPolicy",
     "PolicyGroup",
     "PolicyRole",
-    "SyncedWeights",
     "build_policy",
     "clone_checkpoint_value",
     "infer_train_dp_world_size",

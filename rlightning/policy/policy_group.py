@@ -1,35 +1,21 @@
 """`PolicyGroup`: a handle over one train policy and its evaluators, in process and/or behind a WeightSender.
 
-It bumps the weight version, hands the weights to every evaluator, and checks that what the evaluators hold
+It hands the trainer's weights to every evaluator under a new version, and checks that what the evaluators hold
 equals what was sent (L2 fingerprints within `DEFAULT_RTOL`, and exact per-tensor digests), with the one check
 of `rlightning.policy._consistency` (also what the trainer entrypoint's rank 0 uses, through this handle).
+With a sender, the sender assigns the version (`WeightSender.publish`) and the group reads it; without one
+(in-process evaluators only) the version is the trainer's plus one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rlightning import weights
 from rlightning.policy import base_policy
-from rlightning.policy._consistency import DEFAULT_RTOL, Consistency, VersionLedger, weight_mismatches
-
-
-@dataclasses.dataclass(frozen=True)
-class SyncedWeights:
-    """What the last `sync_weights` sent: the reference evaluators are compared with.
-
-    Attributes:
-        version (int): The weight version.
-        fingerprint (dict[str, float]): `l2_fingerprint` of the weights sent.
-        digests (dict[str, str]): `tensor_digests` of the weights sent.
-    """
-
-    version: int
-    fingerprint: dict[str, float]
-    digests: dict[str, str]
+from rlightning.policy._consistency import DEFAULT_RTOL, Consistency, VersionLedger
 
 
 class PolicyGroup:
@@ -43,7 +29,11 @@ class PolicyGroup:
 
     Attributes:
         last_sync_stats (weights.SyncStats | None): What the last remote publish achieved.
-        ledger (VersionLedger): Digests and fingerprints of the newest versions sent (`check_reports`).
+        ledger (VersionLedger): Fingerprints and digests of the newest versions sent (`check_reports`).
+
+    Raises:
+        ValueError: When `sender` would publish below the trainer's `weight_version` (create it with
+            `version=train_policy.weight_version` after a resume).
     """
 
     def __init__(
@@ -52,58 +42,64 @@ class PolicyGroup:
         eval_policies: Sequence[base_policy.BasePolicy] = (),
         sender: weights.WeightSender | None = None,
     ) -> None:
+        if sender is not None and sender.version < train_policy.weight_version:
+            raise ValueError(
+                f"sender.version {sender.version} is below the trainer's weight_version "
+                f"{train_policy.weight_version}: create the WeightSender with version={train_policy.weight_version}"
+            )
         self.train_policy = train_policy
         self.eval_policies = list(eval_policies)
         self.sender = sender
         self.last_sync_stats: weights.SyncStats | None = None
-        self._synced: SyncedWeights | None = None
         self.ledger = VersionLedger()
 
     @property
     def weight_version(self) -> int:
-        """int: The trainer's weight version (the newest sent; survives restarts through checkpoints)."""
+        """int: The trainer's weight version (the newest sent, as the sender assigned it; survives restarts
+        through checkpoints)."""
         return self.train_policy.weight_version
 
     def sync_weights(self) -> int:
         """Send the trainer's current weights to every evaluator under a new weight version.
 
-        In-process evaluators get the weights staged and their update thread notified (or applied at once
-        with buffer strategy `none`); the remote fleet gets them through `sender.publish`. The new version is
-        above both the trainer's and the newest one the remote fleet holds (`sender.fleet_version`), so a
-        trainer restarted without its checkpoint is not refused by evaluators holding newer versions.
-
-        The sender may publish above the version asked for (an evaluator registered meanwhile with a newer
-        one); the version it published becomes the group's.
+        The remote fleet gets them through `sender.publish`, which assigns the version (above the trainer's
+        and above the newest one any evaluator holds); the trainer's `weight_version` becomes it. In-process
+        evaluators then get one private copy staged and their update thread notified (or applied at once with
+        buffer strategy `none`). Nothing is copied or digested for the sender (it sends from the trainer's
+        tensors); the ledger takes the fingerprint now and the digests when a check asks (`VersionLedger`).
 
         Returns:
             int: The new weight version.
 
         Raises:
-            weights.WeightSyncError: When the remote publish did not reach every receiver (in-process
-                evaluators are updated first, and `last_sync_stats` holds the publish's outcome).
+            weights.WeightSyncError: When the remote publish did not reach every receiver (the version still
+                counts as sent: in-process evaluators get it, and `last_sync_stats` holds the outcome).
         """
-        floor = self.sender.fleet_version if self.sender is not None else 0
-        version = max(self.train_policy.weight_version, floor) + 1
-        state = {name: tensor.clone() for name, tensor in weights.named_state(self.train_policy).items()}
-        fingerprint, digests = weights.l2_fingerprint(state), weights.tensor_digests(state)
-        for policy in self.eval_policies:
-            policy.push_weights(version, state)
+        state = weights.named_state(self.train_policy)
         failure: weights.WeightSyncError | None = None
         if self.sender is not None:
             try:
-                self.last_sync_stats = self.sender.publish(state, version)
+                self.last_sync_stats = self.sender.publish(state)
             except weights.WeightSyncError as error:
                 self.last_sync_stats, failure = error.stats, error
             version = self.last_sync_stats.version
-        self._synced = SyncedWeights(version, fingerprint, digests)
-        self.ledger.record(version, digests, fingerprint)
+        else:
+            version = self.train_policy.weight_version + 1
+        if self.eval_policies:  # they keep what they are given: one copy, not the trainer's tensors
+            copy = {name: tensor.clone() for name, tensor in state.items()}
+            for policy in self.eval_policies:
+                policy.push_weights(version, copy)
+        self.ledger.record(version, state)
         self.train_policy.weight_version = version
         if failure is not None:
             raise failure
         return version
 
     def check_reports(
-        self, reports: Mapping[int, weights.ReceiverReport] | None = None, rtol: float = DEFAULT_RTOL
+        self,
+        reports: Mapping[int, weights.ReceiverReport] | None = None,
+        rtol: float = DEFAULT_RTOL,
+        exact: bool = True,
     ) -> Consistency:
         """Check remote evaluators' reports against the version each one applied (any of the newest sent).
 
@@ -111,13 +107,16 @@ class PolicyGroup:
             reports (Mapping[int, ReceiverReport] | None, optional): Ordinal -> report; defaults to every
                 report of the sender (`sender.reports()`).
             rtol (float, optional): Relative tolerance of the fingerprints. Defaults to `DEFAULT_RTOL`.
+            exact (bool, optional): Also compare digests where the trainer still holds the version's weights
+                (digesting them once); False compares fingerprints only, a cheap check for every iteration.
+                Defaults to True.
 
         Returns:
             Consistency: The verdict (`VersionLedger.check`).
         """
         if reports is None:
             reports = self.sender.reports() if self.sender is not None else {}
-        return self.ledger.check(reports, rtol)
+        return self.ledger.check(reports, rtol, exact)
 
     def wait_for_eval_weights(self, timeout: float | None = None) -> bool:
         """Wait until every in-process evaluator applied every update requested so far.
@@ -130,18 +129,19 @@ class PolicyGroup:
         """
         return all([policy.wait_for_weight_update_done(timeout) for policy in self.eval_policies])
 
-    def _reference(self) -> SyncedWeights:
-        if self._synced is not None:
-            return self._synced
-        state = weights.named_state(self.train_policy)
-        return SyncedWeights(self.weight_version, weights.l2_fingerprint(state), weights.tensor_digests(state))
+    def _reference(self) -> weights.WeightRecord:
+        latest = self.ledger.latest
+        if latest is not None:
+            return self.ledger.reference(latest, exact=True)  # type: ignore[return-value]
+        return weights.WeightRecord.of(self.weight_version, weights.named_state(self.train_policy))
 
     def eval_weight_mismatches(self, rtol: float = DEFAULT_RTOL) -> dict[str, list[str]]:
         """Compare every evaluator with the weights of the last sync (the trainer's current weights before any).
 
         In-process evaluators are named `local-<index>`, remote ones `eval-<ordinal>`: every receiver
         registered with the sender, checked against its newest report (a member that has not reported yet is
-        a problem; reports of receivers that left are ignored).
+        a problem; reports of receivers that left are ignored). Digests are compared while the trainer still
+        holds the weights of the last sync (`VersionLedger.reference`), fingerprints always.
 
         Args:
             rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to `DEFAULT_RTOL`.
@@ -151,9 +151,9 @@ class PolicyGroup:
                 differs); only evaluators with problems appear.
         """
         ref = self._reference()
-        found: dict[str, tuple[int, dict[str, float], dict[str, str] | None]] = {}
+        found: dict[str, weights.WeightRecord] = {}
         for index, policy in enumerate(self.eval_policies):
-            found[f"local-{index}"] = (policy.weight_version, policy.get_param_fingerprint(), policy.get_param_digests())
+            found[f"local-{index}"] = weights.WeightRecord.of(policy.weight_version, weights.named_state(policy))
         problems: dict[str, list[str]] = {}
         if self.sender is not None:
             reports = self.sender.reports()  # also folds membership changes into `members`
@@ -162,12 +162,12 @@ class PolicyGroup:
                 if report is None:
                     problems[f"eval-{ordinal}"] = ["no report yet"]
                 else:
-                    found[f"eval-{ordinal}"] = (report.applied_version, report.fingerprint, report.digest or None)
-        for name, (version, fingerprint, digests) in found.items():
+                    found[f"eval-{ordinal}"] = report.applied
+        for name, record in found.items():
             issues = []
-            if version != ref.version:
-                issues.append(f"weight version {version}, expected {ref.version}")
-            bad = weight_mismatches(ref.digests, ref.fingerprint, digests, fingerprint, rtol)
+            if record.version != ref.version:
+                issues.append(f"weight version {record.version}, expected {ref.version}")
+            bad = ref.mismatches(record, rtol)
             if bad:
                 issues.append(f"fingerprint or digest differs for {bad}")
             if issues:

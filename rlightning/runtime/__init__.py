@@ -1,6 +1,7 @@
 """Runtime: the process entrypoints that run in pods and locally, and the local launcher behind `rlightning run`.
 
-Belongs here: `train` (`python -m rlightning.runtime.train`, under torchrun) and `eval`
+Belongs here: `train` (`python -m rlightning.runtime.train`, under torchrun; its rank 0 tracks the evaluator
+fleet in `_fleet`, decides the stop in `_stop` and writes the records in `_records`) and `eval`
 (`python -m rlightning.runtime.eval`), configured only by the contract's ENV_* variables (`settings`) and the
 manifest at ENV_SPEC_PATH; the deep manifest checks (`validate`); the run directory layout and its records
 (`rundir`, `report`); the local launcher (`local`) and its terminal view (`progress`); rollout collection

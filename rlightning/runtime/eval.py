@@ -67,7 +67,7 @@ class Evaluator:
         self.receiver = weights.WeightReceiver(spec.weight_sync, settings.master_addr, settings.weight_sync_port, ordinal)
         self.metrics = EvaluatorMetrics(settings.metrics_port)
         self._lock = threading.Lock()
-        self._identity: tuple[int, dict[str, float], dict[str, str]] | None = None  # version, fingerprint, digest
+        self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
         self._report: dict[str, float] = {}
         self._applied = threading.Event()
 
@@ -88,19 +88,18 @@ class Evaluator:
                 log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
                 continue
             # Only this thread asks for updates, so the weights stay put while they are digested.
-            applied = self.policy.weight_version
-            identity = (applied, self.policy.get_param_fingerprint(), self.policy.get_param_digests())
+            record = weights.WeightRecord.of(self.policy.weight_version, weights.named_state(self.policy))
             with self._lock:
-                self._identity = identity
+                self._applied_record = record
             self._applied.set()
-            self.metrics.weight_version.set(applied)
+            self.metrics.weight_version.set(record.version)
             self._post()
 
     def _post(self) -> None:
         with self._lock:
-            identity, report = self._identity, dict(self._report)
-        if identity is not None:
-            self.receiver.report(identity[0], identity[1], identity[2], report)
+            record, report = self._applied_record, dict(self._report)
+        if record is not None:
+            self.receiver.report(record, report)
 
     # -- main loop --------------------------------------------------------------------------------------------
     def run(self) -> int:

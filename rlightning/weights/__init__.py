@@ -7,46 +7,39 @@ training, evaluation loops, process launching (see `rlightning.policy` and `rlig
 
 Layers, as in TorchRL's weight_update: transport (`_transport`, `_nccl`: how bytes move), strategy
 (`_state`, `_buckets`: what is extracted and applied), scheme (`_sender`, `_receiver`, `_membership`: versions,
-groups and acknowledgements over `_store`).
+groups and acknowledgements over `_store`, in the typed messages of `_messages`). The sender owns the weight
+version: it assigns each publish the next one.
+
+`__all__` holds what users call; the layers' internals (bucket layouts, group plans, messages) are imported
+from their private modules by the modules (and tests and benchmarks) that need them.
 """
 
-from rlightning.weights._buckets import (
-    PACKED_TRANSFER_MAX_BYTES,
-    ZERO_COPY_MIN_BYTES,
-    BucketLayout,
-    BucketSpec,
-    Segment,
-    TensorSlot,
-)
 from rlightning.weights._buffer import WeightBufferMixin
-from rlightning.weights._fingerprint import l2_fingerprint, mismatched_digests, mismatched_fingerprints, tensor_digests
-from rlightning.weights._membership import GroupPlan, Member, plan_groups
+from rlightning.weights._fingerprint import (
+    WeightRecord,
+    l2_fingerprint,
+    mismatched_digests,
+    mismatched_fingerprints,
+    tensor_digests,
+)
 from rlightning.weights._receiver import WeightReceiver
 from rlightning.weights._sender import WeightSender
 from rlightning.weights._state import clean_state_dict_keys, load_named_state, named_state
 from rlightning.weights._types import ReceiverReport, SyncStats, WeightSyncError
 
 __all__ = [
-    "BucketLayout",
-    "BucketSpec",
-    "GroupPlan",
-    "Member",
-    "PACKED_TRANSFER_MAX_BYTES",
     "ReceiverReport",
-    "Segment",
     "SyncStats",
-    "TensorSlot",
     "WeightBufferMixin",
     "WeightReceiver",
+    "WeightRecord",
     "WeightSender",
     "WeightSyncError",
-    "ZERO_COPY_MIN_BYTES",
     "clean_state_dict_keys",
     "l2_fingerprint",
     "load_named_state",
     "mismatched_digests",
     "mismatched_fingerprints",
     "named_state",
-    "plan_groups",
     "tensor_digests",
 ]

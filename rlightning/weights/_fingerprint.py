@@ -1,7 +1,12 @@
-"""Consistency checks between copies of a policy's weights: L2 fingerprints (tolerant) and digests (exact)."""
+"""Consistency checks between copies of a policy's weights: L2 fingerprints (tolerant) and digests (exact).
+
+`WeightRecord` is the one record of what a copy holds (version, fingerprint, digests): evaluators report one,
+and the trainer compares it with its own record of that version.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping
@@ -78,3 +83,56 @@ def mismatched_digests(expected: Mapping[str, str], actual: Mapping[str, str]) -
     """
     names = set(expected) | set(actual)
     return sorted(n for n in names if expected.get(n) != actual.get(n))
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightRecord:
+    """What one copy of a policy's weights is: its version, per-tensor L2 fingerprint and digests.
+
+    Attributes:
+        version (int): the weight version (0 before any update).
+        fingerprint (dict[str, float]): `l2_fingerprint` of the weights.
+        digest (dict[str, str] | None): `tensor_digests` of the weights; None when not computed, which
+            skips the exact check (`mismatches`). Defaults to None.
+
+    Examples:
+        >>> record = WeightRecord.of(3, {"w": torch.ones(2)})
+        >>> record.version, record.fingerprint
+        (3, {'w': 1.4142135381698608})
+    """
+
+    version: int
+    fingerprint: dict[str, float]
+    digest: dict[str, str] | None = None
+
+    @classmethod
+    def of(cls, version: int, state: Mapping[str, torch.Tensor], digest: bool = True) -> WeightRecord:
+        """Fingerprint (and digest) `state` as version `version`.
+
+        Args:
+            version (int): the weight version of `state`.
+            state (Mapping[str, torch.Tensor]): name -> tensor, as `named_state` returns.
+            digest (bool, optional): also compute the sha256 digests (a pass over every byte). Defaults to True.
+
+        Returns:
+            WeightRecord: the record.
+        """
+        return cls(int(version), l2_fingerprint(state), tensor_digests(state) if digest else None)
+
+    def mismatches(self, other: WeightRecord, rtol: float = 1e-5) -> list[str]:
+        """Tensor names whose fingerprint (or, where both sides have them, digest) differs from `other`'s.
+
+        Versions are not compared: callers decide which version a copy should hold.
+
+        Args:
+            other (WeightRecord): the copy to check against this reference.
+            rtol (float, optional): relative tolerance of the fingerprints (`mismatched_fingerprints`).
+                Defaults to 1e-5.
+
+        Returns:
+            list[str]: sorted names; empty when the copy matches.
+        """
+        bad = set(mismatched_fingerprints(self.fingerprint, other.fingerprint, rtol=rtol))
+        if self.digest and other.digest:
+            bad |= set(mismatched_digests(self.digest, other.digest))
+        return sorted(bad)

@@ -1,7 +1,7 @@
 """Who receives: the membership log in the store and the pure planning of broadcast groups from it.
 
-Receivers append `join`/`leave` events (by ordinal, with a fresh session id per join) to a log in the store;
-the sender folds them into `Membership` before each publish. Groups are fixed by ordinal (group g holds
+Receivers append `Join`/`Leave` messages (`_messages`; by ordinal, with a fresh session id per join) to a log in
+the store; the sender folds them into `Membership` before each publish. Groups are fixed by ordinal (group g holds
 ordinals [g * group_size, (g + 1) * group_size)), so a change re-forms only the group it falls in.
 """
 
@@ -51,24 +51,16 @@ class Membership:
         self.highest_version = 0
         """The highest weight version any join event carried (what the fleet held when it registered)."""
 
-    def apply(self, event: Mapping[str, object]) -> None:
-        """Fold one event {"event": "join"|"leave", "ordinal": int, "session": str, "cuda": bool, "version": int}.
-
-        A join replaces an older session of the same ordinal and raises `highest_version` to its `version` (the
-        newest version that receiver holds; absent means 0); a leave removes the ordinal only when its session
-        is the current one (a stale leave of a restarted receiver is ignored).
-        """
-        ordinal, session = int(event["ordinal"]), str(event["session"])  # type: ignore[arg-type]
-        if event["event"] == "join":
-            self.members[ordinal] = Member(ordinal, session, bool(event.get("cuda", False)))
-            self.seen.add(ordinal)
-            version = int(event.get("version", 0))  # type: ignore[call-overload]
-            self.highest_version = max(self.highest_version, version)
-        elif event["event"] == "leave":
-            self.evict(ordinal, session)
+    def join(self, member: Member, version: int = 0) -> None:
+        """Fold a join: it replaces an older session of the same ordinal and raises `highest_version` to
+        `version`, the newest weight version that receiver holds."""
+        self.members[member.ordinal] = member
+        self.seen.add(member.ordinal)
+        self.highest_version = max(self.highest_version, int(version))
 
     def evict(self, ordinal: int, session: str) -> None:
-        """Remove `ordinal` if its current session is `session` (it must register again to rejoin)."""
+        """Remove `ordinal` if its current session is `session` (a leave, or an eviction by the sender; a stale
+        leave of a restarted receiver is ignored). It must register again to rejoin."""
         member = self.members.get(ordinal)
         if member is not None and member.session == session:
             del self.members[ordinal]

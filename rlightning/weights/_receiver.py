@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import _buckets, _nccl, _store, _transport
+from rlightning.weights import _buckets, _fingerprint, _messages, _nccl, _store, _transport, _types
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +101,11 @@ class WeightReceiver:
         cuda = self.config.backend != "gloo" and _nccl.available()
         store = self._store
         # `version` lets a restarted sender publish above what the fleet already holds (`fleet_version`)
-        event = {"event": "join", "ordinal": self.ordinal, "session": self._session, "cuda": cuda}
-        event["version"] = self.version
+        event = _messages.Join(self.ordinal, self._session, cuda, self.version)
 
         def post() -> int:
             index = store.add(_store.MEMBER_COUNT, 1)
-            _store.set_json(store, _store.member_event(index), event)
+            _messages.write(store, _store.member_event(index), event)
             return index
 
         self._join_event = _store.bounded(post, self._timeout, "a registration")  # a vanished sender never answers
@@ -142,8 +141,8 @@ class WeightReceiver:
                 ann = self._next_announcement(store, deadline)
                 if ann is None:
                     return None
-                if ann["kind"] == "close":
-                    store.set(_store.ack(int(ann["seq"]), self.ordinal), "closed")
+                if isinstance(ann, _messages.Close):
+                    _messages.write(store, _store.ack(ann.seq, self.ordinal), _messages.Ack("closed", self.version))
                     self.sender_closed = True
                     self._drop_group()
                     return None
@@ -189,7 +188,9 @@ class WeightReceiver:
                 flat.view(-1).view(torch.uint8)[::4096].zero_()
         self._ready = ((layout.signature, device), flats)
 
-    def _next_announcement(self, store: dist.TCPStore, deadline: float) -> dict | None:
+    def _next_announcement(
+        self, store: dist.TCPStore, deadline: float
+    ) -> _messages.Publish | _messages.Close | None:
         self._prepare_buckets()
         self._monitor.check(store)
 
@@ -215,26 +216,29 @@ class WeightReceiver:
                 if time.monotonic() >= deadline:
                     return None
         self._next_seq += 1
-        ann = _store.bounded(lambda: _store.get_json(store, key), self._timeout, "an announcement")
-        return ann  # type: ignore[return-value]
+        return _store.bounded(
+            lambda: _messages.read(store, key, _messages.ANNOUNCEMENT), self._timeout, "an announcement"
+        )
 
-    def _take_part(self, store: dist.TCPStore, ann: dict) -> tuple[int, dict[str, torch.Tensor]] | None:
-        seq, version = int(ann["seq"]), int(ann["version"])
+    def _take_part(
+        self, store: dist.TCPStore, ann: _messages.Publish
+    ) -> tuple[int, dict[str, torch.Tensor]] | None:
+        seq, version = ann.seq, ann.version
         mine = next(
             (
                 (g, i)
-                for g in ann["groups"]
-                for i, (ordinal, session) in enumerate(g["members"])
-                if ordinal == self.ordinal and session == self._session
+                for g in ann.groups
+                for i, member in enumerate(g.members)
+                if member.ordinal == self.ordinal and member.session == self._session
             ),
             None,
         )
         if mine is None:
-            if self._join_event <= int(ann["log_upto"]):
+            if self._join_event <= ann.log_upto:
                 raise _RoundFailed(f"not a member of publish {seq} (evicted)")
             return None  # registered after the sender planned this publish: wait for the next one
         group, index = mine
-        key = (int(group["group"]), int(group["generation"]))
+        key = (group.index, group.generation)
         if self._group != key:
             self._drop_group()
             try:
@@ -242,15 +246,15 @@ class WeightReceiver:
                     store,
                     _store.group_prefix(*key),
                     index + 1,
-                    len(group["members"]) + 1,
+                    len(group.members) + 1,
                     2 * self._timeout,  # a stalled sibling group may hold the sender up to one timeout
-                    group["backend"],
+                    group.backend,
                     self._address,
                 )
             except RuntimeError as exc:
                 raise _RoundFailed(f"forming group {key[0]} generation {key[1]} failed: {exc}") from exc
             self._group = key
-        layout = self._layout(store, ann["signature"])
+        layout = self._layout(store, ann.signature)
         transport = self._transport
         assert transport is not None
         try:
@@ -272,13 +276,16 @@ class WeightReceiver:
         commit = _store.commit(seq, key[0])
 
         def committed() -> bool:
-            return not _store.wait_keys(store, [commit], 2 * self._timeout) and store.get(commit) == b"ok"
+            missing = _store.wait_keys(store, [commit], 2 * self._timeout)
+            return not missing and _messages.read(store, commit, _messages.COMMIT).ok
 
         if not _store.bounded(committed, 3 * self._timeout, f"the commit of publish {seq}"):
             raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
         ignored = version <= self.version  # acknowledged as ignored: the sender does not count it as applied
-        value = _store.IGNORED if ignored else str(version)
-        _store.bounded(lambda: store.set(_store.ack(seq, self.ordinal), value), self._timeout, "an acknowledgement")
+        ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", version)
+        _store.bounded(
+            lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
+        )
         if ignored:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
@@ -295,15 +302,12 @@ class WeightReceiver:
         return self._layouts[signature]
 
     # -- reports and shutdown --------------------------------------------------------------------------
-    def report(
-        self, applied_version: int, fingerprint: dict[str, float], digest: dict[str, str], metrics: dict[str, float]
-    ) -> bool:
+    def report(self, applied: _fingerprint.WeightRecord, metrics: dict[str, float]) -> bool:
         """Post this receiver's state for the sender's `reports()` (last report wins).
 
         Args:
-            applied_version (int): the version now in the policy (`weight_version`).
-            fingerprint (dict[str, float]): `l2_fingerprint` of the policy's `named_state`.
-            digest (dict[str, str]): `tensor_digests` of the same.
+            applied (WeightRecord): the weights now in the policy: `weight_version`, fingerprint and digests
+                of its `named_state`.
             metrics (dict[str, float]): latest metrics, e.g. {"eval_return": 475.0}.
 
         Returns:
@@ -311,16 +315,9 @@ class WeightReceiver:
         """
         if self._report_store is None:
             return False
-        doc = {
-            "ordinal": self.ordinal,
-            "applied_version": int(applied_version),
-            "fingerprint": fingerprint,
-            "digest": digest,
-            "metrics": metrics,
-            "time": time.time(),
-        }
+        report = _types.ReceiverReport(self.ordinal, applied, dict(metrics), time.time())
         try:
-            _store.set_json(self._report_store, _store.report(self.ordinal), doc)
+            _messages.write(self._report_store, _store.report(self.ordinal), report)
         except RuntimeError as exc:
             log.warning("receiver %d could not post a report: %s", self.ordinal, exc)
             return False
@@ -331,11 +328,7 @@ class WeightReceiver:
         if self._store is not None and not self.sender_closed:  # after a close the store is gone
             try:
                 idx = self._store.add(_store.MEMBER_COUNT, 1)
-                _store.set_json(
-                    self._store,
-                    _store.member_event(idx),
-                    {"event": "leave", "ordinal": self.ordinal, "session": self._session},
-                )
+                _messages.write(self._store, _store.member_event(idx), _messages.Leave(self.ordinal, self._session))
             except RuntimeError as exc:
                 log.info("receiver %d: leave not posted (%s)", self.ordinal, exc)
         self._disconnect()

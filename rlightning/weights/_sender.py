@@ -1,7 +1,10 @@
-"""The sending side of the protocol: announce, (re)form groups, stream buckets, commit, collect acks.
+"""The sending side of the protocol: assign the version, announce, (re)form groups, stream buckets, commit, acks.
 
-One publish, in order (keys in `_store`):
-1. fold new membership events; plan groups (only changed groups get a new generation);
+The sender owns the weight version: each publish takes the next one, above both the newest version this sender
+published or started from (the checkpoint's) and the newest one any receiver registered or reported with.
+
+One publish, in order (keys in `_store`, values in `_messages`):
+1. fold new membership events; assign the version; plan groups (only changed groups get a new generation);
 2. announce the publish (version, layout signature, groups) under a fresh sequence number, so receivers
    wait on the store, never inside a collective, between publishes;
 3. form new groups concurrently (a process pair shares at most one group, so no two peers can create groups
@@ -11,8 +14,8 @@ One publish, in order (keys in `_store`):
    from its own memory; at most `_transport.MAX_IN_FLIGHT` transfers in flight;
 5. commit each group ("ok" only when every broadcast of the group succeeded), then wait for the acks of the
    committed receivers. Receivers use a version only after the commit, so a failed group never yields a
-   partial or torn version. Members of failed groups are evicted and re-register. An ack holds the version
-   applied, or `_store.IGNORED` from a receiver that already held it (counted in `receivers_ignored`);
+   partial or torn version. Members of failed groups are evicted and re-register. An ack says whether the
+   receiver applied the version or ignored it, already holding it (counted in `receivers_ignored`);
 6. delete the keys of publish `seq - 2` (and membership events once read), so the store stays bounded.
 
 A daemon thread advances `_store.HEARTBEAT` every `timeout_seconds / 4` until `close()`, so receivers notice
@@ -31,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import _buckets, _membership, _store, _transport, _types
+from rlightning.weights import _buckets, _membership, _messages, _store, _transport, _types
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +71,22 @@ class WeightSender:
         host (str): the address receivers use to reach this process (gloo binds the interface toward it).
         port (int): port of the weight-sync store hosted here (`PortsConfig`, default
             `rlightning.contract.WEIGHT_SYNC_PORT`).
+        version (int, optional): the newest version published before this sender started (a resumed
+            trainer's checkpoint holds it); every publish goes above it. Defaults to 0.
 
     Raises:
         RuntimeError: (from torch) when the port is in use.
 
     Examples:
         >>> sender = WeightSender(WeightSyncConfig(), "127.0.0.1", 29600)
-        >>> stats = sender.publish(named_state(model), version=1)
-        >>> stats.receivers_acked
-        [0, 1]
+        >>> stats = sender.publish(named_state(model))
+        >>> stats.version, stats.receivers_acked
+        (1, [0, 1])
     """
 
-    def __init__(self, config: WeightSyncConfig, host: str, port: int) -> None:
+    def __init__(self, config: WeightSyncConfig, host: str, port: int, version: int = 0) -> None:
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
         self.config = config
         self._timeout = float(config.timeout_seconds)
         self._store = _store.host_store(port, self._timeout)
@@ -94,9 +101,8 @@ class WeightSender:
         self._groups: dict[int, _LiveGroup] = {}
         self._next_generation = 1
         self._seq = 0
-        self.version = 0
-        """The newest version published (0 before the first); a resumed trainer publishes newer ones only."""
-        self._reported_version = 0  # highest applied_version seen in reports
+        self._version = int(version)
+        self._reported_version = 0  # highest applied version seen in reports
         self._layout: _buckets.BucketLayout | None = None
         self._layout_entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []  # what `_layout` was built from
         self._staging: dict[torch.device, list[torch.Tensor | None]] = {}
@@ -108,7 +114,11 @@ class WeightSender:
         while self._events_read < count:
             key = _store.member_event(self._events_read + 1)
             if self._store.check([key]):
-                self._membership.apply(_store.get_json(self._store, key))  # type: ignore[arg-type]
+                event = _messages.read(self._store, key, _messages.MEMBER_EVENT)
+                if isinstance(event, _messages.Join):
+                    self._membership.join(_membership.Member(event.ordinal, event.session, event.cuda), event.version)
+                else:
+                    self._membership.evict(event.ordinal, event.session)
                 self._store.delete_key(key)  # read once, by this sender only: the store stays bounded
             else:  # the writer is between add() and set(); skip it only if it never completes
                 now = time.monotonic()
@@ -186,67 +196,47 @@ class WeightSender:
         return self._layout.pack_segment(segment, state, out)  # type: ignore[union-attr]
 
     # -- publish ---------------------------------------------------------------------------------------
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> _types.SyncStats:
-        """Send `state` as `version` to every registered receiver and wait for their acknowledgements.
+    def publish(self, state: Mapping[str, torch.Tensor]) -> _types.SyncStats:
+        """Send `state` under the next weight version to every registered receiver and wait for their acks.
 
+        The version is `max(version, fleet_version) + 1`: above everything this sender published or started
+        from, and above what any receiver holds (a trainer restarted without its checkpoint, or a late
+        evaluator that rejoined with a newer version), since receivers ignore versions not newer than theirs.
         Bounded: forming a group, each broadcast and the wait for acks each take at most
         `config.timeout_seconds`. A failing group does not stop the others.
 
         Args:
             state (Mapping[str, torch.Tensor]): clean name -> tensor (`named_state` of the trained module); any
                 device; names, dtypes and shapes may change between versions (a new layout is announced).
-            version (int): strictly greater than every version published by this sender (and, across trainer
-                restarts, restored from the checkpoint). When it is not above `fleet_version` (a receiver
-                registered or reported holding that version or a newer one, e.g. after this trainer restarted
-                without its checkpoint, or a late evaluator rejoined), `fleet_version + 1` is published instead,
-                since receivers ignore versions not newer than theirs; `SyncStats.version` is the one published.
 
         Returns:
-            SyncStats: bytes, seconds, groups, acknowledging receivers.
+            SyncStats: the version published, bytes, seconds, groups, acknowledging receivers.
 
         Raises:
-            ValueError: when `version` is not newer than `self.version`.
             RuntimeError: after `close()`.
             WeightSyncError: when some group failed or some receiver did not acknowledge in time; the message
-                names the groups and ordinals, `.stats` holds the rest.
+                names the groups and ordinals, `.stats` holds the rest (the version counts as published).
         """
-        version = int(version)
         if self._store is None:
             raise RuntimeError("publish on a closed WeightSender")
-        if version <= self.version:
-            raise ValueError(f"version must increase: got {version}, already published {self.version}")
         start = time.monotonic()
         layout = self._prepare_layout(state)
         self._read_membership()
         fleet = self._known_fleet_version()
-        if version <= fleet:  # the fleet would refuse it: jump above, never wedge on an old version
-            log.warning("version %d is not above the fleet's %d; publishing version %d", version, fleet, fleet + 1)
-            version = fleet + 1
+        if fleet > self._version:  # the fleet would refuse anything older: continue above it
+            log.warning("evaluators hold weight version %d, above this sender's %d; publishing %d",
+                        fleet, self._version, fleet + 1)
+        version = self._version = max(self._version, fleet) + 1
         formed = self._plan()
         self._seq += 1
         seq = self._seq
-        self.version = version
         groups = [self._groups[g] for g in sorted(self._groups)]
-        _store.set_json(
-            self._store,
-            _store.announce(seq),
-            {
-                "kind": "weights",
-                "seq": seq,
-                "version": version,
-                "signature": layout.signature,
-                "log_upto": self._events_read,
-                "groups": [
-                    {
-                        "group": live.plan.index,
-                        "generation": live.plan.generation,
-                        "backend": live.backend,
-                        "members": [[m.ordinal, m.session] for m in live.plan.members],
-                    }
-                    for live in groups
-                ],
-            },
+        announced = tuple(
+            _messages.AnnouncedGroup(live.plan.index, live.plan.generation, live.backend, live.plan.members)
+            for live in groups
         )
+        publish = _messages.Publish(seq, version, layout.signature, self._events_read, announced)
+        _messages.write(self._store, _store.announce(seq), publish)
         self._store.add(_store.ANNOUNCE_COUNT, 1)
         list(self._pool.map(self._form, [self._groups[g] for g in formed]))
         self._stream(seq, version, layout, state, groups)
@@ -317,15 +307,16 @@ class WeightSender:
         stats = _types.SyncStats(version=version, seq=seq, bytes=layout.nbytes, formed_groups=sorted(formed))
         stats.groups = {live.plan.index: live.plan.generation for live in groups}
         for live in groups:
-            self._store.set(_store.commit(seq, live.plan.index), "ok" if live.error is None else "failed")
+            _messages.write(self._store, _store.commit(seq, live.plan.index), _messages.Commit(live.error is None))
         expected = {m.ordinal: live for live in groups if live.error is None for m in live.plan.members}
         missing = set(_store.wait_keys(self._store, [_store.ack(seq, o) for o in expected], self._timeout))
         errors: dict[int, str] = {}
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
             for member in live.plan.members:
-                if member not in absent:  # acknowledged: applied (its value is the version) or ignored
-                    applied = self._store.get(_store.ack(seq, member.ordinal)) == str(version).encode()
+                if member not in absent:  # acknowledged: applied or ignored
+                    ack = _messages.read(self._store, _store.ack(seq, member.ordinal), _messages.ACK)
+                    applied = ack.outcome == "applied" and ack.version == version
                     (stats.receivers_acked if applied else stats.receivers_ignored).append(member.ordinal)
             if absent:
                 stats.failed[live.plan.index] = [m.ordinal for m in absent]
@@ -354,6 +345,11 @@ class WeightSender:
             self._store.delete_key(key)  # False (not an error) for an ack that never came
 
     # -- versions, reports and shutdown ----------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The newest version published, or the one this sender started from before its first publish."""
+        return self._version
+
     def _known_fleet_version(self) -> int:
         return max(self._membership.highest_version, self._reported_version)
 
@@ -363,7 +359,7 @@ class WeightSender:
 
         Receivers send the newest version they hold when they register (again), so a trainer restarted without
         its checkpoint learns what the fleet holds once the receivers have re-registered (they reconnect with
-        backoff up to 5 s, `_store.Backoff`) and then publishes above it (`publish`). Reads new membership events.
+        backoff up to 5 s, `_store.Backoff`), and its next publish goes above it. Reads new membership events.
         """
         self._read_membership()
         return self._known_fleet_version()
@@ -379,9 +375,8 @@ class WeightSender:
         for ordinal in sorted(self._membership.seen):
             key = _store.report(ordinal)
             if self._store.check([key]):
-                doc = _store.get_json(self._store, key)
-                out[ordinal] = _types.ReceiverReport(**doc)  # type: ignore[arg-type]
-                self._reported_version = max(self._reported_version, out[ordinal].applied_version)
+                out[ordinal] = _messages.read(self._store, key, _messages.REPORT)
+                self._reported_version = max(self._reported_version, out[ordinal].applied.version)
         return out
 
     @property
@@ -401,7 +396,7 @@ class WeightSender:
             return
         try:
             self._seq += 1
-            _store.set_json(self._store, _store.announce(self._seq), {"kind": "close", "seq": self._seq})
+            _messages.write(self._store, _store.announce(self._seq), _messages.Close(self._seq))
             self._store.add(_store.ANNOUNCE_COUNT, 1)
             self._read_membership()
             keys = [_store.ack(self._seq, o) for o in self._membership.members]

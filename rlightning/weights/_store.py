@@ -1,14 +1,14 @@
-"""The weight-sync rendezvous store: hosting, connecting with backoff, key names and JSON values.
+"""The weight-sync rendezvous store: hosting, connecting with backoff, key names, bounded calls, heartbeat.
 
 One `torch.distributed.TCPStore`, hosted by the sender on the configured weight-sync port, never the DDP
 store: an explicit TCPStore ignores `TORCHELASTIC_USE_AGENT_STORE`, which torchrun sets for its own group.
-Every barrier or acknowledgement uses a key that is fresh per publish (`seq`), never a reused key.
+Every barrier or acknowledgement uses a key that is fresh per publish (`seq`), never a reused key. What the
+values are, and their encoding, is `_messages`.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import socket
 import threading
@@ -33,31 +33,27 @@ stand still for more than `2 * timeout_seconds` treat the sender as gone (e.g. i
 
 
 def member_event(index: int) -> str:
-    """Key of membership event `index` (1-based): JSON {"event": "join"|"leave", "ordinal", "session", ...}."""
+    """Key of membership event `index` (1-based): a `_messages.Join` or `_messages.Leave`."""
     return f"{ROOT}members/{index}"
 
 
 def announce(seq: int) -> str:
-    """Key of announcement `seq`: JSON with the version, layout and groups of one publish."""
+    """Key of announcement `seq`: a `_messages.Publish` (version, layout, groups) or `_messages.Close`."""
     return f"{ROOT}announce/{seq}"
 
 
 def commit(seq: int, group: int) -> str:
-    """Key the sender sets to "ok" or "failed" once group `group` finished the broadcast of publish `seq`."""
+    """Key of the `_messages.Commit` the sender sets once group `group` finished the broadcast of publish `seq`."""
     return f"{ROOT}commit/{seq}/{group}"
 
 
 def ack(seq: int, ordinal: int) -> str:
-    """Key a receiver sets to the version it took from publish `seq`, or to `IGNORED` (not newer than its own)."""
+    """Key of receiver `ordinal`'s `_messages.Ack` of announcement `seq`."""
     return f"{ROOT}ack/{seq}/{ordinal}"
 
 
-IGNORED = "ignored"
-"""Value of an `ack` key whose receiver dropped the version (it already held that version or a newer one)."""
-
-
 def report(ordinal: int) -> str:
-    """Key of the newest report (JSON) of receiver `ordinal`; last writer wins, read by the sender."""
+    """Key of the newest `ReceiverReport` of receiver `ordinal`; last writer wins, read by the sender."""
     return f"{ROOT}report/{ordinal}"
 
 
@@ -236,16 +232,6 @@ def bounded(call: Callable[[], T], timeout: float, what: str) -> T:
     if not ok:
         raise value
     return value
-
-
-def set_json(store: dist.Store, key: str, value: object) -> None:
-    """Set `key` to `value` as JSON."""
-    store.set(key, json.dumps(value, separators=(",", ":")))
-
-
-def get_json(store: dist.Store, key: str) -> object:
-    """The JSON value of `key`; blocks up to the store's timeout when the key is absent."""
-    return json.loads(store.get(key))
 
 
 def wait_keys(store: dist.Store, keys: list[str], timeout: float) -> list[str]:

@@ -2,7 +2,7 @@
 
 A group is a bare `ProcessGroupGloo` (or `ProcessGroupNCCL`, see `_nccl`) built on a `PrefixStore` of the
 weight-sync store, never the default (DDP) process group, so it works inside torchrun ranks and in plain
-processes alike (see /work/shared/notes/weight-sync.md).
+processes alike (the facts checked are in docs/weight-sync.md).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlightning.weights._fingerprint import WeightRecord
+
 
 class WeightSyncError(RuntimeError):
     """A publish did not reach every receiver; the groups not named in `failed` completed.
@@ -47,20 +49,16 @@ class SyncStats:
 
 @dataclasses.dataclass
 class ReceiverReport:
-    """The newest report a receiver posted through the store.
+    """The newest report a receiver posted through the store (a protocol message, see `_messages`).
 
     Attributes:
         ordinal (int): the receiver's ordinal.
-        applied_version (int): the weight version in its policy.
-        fingerprint (dict[str, float]): its `l2_fingerprint`.
-        digest (dict[str, str]): its `tensor_digests`.
+        applied (WeightRecord): the weights in its policy: version, fingerprint and digests.
         metrics (dict[str, float]): its latest metrics, e.g. {"eval_return": 475.0}.
         time (float): when it was posted, seconds since the epoch (receiver's clock).
     """
 
     ordinal: int
-    applied_version: int
-    fingerprint: dict[str, float]
-    digest: dict[str, str]
+    applied: WeightRecord
     metrics: dict[str, float]
     time: float

@@ -143,9 +143,7 @@ def test_remote_evaluator_through_a_weight_sender() -> None:
                 with torch.no_grad():
                     evaluator.scale.add_(1.0)
                 corrupt.clear()
-            receiver.report(
-                evaluator.weight_version, evaluator.get_param_fingerprint(), evaluator.get_param_digests(), {}
-            )
+            receiver.report(weights.WeightRecord.of(evaluator.weight_version, weights.named_state(evaluator)), {})
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -187,7 +185,7 @@ def test_the_local_and_the_report_check_agree_at_the_default_tolerance(relative_
     version = group.sync_weights()
     state = weights.named_state(group.train_policy)
     fingerprint = {name: value * (1 + relative_error) for name, value in weights.l2_fingerprint(state).items()}
-    report = weights.ReceiverReport(0, version, fingerprint, {}, {}, 0.0)  # fingerprint only, no digests
+    report = weights.ReceiverReport(0, weights.WeightRecord(version, fingerprint), {}, 0.0)  # no digests
     verdict = group.check_reports({0: report})
     assert verdict.consistent is consistent and verdict.on_latest == [0]
     for method in (PolicyGroup.eval_weight_mismatches, PolicyGroup.verify_eval_weight_consistency,

@@ -95,16 +95,13 @@ def _state(scale: float) -> dict[str, torch.Tensor]:
 
 
 def _report(ordinal: int, version: int, state: dict[str, torch.Tensor]) -> weights.ReceiverReport:
-    return weights.ReceiverReport(
-        ordinal, version, weights.l2_fingerprint(state), weights.tensor_digests(state), {}, 0.0
-    )
+    return weights.ReceiverReport(ordinal, weights.WeightRecord.of(version, state), {}, 0.0)
 
 
 def test_ledger_checks_reports_against_the_version_they_applied() -> None:
     ledger = VersionLedger(keep=2)
     for version in (1, 2, 3):
-        s = _state(float(version))
-        ledger.record(version, weights.tensor_digests(s), weights.l2_fingerprint(s))
+        ledger.record(version, _state(float(version)))
     assert ledger.latest == 3
     ok = ledger.check({0: _report(0, 3, _state(3.0)), 1: _report(1, 2, _state(2.0)), 2: _report(2, 1, _state(1.0))})
     assert ok.consistent is True
@@ -112,6 +109,21 @@ def test_ledger_checks_reports_against_the_version_they_applied() -> None:
     bad = ledger.check({0: _report(0, 3, _state(2.0))})
     assert bad.consistent is False and set(bad.mismatched[0]) == {"w"}
     assert ledger.check({}).consistent is None
+
+
+def test_ledger_digests_a_version_only_when_an_exact_check_asks_and_its_weights_are_unchanged() -> None:
+    live = _state(1.0)  # the trainer's tensors: the ledger keeps them, not a copy
+    ledger = VersionLedger()
+    ledger.record(1, live)
+    assert ledger.reference(1).digest is None  # a publish takes no digest
+    one_ulp = {"w": torch.nextafter(live["w"], torch.tensor(2.0)), "b": live["b"].clone()}
+    assert ledger.check({0: _report(0, 1, one_ulp)}, exact=False).consistent is True  # within the tolerance
+    assert ledger.check({0: _report(0, 1, one_ulp)}, exact=True).mismatched == {0: ["w"]}  # the digest sees it
+    assert ledger.reference(1).digest == weights.tensor_digests(live)  # taken once, kept
+    ledger.record(2, live)
+    live["w"].add_(1.0)  # trained on after version 2 was sent: its digests can no longer be taken
+    assert ledger.reference(2, exact=True).digest is None
+    assert ledger.check({0: _report(0, 2, _state(1.0))}, exact=True).consistent is True  # by fingerprint
 
 
 def test_eval_ordinal_from_variable_or_pod_name() -> None:

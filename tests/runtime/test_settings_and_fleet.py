@@ -14,7 +14,7 @@ import yaml
 from rlightning import contract
 from rlightning.config import PolicyGroupManifest
 from rlightning.runtime import eval as eval_mod
-from rlightning.runtime import local, train
+from rlightning.runtime import _fleet, local
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
 
@@ -77,8 +77,8 @@ class _Fleet:
         return list(range(min(self.count, 1 + int((time.monotonic() - self.start) / self.gap))))
 
 
-def _coordinator(fleet: _Fleet, expected: int | None) -> train.Coordinator:
-    coordinator = object.__new__(train.Coordinator)  # only the membership logic; no store, no metrics
+def _coordinator(fleet: _Fleet, expected: int | None) -> _fleet.Fleet:
+    coordinator = object.__new__(_fleet.Fleet)  # only the membership logic; no store, no policy
     coordinator.sender, coordinator.expected = fleet, expected
     return coordinator
 
@@ -87,7 +87,7 @@ def _coordinator(fleet: _Fleet, expected: int | None) -> train.Coordinator:
 def test_in_pods_the_registered_fleet_counts_not_the_spec_replicas() -> None:
     # A pod's spec has no eval.replicas (it validates to 1); 8 evaluators register.
     coordinator = _coordinator(_Fleet(8, gap=0.2), expected=None)
-    members = coordinator.settle_members(timeout=20.0)
+    members = coordinator.settle(timeout=20.0)
     assert members == list(range(8))
     assert coordinator.expected_count() == 8  # consistency needs all 8 on the final weights, not 1
 
@@ -95,9 +95,9 @@ def test_in_pods_the_registered_fleet_counts_not_the_spec_replicas() -> None:
 @pytest.mark.timeout(60)
 def test_locally_the_launchers_count_counts() -> None:
     coordinator = _coordinator(_Fleet(3, gap=0.2), expected=2)
-    assert len(coordinator.settle_members(timeout=20.0)) >= 2
+    assert len(coordinator.settle(timeout=20.0)) >= 2
     assert coordinator.expected_count() == 2
     slow = _coordinator(_Fleet(1, gap=0.2), expected=2)  # one never comes: bounded wait
     started = time.monotonic()
-    assert slow.settle_members(timeout=1.0) == [0]
+    assert slow.settle(timeout=1.0) == [0]
     assert time.monotonic() - started < 10

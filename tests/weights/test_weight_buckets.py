@@ -6,7 +6,8 @@ import random
 
 import torch
 
-from rlightning.weights import PACKED_TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout, tensor_digests
+from rlightning.weights import tensor_digests
+from rlightning.weights._buckets import PACKED_TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout
 
 torch.set_num_threads(1)
 BOUND = 1024

@@ -105,7 +105,7 @@ def test_receiver_leaves_a_silent_sender_and_joins_its_replacement(procs):
     try:
         wait_members(sender, {0}, timeout=30.0)
         assert sender.fleet_version == 1  # it re-registered with the version it applied
-        stats = sender.publish(weights_for(2), 2)
+        stats = sender.publish(weights_for(2))
         assert stats.receivers_acked == [0] and stats.version == 2
         line = wait_line(receiver_out, '"applied"', 10.0)
         assert line is not None and json.loads(line)["applied"] == 2
@@ -133,14 +133,14 @@ def test_a_receiver_that_ignores_a_version_is_not_counted_as_acked():
     thread.start()
     try:
         wait_members(sender, {0}, timeout=30.0)
-        first = sender.publish(weights_for(1), 1)
+        first = sender.publish(weights_for(1))
         assert first.receivers_acked == [0] and first.receivers_ignored == []
         end = time.monotonic() + 10.0
         while got != [1] and time.monotonic() < end:  # `receive` returns just after its acknowledgement
             time.sleep(0.05)
         assert got == [1]
         receiver.version = 10  # it holds a newer version than the sender knows of (e.g. a registration race)
-        second = sender.publish(weights_for(2), 2)
+        second = sender.publish(weights_for(2))
         assert second.version == 2 and second.failed == {}
         assert second.receivers_acked == [] and second.receivers_ignored == [0]
         assert got == [1]
@@ -163,7 +163,7 @@ def test_store_keys_stay_bounded_over_many_publishes(procs):
             # a short gap: back-to-back publishes with no gap fail after about a dozen (a receiver's store
             # clone times out connecting), also before the cleanup existed; not what this test is about
             time.sleep(0.3)
-            assert sender.publish(weights_for(version), version).receivers_acked == [0, 1]
+            assert sender.publish(weights_for(version)).receivers_acked == [0, 1]
             counts.append(sender._store.num_keys())
         # keys of at most the last two publishes remain: the count stops growing after the third
         assert max(counts[4:]) <= counts[3] + 2, counts

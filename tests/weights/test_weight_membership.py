@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from rlightning.weights import Member, plan_groups
-from rlightning.weights._membership import Membership
+from rlightning.weights._membership import Member, Membership, plan_groups
 
 
 def members(*ordinals: int, session: str = "s") -> dict[int, Member]:
@@ -33,9 +32,9 @@ def test_generations_are_never_reused_after_a_group_empties():
 
 def test_stale_leave_is_ignored_and_eviction_is_per_session():
     m = Membership()
-    m.apply({"event": "join", "ordinal": 1, "session": "a"})
-    m.apply({"event": "join", "ordinal": 1, "session": "b"})  # restarted
-    m.apply({"event": "leave", "ordinal": 1, "session": "a"})  # the old process's leave arrives late
+    m.join(Member(1, "a"))
+    m.join(Member(1, "b"))  # restarted
+    m.evict(1, "a")  # the old process's leave arrives late
     assert m.members[1].session == "b"
     m.evict(1, "a")
     assert 1 in m.members

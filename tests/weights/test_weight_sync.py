@@ -47,27 +47,25 @@ def test_two_receivers_started_before_sender_get_identical_weights(procs):
     try:
         wait_members(sender, {0, 1})
         for version in (1, 2):
-            stats = sender.publish(weights_for(version), version)
+            stats = sender.publish(weights_for(version))
             assert stats.receivers_acked == [0, 1]
             assert stats.version == version and stats.failed == {}
         assert stats.bytes == sum(t.numel() * t.element_size() for t in weights_for(2).values())
         assert stats.formed_groups == [] and list(stats.groups) == [0]  # the group formed by v1 is reused
-        with pytest.raises(ValueError, match="version must increase"):
-            sender.publish(weights_for(2), 2)
 
         expected = weights_for(2)
-        reports = wait_reports(sender, lambda r: len(r) == 2 and all(x.applied_version == 2 for x in r.values()))
+        reports = wait_reports(sender, lambda r: len(r) == 2 and all(x.applied.version == 2 for x in r.values()))
         assert sorted(reports) == [0, 1]
         for ordinal, report in reports.items():
-            assert report.applied_version == 2
-            assert mismatched_digests(tensor_digests(expected), report.digest) == []
-            assert mismatched_fingerprints(l2_fingerprint(expected), report.fingerprint, rtol=0) == []
+            assert report.applied.version == 2
+            assert mismatched_digests(tensor_digests(expected), report.applied.digest) == []
+            assert mismatched_fingerprints(l2_fingerprint(expected), report.applied.fingerprint, rtol=0) == []
             assert report.metrics == {"ordinal": float(ordinal)}
         # the state that travelled includes BatchNorm statistics, the bare Parameter and non-float buffers
         assert {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "scale", "steps", "stats64"} <= set(
-            reports[0].digest
+            reports[0].applied.digest
         )
-        assert "scratch" not in reports[0].digest  # non-persistent buffer
+        assert "scratch" not in reports[0].applied.digest  # non-persistent buffer
     finally:
         sender.close()
     stop(procs)
@@ -78,23 +76,23 @@ def test_two_receivers_started_before_sender_get_identical_weights(procs):
 def test_restarted_sender_with_older_version_publishes_above_the_fleet(procs):
     port = WEIGHTS_SYNC.port(1)
     procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=30.0))
-    sender = WeightSender(config(), "127.0.0.1", port)
+    sender = WeightSender(config(), "127.0.0.1", port, version=4)
     wait_members(sender, {0})
-    sender.publish(weights_for(5), 5)
+    assert sender.publish(weights_for(5)).version == 5
     sender.close()
     del sender
-    # a trainer restarted from an older checkpoint asks for version 3; the receiver re-registered holding 5,
-    # which it would refuse, so the sender publishes 6 (see test_weight_version_floor.py)
-    sender = WeightSender(config(), "127.0.0.1", port)
+    # a trainer restarted from an older checkpoint (version 2); the receiver re-registered holding 5, which
+    # would refuse 3, so the sender publishes 6 (see test_weight_version_floor.py)
+    sender = WeightSender(config(), "127.0.0.1", port, version=2)
     try:
         wait_members(sender, {0})
-        stats = sender.publish(weights_for(3), 3)
+        stats = sender.publish(weights_for(3))
         assert stats.receivers_acked == [0] and stats.version == 6
-        stats = sender.publish(weights_for(7), 7)
-        assert stats.receivers_acked == [0]
-        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied_version == 7)
-        assert reports[0].applied_version == 7
-        assert mismatched_digests(tensor_digests(weights_for(7)), reports[0].digest) == []
+        stats = sender.publish(weights_for(7))
+        assert stats.receivers_acked == [0] and stats.version == 7
+        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied.version == 7)
+        assert reports[0].applied.version == 7
+        assert mismatched_digests(tensor_digests(weights_for(7)), reports[0].applied.digest) == []
     finally:
         sender.close()
     procs[0].terminate()  # it would otherwise wait for another sender
@@ -109,12 +107,12 @@ def test_scale_up_reforms_only_the_affected_group(procs):
     sender = WeightSender(config(group_size=2), "127.0.0.1", port)
     try:
         wait_members(sender, {0, 1})
-        first = sender.publish(weights_for(1), 1)
+        first = sender.publish(weights_for(1))
         assert first.formed_groups == [0] and first.receivers_acked == [0, 1]
 
         procs.append(start_receiver(port, 2))
         wait_members(sender, {0, 1, 2})
-        second = sender.publish(weights_for(2), 2)
+        second = sender.publish(weights_for(2))
         assert second.formed_groups == [1]  # group 0 is untouched
         assert second.groups[0] == first.groups[0]
         assert second.groups[1] != first.groups[0]
@@ -128,7 +126,7 @@ def test_scale_up_reforms_only_the_affected_group(procs):
         third = None
         while time.monotonic() < deadline:  # publishes while ordinal 1 is gone may fail for group 0
             try:
-                third = sender.publish(weights_for(3), sender.version + 1)
+                third = sender.publish(weights_for(3))
             except WeightSyncError:
                 continue
             if third.receivers_acked == [0, 1, 2]:
@@ -153,32 +151,32 @@ def test_receiver_killed_mid_broadcast_fails_only_its_group(procs):
     sender = WeightSender(config(group_size=2), "127.0.0.1", port)
     try:
         wait_members(sender, {0, 1, 2})
-        assert sender.publish(weights_for(1), 1).receivers_acked == [0, 1, 2]
-        wait_reports(sender, lambda r: len(r) == 3 and all(x.applied_version == 1 for x in r.values()))
+        assert sender.publish(weights_for(1)).receivers_acked == [0, 1, 2]
+        wait_reports(sender, lambda r: len(r) == 3 and all(x.applied.version == 1 for x in r.values()))
 
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[0, 1\]\)") as info:
-            sender.publish(weights_for(2), 2)
+            sender.publish(weights_for(2))
         elapsed = time.monotonic() - start
         assert elapsed < TIMEOUT + 2.0
         assert procs[1].wait(10) == -signal.SIGKILL
         assert info.value.stats.receivers_acked == [2]  # the other group completed
         assert info.value.stats.failed == {0: [0, 1]}
 
-        reports = wait_reports(sender, lambda r: r[2].applied_version == 2)
-        assert reports[2].applied_version == 2
-        assert mismatched_digests(tensor_digests(weights_for(2)), reports[2].digest) == []
+        reports = wait_reports(sender, lambda r: r[2].applied.version == 2)
+        assert reports[2].applied.version == 2
+        assert mismatched_digests(tensor_digests(weights_for(2)), reports[2].applied.digest) == []
         time.sleep(1.0)
         reports = sender.reports()
-        assert reports[0].applied_version == 1  # the survivor keeps its last complete version
-        assert mismatched_digests(tensor_digests(weights_for(1)), reports[0].digest) == []
+        assert reports[0].applied.version == 1  # the survivor keeps its last complete version
+        assert mismatched_digests(tensor_digests(weights_for(1)), reports[0].applied.digest) == []
 
         # the survivor registers again; the next version re-forms group 0 without the dead receiver
         wait_members(sender, {0, 2})
-        stats = sender.publish(weights_for(3), 3)
+        stats = sender.publish(weights_for(3))
         assert stats.receivers_acked == [0, 2] and stats.formed_groups == [0]
-        reports = wait_reports(sender, lambda r: r[0].applied_version == 3)
-        assert mismatched_digests(tensor_digests(weights_for(3)), reports[0].digest) == []
+        reports = wait_reports(sender, lambda r: r[0].applied.version == 3)
+        assert mismatched_digests(tensor_digests(weights_for(3)), reports[0].applied.digest) == []
     finally:
         sender.close()
     stop(procs)
@@ -193,16 +191,16 @@ def test_stalled_receiver_times_out_within_bound(procs):
     sender = WeightSender(config(group_size=2), "127.0.0.1", port)
     try:
         wait_members(sender, {0, 2})
-        sender.publish(weights_for(1), 1)
+        sender.publish(weights_for(1))
         os.kill(procs[0].pid, signal.SIGSTOP)  # alive, but never joins the next broadcast
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[0\]\)") as info:
-            sender.publish(weights_for(2), 2)
+            sender.publish(weights_for(2))
         assert time.monotonic() - start < TIMEOUT + 2.0
         assert info.value.stats.receivers_acked == [2]
         os.kill(procs[0].pid, signal.SIGCONT)  # it finds its round failed and registers again
         wait_members(sender, {0, 2})
-        assert sender.publish(weights_for(3), 3).receivers_acked == [0, 2]
+        assert sender.publish(weights_for(3)).receivers_acked == [0, 2]
     finally:
         os.kill(procs[0].pid, signal.SIGCONT)
         sender.close()
@@ -219,12 +217,12 @@ def test_group_with_an_unresponsive_member_fails_to_form_in_bounded_time_and_oth
         os.kill(procs[1].pid, signal.SIGSTOP)  # registered, then never joins its group's rendezvous
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match=r"group 1 \(ordinals \[1\]\): forming generation") as info:
-            sender.publish(weights_for(1), 1)
+            sender.publish(weights_for(1))
         assert time.monotonic() - start < TIMEOUT + 3.0
         assert info.value.stats.receivers_acked == [0]
         assert info.value.stats.formed_groups == [0, 1]
-        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied_version == 1)
-        assert mismatched_digests(tensor_digests(weights_for(1)), reports[0].digest) == []
+        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied.version == 1)
+        assert mismatched_digests(tensor_digests(weights_for(1)), reports[0].applied.digest) == []
     finally:
         os.kill(procs[1].pid, signal.SIGCONT)
         sender.close()

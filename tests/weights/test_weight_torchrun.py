@@ -24,7 +24,9 @@ def test_sender_inside_torchrun_rank(tmp_path: Path):
         str(Path(PYTHON).with_name("torchrun")), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
         "--master-port", str(MASTER_PORT), str(HERE / "wsync_torchrun_sender.py"), str(WSYNC_PORT), str(result),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE))
+    # keep the caller's path (a checkout other than the installed one) after the helpers' directory
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
         assert run.returncode == 0, run.stderr[-4000:]

@@ -15,8 +15,9 @@ import torch
 from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, wait_members, wait_reports, weights_for
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import Member, WeightSender, mismatched_digests, tensor_digests
+from rlightning.weights import WeightSender, mismatched_digests, tensor_digests
 from rlightning.weights import _membership, _store
+from rlightning.weights._membership import Member
 from tests._ports import WEIGHTS_VERSION_FLOOR
 
 torch.set_num_threads(1)
@@ -32,21 +33,23 @@ def config() -> WeightSyncConfig:
 
 
 def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:
-    """A trainer that published `versions` to `ordinals` and then went away (its store with it)."""
-    sender = WeightSender(config(), "127.0.0.1", port)
+    """A trainer resumed from a checkpoint that published `versions` to `ordinals`, then went away (its store
+    with it)."""
+    sender = WeightSender(config(), "127.0.0.1", port, version=versions[0] - 1)
     try:
         wait_members(sender, ordinals)
         for version in versions:
-            assert sender.publish(weights_for(version), version).receivers_acked == sorted(ordinals)
+            stats = sender.publish(weights_for(version))
+            assert (stats.version, stats.receivers_acked) == (version, sorted(ordinals))
     finally:
         sender.close()
 
 
 def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_version: int) -> None:
-    reports = wait_reports(sender, lambda r: all(o in r and r[o].applied_version == version for o in ordinals))
+    reports = wait_reports(sender, lambda r: all(o in r and r[o].applied.version == version for o in ordinals))
     for ordinal in ordinals:
-        assert reports[ordinal].applied_version == version
-        assert mismatched_digests(tensor_digests(weights_for(weights_version)), reports[ordinal].digest) == []
+        assert reports[ordinal].applied.version == version
+        assert mismatched_digests(tensor_digests(weights_for(weights_version)), reports[ordinal].applied.digest) == []
 
 
 @pytest.mark.timeout(150)
@@ -60,12 +63,10 @@ def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
         assert sender.version == 0
         wait_members(sender, {0, 1})  # they re-register, carrying the version they hold
         assert sender.fleet_version == 5
-        stats = sender.publish(weights_for(1), 1)
+        stats = sender.publish(weights_for(1))
         assert stats.version == sender.version == 6 and stats.receivers_acked == [0, 1] and stats.failed == {}
         _applied(sender, {0, 1}, 6, weights_version=1)
-        with pytest.raises(ValueError, match="version must increase"):
-            sender.publish(weights_for(2), 6)
-        assert sender.publish(weights_for(7), 7).version == 7  # above the fleet: published as asked
+        assert sender.publish(weights_for(7)).version == 7  # the sender's own next version
         _applied(sender, {0, 1}, 7, weights_version=7)
     finally:
         sender.close()
@@ -80,37 +81,37 @@ def test_late_evaluator_with_a_newer_version_makes_the_sender_jump_above_it(proc
     port = WEIGHTS_VERSION_FLOOR.port(1)
     late = start_receiver(port, 1, "--keep-after-close", lifetime=60.0)
     procs.append(late)
-    _first_sender(port, {1}, [5, 9])
-    os.kill(late.pid, signal.SIGSTOP)  # holds 9; cannot re-register with the next trainer yet
+    _first_sender(port, {1}, [5, 6])
+    os.kill(late.pid, signal.SIGSTOP)  # holds 6; cannot re-register with the next trainer yet
     procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=60.0))  # a fresh evaluator: version 0
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
         wait_members(sender, {0})
         assert sender.fleet_version == 0
-        assert sender.publish(weights_for(1), 1).version == 1
+        assert sender.publish(weights_for(1)).version == 1
         _applied(sender, {0}, 1, weights_version=1)
         os.kill(late.pid, signal.SIGCONT)
         wait_members(sender, {0, 1})
-        assert sender.fleet_version == 9
-        stats = sender.publish(weights_for(2), 2)  # evaluator 1 would refuse 2: the sender publishes 10
-        assert stats.version == sender.version == 10 and stats.receivers_acked == [0, 1]
-        _applied(sender, {0, 1}, 10, weights_version=2)
+        assert sender.fleet_version == 6
+        stats = sender.publish(weights_for(2))  # evaluator 1 would refuse 2: the sender publishes 7
+        assert stats.version == sender.version == 7 and stats.receivers_acked == [0, 1]
+        _applied(sender, {0, 1}, 7, weights_version=2)
     finally:
         sender.close()
     for p in procs:
         p.terminate()
     stop(procs)
-    assert applied_versions(late) == [5, 9, 10]
-    assert applied_versions(procs[1]) == [1, 10]
+    assert applied_versions(late) == [5, 6, 7]
+    assert applied_versions(procs[1]) == [1, 7]
 
 
 def test_membership_keeps_the_highest_version_receivers_joined_with():
     members = _membership.Membership()
-    members.apply({"event": "join", "ordinal": 0, "session": "a"})  # an old receiver: no version
+    members.join(Member(0, "a"))  # a receiver that holds no version yet
     assert members.highest_version == 0
-    members.apply({"event": "join", "ordinal": 1, "session": "b", "version": 9})
-    members.apply({"event": "join", "ordinal": 0, "session": "c", "version": 4})
-    members.apply({"event": "leave", "ordinal": 1, "session": "b"})
+    members.join(Member(1, "b"), version=9)
+    members.join(Member(0, "c"), version=4)
+    members.evict(1, "b")  # its leave
     assert members.highest_version == 9  # a floor: it never goes down
     assert members.members == {0: Member(0, "c")}
 

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 from wsync_helpers import Policy  # noqa: E402
 
 from rlightning.config import WeightSyncConfig  # noqa: E402
-from rlightning.weights import WeightReceiver, l2_fingerprint, named_state, tensor_digests  # noqa: E402
+from rlightning.weights import WeightReceiver, WeightRecord, named_state  # noqa: E402
 from rlightning.weights import _transport  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main() -> None:
         applied = policy.update_weights_from_buffer()
         current = named_state(policy)
         metrics = {"ordinal": float(args.ordinal)}
-        receiver.report(policy.weight_version, l2_fingerprint(current), tensor_digests(current), metrics)
+        receiver.report(WeightRecord.of(policy.weight_version, current), metrics)
         print(json.dumps({"event": "applied", "version": version, "staged": staged, "applied": applied}), flush=True)
     receiver.close()
     print(json.dumps({"event": "exit"}), flush=True)

@@ -28,7 +28,7 @@ def main() -> None:
     config = WeightSyncConfig(backend="gloo", bucket_size_bytes=BUCKET_BYTES, timeout_seconds=args.timeout)
     sender = WeightSender(config, "127.0.0.1", args.port)
     wait_members(sender, {0})
-    stats = sender.publish(weights_for(1), 1)
+    stats = sender.publish(weights_for(1))
     print(json.dumps({"event": "published", "version": stats.version, "acked": stats.receivers_acked}), flush=True)
     while True:
         time.sleep(60.0)

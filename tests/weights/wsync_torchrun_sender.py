@@ -34,9 +34,9 @@ def main() -> None:
         config = WeightSyncConfig(backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=2, timeout_seconds=5)
         sender = WeightSender(config, "127.0.0.1", port)
         wait_members(sender, {0})
-        stats = sender.publish(named_state(ddp), 1)
-        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied_version == 1)
-        result.update(acked=stats.receivers_acked, report_digest=reports[0].digest if 0 in reports else None)
+        stats = sender.publish(named_state(ddp))
+        reports = wait_reports(sender, lambda r: 0 in r and r[0].applied.version == 1)
+        result.update(acked=stats.receivers_acked, report_digest=reports[0].applied.digest if 0 in reports else None)
         sender.close()
     total = torch.ones(1)
     dist.all_reduce(total)  # the default group still works after the weight-sync group

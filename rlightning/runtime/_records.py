@@ -1,0 +1,151 @@
+"""What trainer rank 0 writes about the run: metrics.jsonl rows, Prometheus metrics, status.training, summary.json.
+
+One row per training iteration goes to metrics.jsonl and to the Prometheus gauges, and (in a cluster,
+rate-limited) to the PolicyGroup's status.training; publishes add to the sync totals and counters; the end
+writes summary.json and a last, forced status patch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from rlightning import weights
+from rlightning.config import TrainingStatus
+from rlightning.runtime._prometheus import TrainerMetrics
+from rlightning.runtime._status_reporter import StatusReporter
+from rlightning.runtime.report import RunSummary, SyncTotals
+from rlightning.runtime.rundir import RunDir, append_jsonl, write_json_atomic
+from rlightning.runtime.settings import ProcessSettings
+
+log = logging.getLogger("rlightning.train")
+
+
+class Recorder:
+    """Writes the run's records (trainer rank 0 only).
+
+    Args:
+        settings (ProcessSettings): The process's environment (metrics port, status reporting, group name).
+        run_dir (RunDir): The run directory.
+
+    Attributes:
+        sync (SyncTotals): Weight-sync statistics summed over the run.
+    """
+
+    def __init__(self, settings: ProcessSettings, run_dir: RunDir) -> None:
+        self.name = settings.group_name
+        self.run_dir = run_dir
+        self.sync = SyncTotals()
+        self.metrics = TrainerMetrics(settings.metrics_port)
+        self.status = (
+            StatusReporter(settings.group_name, settings.namespace)
+            if settings.report_status and settings.namespace
+            else None
+        )
+        self.started = time.monotonic()
+
+    def publish(self, stats: weights.SyncStats) -> None:
+        """Count one publish: a failure when a group failed; bytes and seconds when any evaluator applied it."""
+        if stats.failed:
+            self.sync.failures += 1
+            self.metrics.sync_failures.inc()
+        if stats.receivers_acked:
+            self.sync.add(stats.bytes, stats.seconds)
+            self.metrics.sync_bytes.inc(stats.bytes)
+            self.metrics.sync_seconds.inc(stats.seconds)
+
+    def iteration(
+        self,
+        *,
+        iteration: int,
+        env_steps: int,
+        train_return: float | None,
+        eval_return: float | None,
+        eval_version: int | None,
+        weight_version: int,
+        consistent: bool | None,
+        evaluators: list[int],
+        train_stats: dict[str, float],
+    ) -> dict[str, Any]:
+        """Append one metrics.jsonl row and export it (Prometheus; status.training at most every few seconds).
+
+        Args:
+            iteration (int): Training iterations done.
+            env_steps (int): Environment steps, summed over ranks.
+            train_return (float | None): Mean return of recent training episodes.
+            eval_return (float | None): The evaluators' return (confirmed on the newest weights, or their recent
+                mean).
+            eval_version (int | None): The weight version `eval_return` was measured on (the oldest, for a mean).
+            weight_version (int): The newest version published.
+            consistent (bool | None): Whether the evaluators' reports match what was sent.
+            evaluators (list[int]): Ordinals holding the newest publish.
+            train_stats (dict[str, float]): The policy's `train()` statistics, written as `train/<key>`.
+
+        Returns:
+            dict[str, Any]: The row.
+        """
+        row = {
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "elapsed_seconds": round(time.monotonic() - self.started, 3),
+            "iteration": iteration,
+            "env_steps": env_steps,
+            "train_return": train_return,
+            "eval_return": eval_return,
+            "eval_version": eval_version,
+            "weight_version": weight_version,
+            "consistent": consistent,
+            "evaluators": sorted(evaluators),
+            "sync_bytes": self.sync.last_bytes,
+            "sync_seconds": self.sync.last_seconds,
+            "sync_failures": self.sync.failures,
+            **{f"train/{k}": v for k, v in train_stats.items()},
+        }
+        append_jsonl(self.run_dir.metrics_path, row)
+        self._export(row, force=False)
+        return row
+
+    def summary(self, last_row: dict[str, Any], **fields: Any) -> RunSummary:
+        """Write summary.json and export its final state (status.training patched now, whatever the interval).
+
+        Args:
+            last_row (dict[str, Any]): The last metrics row (its weight version and consistency are replaced).
+            **fields: The `RunSummary` fields other than `name`, `wall_seconds` and `sync`.
+
+        Returns:
+            RunSummary: What was written.
+        """
+        summary = RunSummary(
+            name=self.name, wall_seconds=round(time.monotonic() - self.started, 3), sync=self.sync, **fields
+        )
+        write_json_atomic(self.run_dir.summary_path, summary.to_dict())
+        self._export({**last_row, "weight_version": summary.weight_version, "consistent": summary.consistent}, True)
+        log.info("summary: %s", summary.to_dict())
+        return summary
+
+    def _export(self, row: dict[str, Any], force: bool) -> None:
+        m = self.metrics
+        m.iteration.set(row["iteration"])
+        m.env_steps.set(row["env_steps"])
+        m.weight_version.set(row["weight_version"])
+        for gauge, key in ((m.train_return, "train_return"), (m.eval_return, "eval_return")):
+            if row.get(key) is not None:
+                gauge.set(row[key])
+        if row.get("consistent") is not None:
+            m.consistent.set(1 if row["consistent"] else 0)
+        if self.status is not None:
+            self.status.report(
+                TrainingStatus(
+                    iteration=row["iteration"],
+                    env_steps=row["env_steps"],
+                    weight_version=row["weight_version"],
+                    train_return=row.get("train_return"),
+                    eval_return=row.get("eval_return"),
+                    consistent=row.get("consistent"),
+                    last_sync_seconds=self.sync.last_seconds,
+                    last_sync_bytes=self.sync.last_bytes,
+                    updated_at=row["time"],
+                ),
+                force=force,
+            )

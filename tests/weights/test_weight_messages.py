@@ -1,0 +1,53 @@
+"""The protocol's messages: one encoding, decoded to the same typed values, bad values refused by name."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import torch
+
+from rlightning.weights import ReceiverReport, WeightRecord
+from rlightning.weights import _messages as m
+from rlightning.weights._membership import Member
+
+
+class _Store:
+    """The two calls of a TCPStore the messages use, in memory."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+
+@pytest.mark.parametrize(
+    ("message", "adapter"),
+    [
+        (m.Join(3, "s1", cuda=True, version=9), m.MEMBER_EVENT),
+        (m.Leave(3, "s1"), m.MEMBER_EVENT),
+        (m.Publish(7, 12, "ab" * 32, 4, (m.AnnouncedGroup(0, 2, "gloo", (Member(0, "a"), Member(1, "b"))),)),
+         m.ANNOUNCEMENT),  # fmt: skip
+        (m.Close(8), m.ANNOUNCEMENT),
+        (m.Commit(ok=False), m.COMMIT),
+        (m.Ack("ignored", 12), m.ACK),
+        (ReceiverReport(1, WeightRecord.of(12, {"w": torch.ones(2)}), {"eval_return": 475.0}, 1.5), m.REPORT),
+    ],
+)
+def test_every_message_reads_back_as_written(message: object, adapter: pydantic.TypeAdapter) -> None:
+    store = _Store()
+    m.write(store, "key", message)  # type: ignore[arg-type]
+    assert m.read(store, "key", adapter) == message  # type: ignore[arg-type]
+
+
+def test_a_value_that_is_not_a_message_is_refused_naming_the_field() -> None:
+    store = _Store()
+    store.set("key", '{"kind": "join", "ordinal": "three", "session": "s"}')
+    with pytest.raises(pydantic.ValidationError, match="ordinal"):
+        m.read(store, "key", m.MEMBER_EVENT)  # type: ignore[arg-type]
+    store.set("key", '{"kind": "rejoin", "ordinal": 3, "session": "s"}')
+    with pytest.raises(pydantic.ValidationError, match="rejoin"):
+        m.read(store, "key", m.MEMBER_EVENT)  # type: ignore[arg-type]
