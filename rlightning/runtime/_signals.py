@@ -1,9 +1,15 @@
-"""A stop request from SIGTERM or SIGINT, checked by a process's main loop at a safe point."""
+"""Signals: a stop request from SIGTERM or SIGINT checked at a safe point, and ranks that die with torchrun."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 import threading
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when its parent dies (linux/prctl.h)."""
 
 
 class StopRequest:
@@ -28,3 +34,25 @@ class StopRequest:
     def requested(self) -> bool:
         """Whether a stop signal arrived."""
         return self.event.is_set()
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (torchrun's agent) dies.
+
+    torchrun starts every rank in a session of its own, so when the agent itself is killed (SIGKILL, OOM) no
+    signal reaches the ranks and they train on as orphans; `rlightning run` cannot reach them through the
+    agent's process group either. (In a pod the container's end takes them anyway.) Linux only (prctl(2),
+    PR_SET_PDEATHSIG); elsewhere a no-op.
+
+    Raises:
+        OSError: When prctl fails.
+        SystemExit: With code 1 when the parent died before the call took effect.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        raise SystemExit(1)

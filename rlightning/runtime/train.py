@@ -40,9 +40,8 @@ import torch.distributed as dist
 from rlightning import contract, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
-from rlightning.runtime import _fleet, _records, _resume, _stop
+from rlightning.runtime import _fleet, _records, _resume, _signals, _stop
 from rlightning.runtime import collector as collector_mod
-from rlightning.runtime._signals import StopRequest
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
 from rlightning.runtime.validate import validate_file
@@ -83,7 +82,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         int: The exit code (0; 1 when rank 0 cannot host the weight-sync store).
     """
     rank = int(os.environ.get("RANK", "0"))
-    stop = StopRequest()
+    stop = _signals.StopRequest()
     run_dir = RunDir(settings.run_dir)
     policy_class = load_policy_class(spec.policy.policy_class)
     policy = policy_class(spec.policy, PolicyRole.TRAIN)
@@ -262,6 +261,8 @@ def main() -> int:
         int: 0 when training ended; `contract.EXIT_BAD_MANIFEST` for a bad manifest or environment (including
             `ENV_ROLE` naming the evaluator role).
     """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # set by torchrun for its ranks
+        _signals.die_with_parent()
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s train[{rank}] %(levelname)s %(name)s: %(message)s", stream=sys.stderr

@@ -48,6 +48,21 @@ def _pid(run: RunDir, name: str) -> int:
     return int(re.findall(r"pid (\d+)", text)[-1])
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
 def _alive(pid: int) -> bool:
     """Whether the process group led by `pid` (a child and what it started) has a live member."""
     try:
@@ -119,8 +134,14 @@ def test_dead_trainer_stops_the_evaluators(tmp_path: Path, write_manifest, run_h
     proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6)), run.root)
     _wait_for(proc, lambda: _version(run) >= 2, 180, "weight version 2")
     trainer, evals = _pid(run, "trainer"), [_pid(run, "eval-0"), _pid(run, "eval-1")]
-    os.kill(trainer, signal.SIGKILL)  # torchrun itself; its ranks are orphaned and must be reaped too
+    ranks = _children(trainer)  # torchrun starts each rank in a session of its own
+    assert len(ranks) == 2, ranks
+    os.kill(trainer, signal.SIGKILL)  # torchrun itself; its ranks must not train on as orphans
     code, out = finish(proc, timeout=120)
     assert code == 1, out
     assert "error: trainer failed with signal 9; stopping the others" in out
     assert not _alive(trainer) and not any(_alive(pid) for pid in evals)
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in ranks), f"orphaned ranks still running: {ranks}"
