@@ -41,6 +41,18 @@ _CEL_RULES: dict[str, list[dict[str, str]]] = {
             "fieldPath": ".requests",
             "reason": "FieldValueInvalid",
         },
+        {
+            # Kubernetes' CEL quantity library (1.28+; kubernetes.io/docs/reference/using-api/cel/
+            # #kubernetes-quantity-library). isQuantity skips values the pattern already refuses.
+            "rule": (
+                "!has(self.requests) || !has(self.limits) || self.requests.all(name, !(name in self.limits) || "
+                "!isQuantity(self.requests[name]) || !isQuantity(self.limits[name]) || "
+                "!quantity(self.requests[name]).isGreaterThan(quantity(self.limits[name])))"
+            ),
+            "message": "each request must not exceed the limit of the same resource",
+            "fieldPath": ".requests",
+            "reason": "FieldValueInvalid",
+        },
     ],
     "PortsConfig": [
         {
