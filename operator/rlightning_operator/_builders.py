@@ -210,7 +210,7 @@ def build_config_map(manifest: PolicyGroupManifest, namespace: str) -> dict[str,
         dict[str, Any]: A v1 ConfigMap.
     """
     group = manifest.metadata.name
-    document = {
+    document: dict[str, Any] = {
         "apiVersion": contract.GROUP_VERSION,
         "kind": contract.KIND,
         "metadata": {"name": group, "namespace": namespace},
@@ -242,8 +242,10 @@ def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
     """
     group = manifest.metadata.name
     name = contract.service_account_name(group)
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(name, namespace, group)}
-    role = {
+    account: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(name, namespace, group)
+    }
+    role: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(name, namespace, group),
@@ -256,7 +258,7 @@ def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
             }
         ],
     }
-    binding = {
+    binding: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _metadata(name, namespace, group),
@@ -300,7 +302,8 @@ def _validate_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
         "name": VALIDATE_CONTAINER,
         "image": main["image"],
         "imagePullPolicy": main["imagePullPolicy"],
-        "command": ["python", "-m", "rlightning.cli", "validate", f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"],
+        "command": ["python", "-m", "rlightning.cli", "validate",
+                    f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"],
         "resources": copy.deepcopy(main["resources"]),
         "volumeMounts": [copy.deepcopy(m) for m in main["volumeMounts"] if m["name"] == SPEC_VOLUME],
     }
@@ -315,7 +318,8 @@ def _workload(
     pod_spec: dict[str, Any],
 ) -> dict[str, Any]:
     """A Job (trainers) or StatefulSet (evaluators) running `pod_spec`; its metadata and pod template carry the
-    hash of its spec and of the role's view of the PolicyGroup's spec."""
+    hash of its spec and of the role's view of the PolicyGroup's spec.
+    """
     role = TRAIN if kind == "Job" else EVAL
     group = manifest.metadata.name
     spec["template"] = {"metadata": {"labels": labels(group, role)}, "spec": pod_spec}

@@ -13,7 +13,7 @@ from rlightning.config._base import StrictModel
 # A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/):
 # a decimal number, then a binary suffix (Ki..Ei), a decimal SI suffix (n, u, m, k, M..E) or a decimal exponent.
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-_SUFFIX_FACTORS = {
+_SUFFIX_FACTORS: dict[str, decimal.Decimal | int] = {
     "": 1, "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"), "m": decimal.Decimal("1e-3"),
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,

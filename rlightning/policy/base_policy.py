@@ -239,7 +239,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
 
     @abc.abstractmethod
-    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:  # type: ignore[override]  # seed's API: an update
         """Run one update on the dataset given to `update_dataset`; increments `iteration` and `env_steps`.
 
         Returns:
@@ -255,7 +255,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
 
     @abc.abstractmethod
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:  # type: ignore[override]  # seed's API
         """Load a whole-policy state dict, also one saved from a DDP-wrapped or torch.compile'd policy.
 
         Args:
@@ -375,7 +375,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             )
         # CPU modules take no device_ids (gloo); a CUDA module takes its own device.
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = []
+        wrapped: list[tuple[str, nn.Module]] = []
         for name, module in self.model_list:
             ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
             set_nested_attr(self, name, ddp)
@@ -562,7 +562,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             error: Exception | None = None
             try:
                 version = self.update_weights_from_buffer()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (handed to the waiters and re-raised below)
                 error = exc
             with self._update_cond:
                 self.weight_update_error = error

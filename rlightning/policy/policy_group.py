@@ -153,7 +153,9 @@ class PolicyGroup:
         ref = self._reference()
         found: dict[str, tuple[int, dict[str, float], dict[str, str] | None]] = {}
         for index, policy in enumerate(self.eval_policies):
-            found[f"local-{index}"] = (policy.weight_version, policy.get_param_fingerprint(), policy.get_param_digests())
+            found[f"local-{index}"] = (
+                policy.weight_version, policy.get_param_fingerprint(), policy.get_param_digests()
+            )
         problems: dict[str, list[str]] = {}
         if self.sender is not None:
             reports = self.sender.reports()  # also folds membership changes into `members`

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,7 @@ def broadcast_training_state(policy: BasePolicy, src: int = 0) -> None:
         for _, tensor in sorted(weights.named_state(policy).items()):
             dist.broadcast(tensor, src)
     optimizer = policy.optimizer
-    payload = [
+    payload: list[dict[str, Any]] = [
         {
             "optimizer": None if optimizer is None else clone_checkpoint_value(optimizer.state_dict()),
             "iteration": policy.iteration,

@@ -3,8 +3,8 @@
 Every rank: joins the DDP default group (gloo on CPU, nccl on CUDA; used for gradients and the all-reduces
 below, never for weight sync), builds the policy, resumes when `train.checkpoint.resume` (rank 0 loads the
 newest checkpoint of its run directory and broadcasts its training state, `_resume`), then loops collect ->
-update_dataset -> train. After each iteration the ranks all-reduce their episode returns and agree on whether to stop (one MAX all-reduce: rank 0's decision or
-any rank's SIGTERM).
+update_dataset -> train. After each iteration the ranks all-reduce their episode returns and agree on whether
+to stop (one MAX all-reduce: rank 0's decision or any rank's SIGTERM).
 
 Rank 0 also: publishes weights to the evaluators every `weightSync.intervalIterations` through a
 `rlightning.weights.WeightSender` (store on ENV_TRAIN_MASTER_ADDR:ENV_WEIGHT_SYNC_PORT) with a strictly
@@ -170,7 +170,7 @@ class Coordinator:
                         self.sender.members, fleet, checkpoint_version, fleet)
         return max(checkpoint_version, fleet)
 
-    def publish(self, policy: torch.nn.Module, iteration: int) -> None:
+    def publish(self, policy: BasePolicy, iteration: int) -> None:
         """Publish the policy's weights under a new version; a failed group is logged.
 
         Through `PolicyGroup.sync_weights`: the version is `policy.weight_version + 1`, or above the newest
@@ -181,6 +181,7 @@ class Coordinator:
         except weights.WeightSyncError:
             version = policy.weight_version  # sync_weights set it to the version published
         stats = self.group.last_sync_stats
+        assert stats is not None, "sync_weights sets last_sync_stats, failed or not"
         if stats.failed:
             self.sync.failures += 1
             self.metrics.sync_failures.inc()
@@ -228,7 +229,7 @@ class Coordinator:
 
     # -- per iteration ------------------------------------------------------------------------------------
     def after_iteration(
-        self, policy: torch.nn.Module, train_return: float | None, stats: dict[str, float]
+        self, policy: BasePolicy, train_return: float | None, stats: dict[str, float]
     ) -> tuple[int, dict]:
         """Publish when due, check the evaluators, decide the stop and record a metrics row.
 
@@ -310,7 +311,7 @@ class Coordinator:
             )
 
     # -- the end ------------------------------------------------------------------------------------------
-    def finish(self, policy: torch.nn.Module, code: int, last_row: dict, resumed_from: str | None) -> RunSummary:
+    def finish(self, policy: BasePolicy, code: int, last_row: dict, resumed_from: str | None) -> RunSummary:
         """Make the evaluators hold the final weights, check them, checkpoint and write summary.json."""
         iteration = policy.iteration
         final_return, final_version = last_row.get("eval_return"), last_row.get("eval_version")
@@ -365,7 +366,7 @@ def _min_version(reports: dict[int, weights.ReceiverReport]) -> int | None:
     return min(versions) if versions else None
 
 
-def save_checkpoint(policy: torch.nn.Module, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
+def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
     """Write the checkpoint of the current iteration and delete all but the newest `checkpoint.keep`."""
     path = policy.save_checkpoint(run_dir.checkpoint_path(policy.iteration))
     run_dir.prune_checkpoints(spec.train.checkpoint.keep)
@@ -376,7 +377,7 @@ def _device_backend(policy_device: torch.device) -> str:
     return "nccl" if policy_device.type == "cuda" else "gloo"
 
 
-def _all_reduce(values: list[float], op: dist.ReduceOp = dist.ReduceOp.SUM) -> list[float]:
+def _all_reduce(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
         tensor = tensor.cuda()
@@ -420,7 +421,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     # Every rank continues from the same version floor (rank 0 learns the evaluators' newest); MAX all-reduce.
     floor = coordinator.version_floor(policy.weight_version) if coordinator is not None else 0
     policy.weight_version = int(_all_reduce([max(floor, policy.weight_version)], dist.ReduceOp.MAX)[0])
-    code, row, last_return = CONTINUE, {}, None
+    code, last_return = CONTINUE, None
+    row: dict = {}
     try:
         while code == CONTINUE:
             finished = collector.episodes_finished
@@ -437,8 +439,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
                     save_checkpoint(policy, run_dir, spec)
             local = STOP_SIGNAL if stop.requested else CONTINUE
             # one MAX all-reduce: the stop decision, and rank 0's weight version (it may have jumped) for all
-            code, version = _all_reduce([max(code, local), policy.weight_version], dist.ReduceOp.MAX)
-            code, policy.weight_version = int(code), int(version)
+            decided, version = _all_reduce([max(code, local), policy.weight_version], dist.ReduceOp.MAX)
+            code, policy.weight_version = int(decided), int(version)
         if code == STOP_SIGNAL:
             log.info("stopping on %s", stop.signal_name or "a signal to another rank")
         if coordinator is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,18 +52,18 @@ class Membership:
         self.highest_version = 0
         """The highest weight version any join event carried (what the fleet held when it registered)."""
 
-    def apply(self, event: Mapping[str, object]) -> None:
+    def apply(self, event: Mapping[str, Any]) -> None:
         """Fold one event {"event": "join"|"leave", "ordinal": int, "session": str, "cuda": bool, "version": int}.
 
         A join replaces an older session of the same ordinal and raises `highest_version` to its `version` (the
         newest version that receiver holds; absent means 0); a leave removes the ordinal only when its session
         is the current one (a stale leave of a restarted receiver is ignored).
         """
-        ordinal, session = int(event["ordinal"]), str(event["session"])  # type: ignore[arg-type]
+        ordinal, session = int(event["ordinal"]), str(event["session"])
         if event["event"] == "join":
             self.members[ordinal] = Member(ordinal, session, bool(event.get("cuda", False)))
             self.seen.add(ordinal)
-            version = int(event.get("version", 0))  # type: ignore[call-overload]
+            version = int(event.get("version", 0))
             self.highest_version = max(self.highest_version, version)
         elif event["event"] == "leave":
             self.evict(ordinal, session)

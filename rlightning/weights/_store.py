@@ -8,6 +8,7 @@ Every barrier or acknowledgement uses a key that is fresh per publish (`seq`), n
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import socket
@@ -184,7 +185,9 @@ def connect_store(
             try:
                 # bounded: a stopped sender's socket accepts the connection but never answers the handshake
                 store = bounded(
-                    lambda: dist.TCPStore(host, port, None, False, _timedelta(connect), wait_for_workers=False),
+                    functools.partial(
+                        dist.TCPStore, host, port, None, False, _timedelta(connect), wait_for_workers=False
+                    ),
                     connect + 1.0,
                     "the connection",
                 )
