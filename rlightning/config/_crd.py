@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel
 
 from rlightning import contract
-from rlightning.config._pod import GPU_RESOURCE, QUANTITY_PATTERN
+from rlightning.config._pod import GPU_RESOURCE, QUANTITY_MAX_LENGTH, QUANTITY_PATTERN
 from rlightning.config._spec import NAME_PATTERN, PolicyGroupSpec
 from rlightning.config._status import PolicyGroupStatus
 
@@ -120,7 +120,9 @@ def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str
             for key, value in properties.items():
                 child = _convert(value, defs, keep_defaults=keep_defaults)
                 if (model, key) in _QUANTITY_MAPS:
-                    child["additionalProperties"] = {"type": "string", "pattern": QUANTITY_PATTERN}
+                    child["additionalProperties"] = {
+                        "type": "string", "pattern": QUANTITY_PATTERN, "maxLength": QUANTITY_MAX_LENGTH
+                    }
                 if key in node.get("required", ()):
                     child.pop("default", None)  # a required field has no default
                 converted[key] = child

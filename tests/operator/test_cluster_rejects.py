@@ -26,6 +26,7 @@ INVALID = [
     ("port out of range", {"spec.ports": {"torchrun": 70000}}, "spec.ports.torchrun"),
     ("clashing ports", {"spec.ports": {"torchrun": 29600, "weightSync": 29600}}, "distinct ports"),
     ("cpu not a quantity", {"spec.train.pod.resources.requests.cpu": "two"}, "spec.train.pod.resources.requests.cpu"),
+    ("quantity too long", {"spec.train.pod.resources.limits.cpu": "1" * 65}, "spec.train.pod.resources.limits.cpu"),
     ("memory request above limit",
      {"spec.train.pod.resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}},
      "each request must not exceed the limit"),
