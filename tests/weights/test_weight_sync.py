@@ -33,6 +33,8 @@ from rlightning.weights import (
 )
 from tests._ports import WEIGHTS_SYNC
 
+pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
+
 torch.set_num_threads(1)
 TIMEOUT = 5.0
 

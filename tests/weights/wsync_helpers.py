@@ -67,7 +67,7 @@ def start_receiver(
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
 
 
-def wait_started(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def wait_started(proc: subprocess.Popen, timeout: float = 60.0) -> None:
     """Wait (bounded) for a receiver's first line, `{"event": "started"}`: it is up and connecting."""
     assert proc.stdout is not None
     readable, _, _ = select.select([proc.stdout], [], [], timeout)
