@@ -29,7 +29,7 @@ from rlightning.weights import _transport
 from rlightning.weights._buckets import BucketLayout
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
-from tests._ports import BENCH_NCCL  # noqa: E402
+from tests._ports import BENCH_NCCL
 
 HOST = "127.0.0.1"
 
@@ -112,7 +112,8 @@ def check_auto_backend() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--port", type=int, default=BENCH_NCCL.first, help="first of two ports (default: block BENCH_NCCL of tests/_ports.py)"
+        "--port", type=int, default=BENCH_NCCL.first,
+        help="first of two ports (default: block BENCH_NCCL of tests/_ports.py)",
     )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -132,7 +133,7 @@ def main() -> None:
     for name, check in checks:
         try:
             print(f"PASS {name}: {check()}", flush=True)
-        except Exception as exc:  # report every check, whatever fails
+        except Exception as exc:  # noqa: BLE001 (report every check, whatever fails)
             failed += 1
             print(f"FAIL {name}: {exc!r}", flush=True)
             traceback.print_exc()

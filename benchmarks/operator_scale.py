@@ -32,6 +32,8 @@ sys.path.append(str(REPO))  # operator_cluster imports tests._ports
 import kubernetes  # noqa: E402
 import yaml  # noqa: E402
 
+import devcluster  # noqa: E402
+
 from operator_cluster import CRD_FILE, OperatorProcess, small, wait_for  # noqa: E402
 
 SCENARIOS = {"wide": (1, 1000), "many": (100, 10)}
@@ -102,13 +104,14 @@ def _settle(operator: OperatorProcess, quiet_seconds: float = 10.0, timeout: flo
     return time.monotonic() - started - quiet_seconds
 
 
-def run_scenario(cluster, name: str, steady_seconds: float, log_dir: Path) -> dict:
+def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_seconds: float, log_dir: Path) -> dict:
     """Run one scenario; returns its figures."""
     groups, evaluators = SCENARIOS[name]
     namespace = f"bench-{name}-{uuid.uuid4().hex[:6]}"
     api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
     kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
     operator = OperatorProcess(cluster, namespace, log_dir / f"operator-{name}.log").start()
+    assert operator.process is not None, "started"
     custom = kubernetes.client.CustomObjectsApi(api)
     try:
         started = time.monotonic()
@@ -154,10 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     log_dir = Path(tempfile.mkdtemp(prefix="rlightning-operator-bench-"))
     if args.kubeconfig:
-        cluster, owned = _GivenCluster(args.kubeconfig), None
+        cluster: _GivenCluster | devcluster.Cluster = _GivenCluster(args.kubeconfig)
+        owned = None
     else:
-        import devcluster
-
         cluster = owned = devcluster.launch()
     try:
         _install_crd(cluster.kubeconfig)

@@ -38,7 +38,7 @@ from rlightning.weights import WeightReceiver, WeightSender
 from rlightning.weights._buckets import BucketLayout
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
-from tests._ports import BENCH_WEIGHT_SYNC  # noqa: E402
+from tests._ports import BENCH_WEIGHT_SYNC
 
 HOST = "127.0.0.1"
 TENSOR_NUMEL = 262_144  # 1 MB float32 tensors, plus a 1024-element bias after each
@@ -98,11 +98,11 @@ def run_receiver(args: argparse.Namespace) -> None:
         store = receiver._store
         if store is None or receiver.sender_closed:
             continue
-        if "naive" not in done and store.check([NAIVE_KEY]):
+        transport = receiver._transport
+        if "naive" not in done and transport is not None and store.check([NAIVE_KEY]):
             done.add("naive")
-            transport = receiver._transport
             for r in range(int(store.get(NAIVE_KEY))):
-                for name, t in state.items():
+                for t in state.values():
                     out = torch.empty_like(t)
                     transport.wait_work(transport.broadcast(out))
                 store.set(ROUND_ACK.format(kind="naive", round=r, ordinal=args.ordinal), "1")
@@ -110,7 +110,7 @@ def run_receiver(args: argparse.Namespace) -> None:
             done.add("tcp")
             rounds, nbytes, tcp_port = json.loads(store.get(TCP_KEY))
             buf = torch.empty(nbytes, dtype=torch.uint8)
-            view = memoryview(buf.numpy())
+            view = buf.numpy().data
             with socket.create_connection((HOST, tcp_port)) as conn:
                 for _ in range(rounds):
                     got_bytes = 0
@@ -121,7 +121,7 @@ def run_receiver(args: argparse.Namespace) -> None:
 
 
 # -- sender side ----------------------------------------------------------------------------------------
-def wait_acks(store, kind: str, rnd: int, n: int, timeout: float) -> None:
+def wait_acks(store: torch.distributed.Store, kind: str, rnd: int, n: int, timeout: float) -> None:
     keys = [ROUND_ACK.format(kind=kind, round=rnd, ordinal=o) for o in range(n)]
     store.wait(keys, datetime.timedelta(seconds=timeout))
 
@@ -165,6 +165,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
 
         # (b) naive: one tensor at a time over the same gloo group (only when there is one group)
         store, transport = sender._store, next(iter(sender._groups.values())).transport
+        assert transport is not None, "the publishes above formed the group"
         times = []
         if len(sender._groups) == 1:
             store.set(NAIVE_KEY, str(args.syncs))
@@ -180,7 +181,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
 
         # (c) plain TCP: the same bytes (a contiguous copy, as a stream sends them) to every receiver concurrently
         flat = torch.cat([t.reshape(-1) for t in state.values()]).view(torch.uint8)
-        payload = memoryview(flat.numpy())
+        payload = flat.numpy().data
         with socket.create_server((HOST, port + 1)) as server:
             store.set(TCP_KEY, json.dumps([args.syncs, nbytes, port + 1]))
             conns = [server.accept()[0] for _ in range(n)]

@@ -10,6 +10,7 @@ ServiceAccount exists in ``default`` (the ServiceAccount controller made it; pod
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import pathlib
@@ -189,7 +190,7 @@ class Cluster:
             ("kube-scheduler", self.ports.scheduler),
         ):
             url = f"https://{_ports.HOST}:{port}/healthz"
-            self._wait(f"{name} /healthz", deadline, lambda url=url: _http.healthy(url, verify=False))
+            self._wait(f"{name} /healthz", deadline, functools.partial(_http.healthy, url, verify=False))
         self._wait(f"{_nodes.NODE_COUNT} nodes Ready", deadline, lambda: self._ready_nodes(api) >= _nodes.NODE_COUNT)
         self._wait(f"{_nodes.NODE_COUNT} node Leases", deadline, lambda: self._node_leases(api) >= _nodes.NODE_COUNT)
         self._wait(
@@ -280,7 +281,7 @@ class Cluster:
 
     # -- acting on the cluster ----------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:  # noqa: A002 (subprocess's name)
         """Run kubectl as the admin.
 
         Args:

@@ -18,6 +18,7 @@ import json
 import pathlib
 import re
 import subprocess
+from collections.abc import Callable
 
 from devcluster import _versions
 from devcluster import _toolchain
@@ -158,7 +159,7 @@ def _go_version_of(gomod_text: str) -> str:
     return match.group(1) if match else "1.24.0"
 
 
-def generate(log=print) -> None:
+def generate(log: Callable[[str], None] = print) -> None:
     """Rewrite every wrapper go.mod from the pinned versions and run ``go mod tidy`` in each.
 
     Args:

@@ -37,6 +37,7 @@ script inserts the repository root itself.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from devcluster import _ports as devcluster_ports
 from rlightning import contract
@@ -133,7 +134,7 @@ def check_layout(blocks: tuple[PortBlock, ...] = BLOCKS, reserved: tuple[PortBlo
         if block.last >= EPHEMERAL_FIRST:
             raise ValueError(f"block {block.name} ends at {block.last}: must stay below {EPHEMERAL_FIRST}")
     ordered = sorted(blocks + reserved, key=lambda b: b.first)
-    for low, high in zip(ordered, ordered[1:]):
+    for low, high in itertools.pairwise(ordered):
         if high.first <= low.last:
             raise ValueError(f"port blocks {low.name} ({low.first}-{low.last}) and {high.name} "
                              f"({high.first}-{high.last}) overlap")

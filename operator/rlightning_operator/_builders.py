@@ -213,7 +213,7 @@ def build_config_map(manifest: PolicyGroupManifest, namespace: str) -> dict[str,
         dict[str, Any]: A v1 ConfigMap.
     """
     group = manifest.metadata.name
-    document = {
+    document: dict[str, Any] = {
         "apiVersion": contract.GROUP_VERSION,
         "kind": contract.KIND,
         "metadata": {"name": group, "namespace": namespace},
@@ -245,8 +245,10 @@ def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
     """
     group = manifest.metadata.name
     name = contract.service_account_name(group)
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(name, namespace, group)}
-    role = {
+    account: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(name, namespace, group)
+    }
+    role: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(name, namespace, group),
@@ -259,7 +261,7 @@ def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
             }
         ],
     }
-    binding = {
+    binding: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _metadata(name, namespace, group),

@@ -52,7 +52,7 @@ class Context:
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     """Post a Kubernetes Event about `obj` through kopf (queued; safe from handler threads)."""
-    kopf.event(dict(obj), type=type_, reason=reason, message=message)
+    kopf.event(dict(obj), type=type_, reason=reason, message=message)  # type: ignore[arg-type]  # reads any mapping
 
 
 @kopf.on.startup(registry=REGISTRY)
@@ -82,7 +82,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
 @kopf.on.login(registry=REGISTRY)
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """kopf's credentials: the in-cluster service account, else $KUBECONFIG read now (a custom registry gets
-    no default login handler)."""
+    no default login handler).
+    """
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
@@ -97,8 +98,9 @@ async def cleanup(memo: Context, **_: Any) -> None:
                 registry=REGISTRY)
 @kopf.on.create(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, id="reconcile-create", param="create",
                 registry=REGISTRY)
-@kopf.on.update(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, id="reconcile-update", param="update",
-                field="spec", registry=REGISTRY)
+# The ignore: kopf's handler protocol gives `param` a default, and each of these decorators sets it.
+@kopf.on.update(contract.API_GROUP, contract.API_VERSION, contract.PLURAL,  # type: ignore[arg-type]
+                id="reconcile-update", param="update", field="spec", registry=REGISTRY)
 def reconcile_group(body: kopf.Body, param: str, retry: int, memo: Context, **_: Any) -> None:
     """Reconcile a PolicyGroup after it was created, its spec changed, or the operator started.
 
@@ -132,7 +134,8 @@ def reconcile_group(body: kopf.Body, param: str, retry: int, memo: Context, **_:
                registry=REGISTRY)
 async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's name)
     """A managed Job or StatefulSet changed (status, spec, deletion): refresh its PolicyGroup soon, unless
-    nothing the status or the plan reads from it changed."""
+    nothing the status or the plan reads from it changed.
+    """
     group = body.metadata.labels.get(contract.LABEL_GROUP)
     if group and memo.refresher is not None and body.metadata.namespace:
         fingerprint = status.child_fingerprint(_plain(body))

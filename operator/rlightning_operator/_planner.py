@@ -43,7 +43,8 @@ class Action:
 
     Attributes:
         type (ActionType): create, patch, scale (StatefulSet replicas only), recreate (delete now; create at
-            once from `body` when it is set, else on the next reconcile, as for a Job), wait (nothing to do until the child is gone) or conflict (owned by another).
+            once from `body` when it is set, else on the next reconcile, as for a Job), wait (nothing to do until
+            the child is gone) or conflict (owned by another).
         kind (str): Kubernetes kind of the child, for example `Job`.
         name (str): metadata.name of the child.
         body (dict[str, Any] | None): The manifest to create (for create and a recreate at once), or the JSON

@@ -255,7 +255,7 @@ class Reconciler:
         elif action.type == "recreate":  # nothing depends on it: delete and create at once
             self._client.delete(action.kind, namespace, action.name, propagation="Background")
             try:
-                result = self._client.create(action.body)
+                result = self._client.create(action.body or {})
             except kube.Conflict:  # a finalizer keeps the old one a while: created on a later pass
                 result = None
         elif action.type == "create":

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel
 
 from rlightning import contract
-from rlightning.config._pod import GPU_RESOURCE, QUANTITY_PATTERN
+from rlightning.config._pod import GPU_RESOURCE, QUANTITY_MAX_LENGTH, QUANTITY_PATTERN
 from rlightning.config._spec import NAME_PATTERN, PolicyGroupSpec
 from rlightning.config._status import PolicyGroupStatus
 
@@ -38,6 +38,18 @@ _CEL_RULES: dict[str, list[dict[str, str]]] = {
                 f"(has(self.limits) && '{_GPU}' in self.limits && self.limits['{_GPU}'] == self.requests['{_GPU}'])"
             ),
             "message": f"requests.{_GPU} must equal limits.{_GPU} (extended resources are not overcommitted)",
+            "fieldPath": ".requests",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            # Kubernetes' CEL quantity library (1.28+; kubernetes.io/docs/reference/using-api/cel/
+            # #kubernetes-quantity-library). isQuantity skips values the pattern already refuses.
+            "rule": (
+                "!has(self.requests) || !has(self.limits) || self.requests.all(name, !(name in self.limits) || "
+                "!isQuantity(self.requests[name]) || !isQuantity(self.limits[name]) || "
+                "!quantity(self.requests[name]).isGreaterThan(quantity(self.limits[name])))"
+            ),
+            "message": "each request must not exceed the limit of the same resource",
             "fieldPath": ".requests",
             "reason": "FieldValueInvalid",
         },
@@ -108,7 +120,9 @@ def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str
             for key, value in properties.items():
                 child = _convert(value, defs, keep_defaults=keep_defaults)
                 if (model, key) in _QUANTITY_MAPS:
-                    child["additionalProperties"] = {"type": "string", "pattern": QUANTITY_PATTERN}
+                    child["additionalProperties"] = {
+                        "type": "string", "pattern": QUANTITY_PATTERN, "maxLength": QUANTITY_MAX_LENGTH
+                    }
                 if key in node.get("required", ()):
                     child.pop("default", None)  # a required field has no default
                 converted[key] = child

@@ -13,7 +13,11 @@ from rlightning.config._base import StrictModel
 # A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/):
 # a decimal number, then a binary suffix (Ki..Ei), a decimal SI suffix (n, u, m, k, M..E) or a decimal exponent.
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-_SUFFIX_FACTORS = {
+# Bounds that let the API server's CEL cost estimate admit the request <= limit rule (an unbounded map of
+# unbounded strings exceeds its budget); far above any real container's resources.
+QUANTITY_MAX_LENGTH = 64
+MAX_RESOURCES = 32
+_SUFFIX_FACTORS: dict[str, decimal.Decimal | int] = {
     "": 1, "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"), "m": decimal.Decimal("1e-3"),
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -52,10 +56,12 @@ class ResourceRequirements(StrictModel):
 
     requests: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_RESOURCES,
         description="Resources the scheduler reserves, by name (cpu, memory, nvidia.com/gpu), as quantities.",
     )
     limits: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_RESOURCES,
         description="Hard caps by resource name, as quantities. nvidia.com/gpu must be set here to get GPUs.",
     )
 
@@ -63,7 +69,7 @@ class ResourceRequirements(StrictModel):
     @classmethod
     def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
         for name, quantity in value.items():
-            if re.fullmatch(QUANTITY_PATTERN, str(quantity)) is None:
+            if len(str(quantity)) > QUANTITY_MAX_LENGTH or re.fullmatch(QUANTITY_PATTERN, str(quantity)) is None:
                 raise ValueError(f"{name}={quantity!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
         return value
 

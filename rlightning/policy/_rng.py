@@ -31,7 +31,9 @@ def capture_rng_state() -> dict[str, Any]:
             tensor per device).
     """
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    numpy_state = np.random.get_state(legacy=True)
+    assert isinstance(numpy_state, tuple), "legacy=True gives the MT19937 tuple"
+    name, keys, pos, has_gauss, cached = numpy_state
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],

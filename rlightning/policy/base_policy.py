@@ -148,7 +148,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
 
     @abc.abstractmethod
-    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def train(self, *args: Any, **kwargs: Any) -> dict[str, float]:  # type: ignore[override]  # seed's API: an update
         """Run one update on the dataset given to `update_dataset`; increments `iteration` and `env_steps`.
 
         Returns:
@@ -164,7 +164,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
 
     @abc.abstractmethod
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:  # type: ignore[override]  # seed's API
         """Load a whole-policy state dict, also one saved from a DDP-wrapped or torch.compile'd policy.
 
         Args:

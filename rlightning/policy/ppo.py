@@ -141,10 +141,7 @@ class PPONetwork(nn.Module):
         """
         dist = self.distribution(obs)
         if action is None:
-            if deterministic:
-                action = dist.mean if self.continuous else dist.probs.argmax(-1)
-            else:
-                action = dist.sample()
+            action = dist.mode if deterministic else dist.sample()  # mode: the mean, or the likeliest class
         log_prob = dist.log_prob(action)
         entropy = dist.entropy()
         if self.continuous:
@@ -248,7 +245,7 @@ class PPOPolicy(base_policy.BasePolicy):
         Raises:
             ValueError: When keys are missing or the batch is not 2-D.
         """
-        missing = [key for key in DATASET_KEYS if key not in dataset.keys()]
+        missing = [key for key in DATASET_KEYS if key not in dataset.keys()]  # noqa: SIM118 (TensorDict refuses `in`)
         if missing or dataset.batch_dims != 2:
             raise ValueError(
                 f"PPO dataset must be a [T, N] TensorDict with keys {list(DATASET_KEYS)}; "
@@ -258,13 +255,14 @@ class PPOPolicy(base_policy.BasePolicy):
 
     def current_lr(self) -> float:
         """The learning rate of the next update: linearly annealed over `train.total_env_steps` when
-        `optim.anneal_lr` is set and a train config was given (CleanRL's schedule), else `optim.lr`."""
+        `optim.anneal_lr` is set and a train config was given (CleanRL's schedule), else `optim.lr`.
+        """
         optim = self.config.optim
         if not optim.anneal_lr or self.train_config is None:
             return optim.lr
         return optim.lr * max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
 
-    def train(self) -> dict[str, float]:  # type: ignore[override]
+    def train(self) -> dict[str, float]:  # type: ignore[override]  # the seed's train() takes no arguments
         """One PPO update on the batch from `update_dataset`: `update_epochs` passes of `num_minibatches`.
 
         Under DDP every rank must call this with a batch of the same shape (gradients are all-reduced).
@@ -297,7 +295,7 @@ class PPOPolicy(base_policy.BasePolicy):
             for index in torch.tensor_split(order, kw.num_minibatches):
                 if index.numel() == 0:
                     continue
-                stats = self._minibatch_step(flat[index])
+                stats = self._minibatch_step(flat[index], self.optimizer)
                 for key, value in stats.items():
                     sums[key] += value
                 updates += 1
@@ -311,7 +309,7 @@ class PPOPolicy(base_policy.BasePolicy):
         metrics.update(explained_variance=explained, lr=lr)
         return metrics
 
-    def _minibatch_step(self, mb: TensorDict) -> dict[str, float]:
+    def _minibatch_step(self, mb: TensorDict, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         kw = self.kwargs
         _, log_prob, entropy, value = self.agent(mb["observation"], mb["action"])
         log_ratio = log_prob - mb["log_prob"]
@@ -330,11 +328,11 @@ class PPOPolicy(base_policy.BasePolicy):
         entropy_mean = entropy.mean()
         loss = policy_loss - kw.entropy_coef * entropy_mean + kw.value_coef * value_loss
 
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.optim.max_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.parameters(), self.config.optim.max_grad_norm)
-        self.optimizer.step()
+        optimizer.step()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - log_ratio).mean()  # http://joschu.net/blog/kl-approx.html (k3)
             clip_fraction = ((ratio - 1).abs() > kw.clip_coef).float().mean()
@@ -350,7 +348,7 @@ class PPOPolicy(base_policy.BasePolicy):
         """`{"agent": state dict}` with clean keys (no DDP/compile prefixes)."""
         return {name: dict(weights.named_state(module)) for name, module in self.model_list}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]  # seed's API
         """Load a whole-policy state dict, also from a DDP-wrapped or torch.compile'd policy.
 
         Args:

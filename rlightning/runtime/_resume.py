@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist

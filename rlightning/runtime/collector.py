@@ -98,7 +98,8 @@ class RolloutCollector:
         for t in range(num_steps):
             observation = torch.as_tensor(self._obs, dtype=torch.float32)
             out = self.policy.rollout({"observation": observation, "deterministic": False})
-            next_obs, reward, terminated, truncated, info = self.envs.step(to_env_action(out["action"], self.action_space))
+            action = to_env_action(out["action"], self.action_space)
+            next_obs, reward, terminated, truncated, info = self.envs.step(action)
             # Truncated copies are bootstrapped from their final observation (before the auto-reset).
             cut = np.flatnonzero(truncated & ~terminated)
             if cut.size:
@@ -112,7 +113,8 @@ class RolloutCollector:
             rows["truncated"].append(torch.as_tensor(truncated, dtype=torch.bool))
             self._track_episodes(reward, terminated | truncated)
             self._obs = next_obs
-        data = TensorDict({key: torch.stack(items) for key, items in rows.items()}, batch_size=[num_steps, self.num_envs])
+        stacked = {key: torch.stack(items) for key, items in rows.items()}
+        data = TensorDict(stacked, batch_size=[num_steps, self.num_envs])
         next_value = torch.cat([data["value"][1:].float(), self._value(self._obs)[None]])
         next_value = next_value.masked_fill(data["terminated"] | data["truncated"], 0.0)
         for t, (cut, values) in final_values.items():

@@ -64,7 +64,9 @@ class Evaluator:
         self.stop = StopRequest()
         self.policy = build_policy(spec.policy, PolicyRole.EVAL)
         self.policy.init_eval(EnvMeta.from_env_config(spec.env), seed=spec.train.seed + ordinal)
-        self.receiver = weights.WeightReceiver(spec.weight_sync, settings.master_addr, settings.weight_sync_port, ordinal)
+        self.receiver = weights.WeightReceiver(
+            spec.weight_sync, settings.master_addr, settings.weight_sync_port, ordinal
+        )
         self.metrics = EvaluatorMetrics(settings.metrics_port)
         self._lock = threading.Lock()
         self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
@@ -158,7 +160,8 @@ def main() -> int:
     """
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s eval[{os.environ.get(contract.ENV_EVAL_ORDINAL, '?')}] %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s eval[{os.environ.get(contract.ENV_EVAL_ORDINAL, '?')}] "
+        "%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     try:

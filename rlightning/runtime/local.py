@@ -75,8 +75,12 @@ class Child:
     popen: subprocess.Popen | None = field(default=None, repr=False)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
-    def start(self) -> None:
-        """Start (or restart) the process in a new session, appending to its log."""
+    def start(self) -> int:
+        """Start (or restart) the process in a new session, appending to its log.
+
+        Returns:
+            int: The process id (also its process group's: a new session).
+        """
         self._close_log()
         self._log = self.log_path.open("ab")
         self.popen = subprocess.Popen(
@@ -90,6 +94,7 @@ class Child:
         header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} pid {self.popen.pid}: {' '.join(self.command)}\n"
         self._log.write(header.encode())
         self._log.flush()
+        return self.popen.pid
 
     def poll(self) -> int | None:
         """Exit code, or None while running (or never started)."""
@@ -230,8 +235,8 @@ class LocalRun:
         try:
             with view:
                 for child in children:
-                    child.start()
-                    view.message(f"started {child.name} (pid {child.popen.pid}), log {child.log_path}")
+                    pid = child.start()
+                    view.message(f"started {child.name} (pid {pid}), log {child.log_path}")
                 code = self._supervise(trainer, evals, view, tail)
                 view.update(tail.read_new(), self._states(children))
         finally:

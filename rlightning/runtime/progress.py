@@ -39,7 +39,8 @@ def format_row(row: dict[str, Any], total_env_steps: int) -> str:
     eval_version = row.get("eval_version")
     eval_at = f"@v{eval_version}" if eval_version is not None else ""
     return (
-        f"iter {row.get('iteration', 0)}  steps {steps}/{total_env_steps} ({100 * steps / max(total_env_steps, 1):.0f}%)"
+        f"iter {row.get('iteration', 0)}  steps {steps}/{total_env_steps} "
+        f"({100 * steps / max(total_env_steps, 1):.0f}%)"
         f"  train {_num(row.get('train_return'))}  eval {_num(row.get('eval_return'))}{eval_at}"
         f"  version {row.get('weight_version', 0)}  consistent {_consistent(row.get('consistent'))}"
         f"  elapsed {_num(row.get('elapsed_seconds'), '{:.0f}s')}"

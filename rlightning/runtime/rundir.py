@@ -97,8 +97,8 @@ class RunDir:
         """Complete checkpoints, oldest first (partially written `.tmp` files are ignored)."""
         if not self.checkpoints_dir.is_dir():
             return []
-        found = [p for p in self.checkpoints_dir.iterdir() if _CHECKPOINT_RE.match(p.name)]
-        return sorted(found, key=lambda p: int(_CHECKPOINT_RE.match(p.name).group(1)))
+        found = [(int(m.group(1)), p) for p in self.checkpoints_dir.iterdir() if (m := _CHECKPOINT_RE.match(p.name))]
+        return [p for _, p in sorted(found)]
 
     def newest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint, or None."""

@@ -52,7 +52,7 @@ DDP_TIMEOUT = timedelta(minutes=30)
 """Timeout of the DDP default group's collectives: covers rank 0's waits for evaluator reports."""
 
 
-def save_checkpoint(policy: torch.nn.Module, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
+def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
     """Write the checkpoint of the current iteration and delete all but the newest `checkpoint.keep`."""
     path = policy.save_checkpoint(run_dir.checkpoint_path(policy.iteration))
     run_dir.prune_checkpoints(spec.train.checkpoint.keep)
@@ -63,7 +63,7 @@ def _device_backend(policy_device: torch.device) -> str:
     return "nccl" if policy_device.type == "cuda" else "gloo"
 
 
-def _all_reduce(values: list[float], op: dist.ReduceOp = dist.ReduceOp.SUM) -> list[float]:
+def _all_reduce(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
         tensor = tensor.cuda()

@@ -279,22 +279,23 @@ def _segments(buckets: Sequence[BucketSpec]) -> list[Segment]:
     out: list[Segment] = []
     for index, bucket in enumerate(buckets):
         run: list[TensorSlot] = []
-
-        def flush() -> None:
-            if run:
-                numel = run[-1].offset + run[-1].numel - run[0].offset
-                out.append(Segment(index, run[0].offset, numel, tuple(run), False))
-                run.clear()
-
         for slot in bucket.slots:
             nbytes = slot.numel * bucket.dtype.itemsize
             if len(bucket.slots) == 1 or nbytes >= ZERO_COPY_MIN_BYTES:
-                flush()
+                _flush_run(out, index, run)
                 out.append(Segment(index, slot.offset, slot.numel, (slot,), True))
                 continue
             run_bytes = (slot.offset + slot.numel - run[0].offset) * bucket.dtype.itemsize if run else 0
             if run_bytes > PACKED_TRANSFER_MAX_BYTES:
-                flush()
+                _flush_run(out, index, run)
             run.append(slot)
-        flush()
+        _flush_run(out, index, run)
     return out
+
+
+def _flush_run(out: list[Segment], bucket: int, run: list[TensorSlot]) -> None:
+    """Close a run of adjacent small tensors of `bucket` as one packed segment appended to `out`; empties `run`."""
+    if run:
+        numel = run[-1].offset + run[-1].numel - run[0].offset
+        out.append(Segment(bucket, run[0].offset, numel, tuple(run), False))
+        run.clear()

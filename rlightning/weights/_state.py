@@ -61,7 +61,8 @@ def clean_state_dict_keys(state_dict: Mapping[str, object]) -> dict[str, object]
 
 def _unwrapped_modules(module: nn.Module, name: str = "") -> list[tuple[str, nn.Module]]:
     """`named_modules()` with wrappers removed at every depth, so a DDP-wrapped child (a policy's
-    `agent = DDP(net)`) is named `agent.x`, not `agent.module.x`."""
+    `agent = DDP(net)`) is named `agent.x`, not `agent.module.x`.
+    """
     module = _unwrap(module)
     out = [(name, module)]
     for child_name, child in module.named_children():

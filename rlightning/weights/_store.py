@@ -9,6 +9,7 @@ values are, and their encoding, is `_messages`.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import socket
 import threading
@@ -180,7 +181,9 @@ def connect_store(
             try:
                 # bounded: a stopped sender's socket accepts the connection but never answers the handshake
                 store = bounded(
-                    lambda: dist.TCPStore(host, port, None, False, _timedelta(connect), wait_for_workers=False),
+                    functools.partial(
+                        dist.TCPStore, host, port, None, False, _timedelta(connect), wait_for_workers=False
+                    ),
                     connect + 1.0,
                     "the connection",
                 )

@@ -120,18 +120,21 @@ class BroadcastGroup:
         delta = datetime.timedelta(seconds=timeout)
         # Its own store connection: a TCPStore client holds a lock through a blocking get, so groups forming
         # concurrently on one client would wait for each other (a dead member would stall every group).
-        self._store = store.clone()
-        self._store.set_timeout(delta)
-        prefixed = dist.PrefixStore(prefix, self._store)
+        client = store.clone()
+        client.set_timeout(delta)
+        self._store: dist.Store | None = client
+        self._pg: dist.ProcessGroup | None
+        prefixed = dist.PrefixStore(prefix, client)
         if backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self._pg = _nccl.new_group(prefixed, rank, size, delta, self.device)
         else:
             self.device = torch.device("cpu")
-            options = dist.ProcessGroupGloo._Options()
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # takes _devices; not in the stubs
             options._timeout = delta
             options._devices = [_gloo_device(address) for _ in range(GLOO_CONTEXTS)]
-            self._pg = dist.ProcessGroupGloo(prefixed, rank, size, options)
+            # a Backend, used through the collectives ProcessGroup declares (the Backend stub omits them)
+            self._pg = dist.ProcessGroupGloo(prefixed, rank, size, options)  # type: ignore[assignment]
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start broadcasting `tensor` from rank 0 (sent from rank 0, received in place elsewhere).
@@ -148,6 +151,8 @@ class BroadcastGroup:
         opts.rootRank = 0
         opts.rootTensor = 0
         opts.timeout = datetime.timedelta(seconds=self.timeout)
+        if self._pg is None:
+            raise RuntimeError("broadcast on a closed group")
         return self._pg.broadcast([tensor], opts)
 
     def wait_work(self, work: dist.Work, deadline: float | None = None) -> None:

@@ -97,7 +97,8 @@ def test_env_configures_the_operator(offline_helm):
     settings = _settings(_container(documents(offline_helm.template("--set", "logLevel=debug,logFormat=json"))))
     assert settings.all_namespaces and settings.served_namespaces == []
     assert (settings.log_level, settings.log_format) == ("DEBUG", "json")
-    assert (settings.health_port, settings.metrics_port) == (contract.OPERATOR_HEALTH_PORT, contract.OPERATOR_METRICS_PORT)
+    assert settings.health_port == contract.OPERATOR_HEALTH_PORT
+    assert settings.metrics_port == contract.OPERATOR_METRICS_PORT
 
     settings = _settings(_container(documents(offline_helm.template(*NAMESPACED))))
     assert not settings.all_namespaces and settings.served_namespaces == ["team-a", "team-b"]

@@ -89,7 +89,9 @@ def pods(cluster, namespace: str, role: str | None = None) -> list[dict]:
 
 def running(pod_list: list[dict]) -> int:
     """How many pods are Running and not being deleted."""
-    return sum(1 for p in pod_list if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"))
+    return sum(
+        1 for p in pod_list if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
 
 
 def condition(group: dict, type_: str) -> dict:

@@ -65,7 +65,8 @@ def test_config_map_holds_the_validated_manifest(example):
     document = yaml.safe_load(data[contract.SPEC_FILE_NAME])
     expected = example.spec.model_copy(update={"eval": example.spec.eval.model_copy(update={"replicas": 1})})
     assert parse_manifest(document).spec == expected
-    assert not {"replicas", "minReplicas", "maxReplicas"} & set(document["spec"]["eval"]), "scaling is not in the spec file"
+    scaling = {"replicas", "minReplicas", "maxReplicas"}
+    assert not scaling & set(document["spec"]["eval"]), "scaling is not in the spec file"
 
 
 def test_role_grants_only_this_groups_status(example):
@@ -74,7 +75,8 @@ def test_role_grants_only_this_groups_status(example):
         {"apiGroups": ["rlightning.io"], "resources": ["policygroups/status"], "resourceNames": ["cartpole"],
          "verbs": ["get", "patch"]}
     ]
-    assert children["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "cartpole-runtime", "namespace": NS}]
+    subject = {"kind": "ServiceAccount", "name": "cartpole-runtime", "namespace": NS}
+    assert children["RoleBinding"]["subjects"] == [subject]
     assert children["RoleBinding"]["roleRef"]["name"] == "cartpole-runtime"
 
 
@@ -86,7 +88,8 @@ def test_trainer_job_and_headless_service(example):
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weight-sync": 29600,
                                                                       "metrics": 9400}
     spec = job["spec"]
-    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", 1, 1, 3)
+    counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"])
+    assert counts == ("Indexed", 1, 1, 3)
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "cartpole-train" and pod["restartPolicy"] == "Never"
     assert pod["serviceAccountName"] == "cartpole-runtime"
@@ -171,7 +174,9 @@ SPEC_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("edit", "check"), SPEC_CASES, ids=[str(list(e)) + str(i) for i, (e, _) in enumerate(SPEC_CASES)])
+@pytest.mark.parametrize(
+    ("edit", "check"), SPEC_CASES, ids=[str(list(e)) + str(i) for i, (e, _) in enumerate(SPEC_CASES)]
+)
 def test_spec_fields_reach_the_children(edit, check):
     manifest = parse_manifest(edited(example_document(), **edit))
     assert check(_by_kind(build_children(manifest, NS)))
@@ -208,7 +213,9 @@ def test_checkpoint_claim_must_be_a_dns_1123_name(claim):
 
 
 def test_with_owner_sets_a_blocking_controller_reference(example):
-    owner = {"apiVersion": "rlightning.io/v1alpha1", "kind": "PolicyGroup", "metadata": {"name": "cartpole", "uid": "u-1"}}
+    owner = {
+        "apiVersion": "rlightning.io/v1alpha1", "kind": "PolicyGroup", "metadata": {"name": "cartpole", "uid": "u-1"}
+    }
     child = build_children(example, NS)[0]
     owned = with_owner(child, owner)
     assert owned["metadata"]["ownerReferences"] == [

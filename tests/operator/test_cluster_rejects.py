@@ -26,13 +26,21 @@ INVALID = [
     ("port out of range", {"spec.ports": {"torchrun": 70000}}, "spec.ports.torchrun"),
     ("clashing ports", {"spec.ports": {"torchrun": 29600, "weightSync": 29600}}, "distinct ports"),
     ("cpu not a quantity", {"spec.train.pod.resources.requests.cpu": "two"}, "spec.train.pod.resources.requests.cpu"),
+    ("quantity too long", {"spec.train.pod.resources.limits.cpu": "1" * 65}, "spec.train.pod.resources.limits.cpu"),
+    ("memory request above limit",
+     {"spec.train.pod.resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}},
+     "each request must not exceed the limit"),
+    ("cpu request above limit in other units",
+     {"spec.eval.pod.resources": {"requests": {"cpu": "1500m"}, "limits": {"cpu": "1"}}},
+     "spec.eval.pod.resources.requests"),
     ("gpu request differs from limit", {"spec.train.pod.resources": {"requests": {GPU: "1"}, "limits": {GPU: "2"}}},
      "spec.train.pod.resources.requests"),
     ("unknown field", {"spec.bogus": 1}, "spec.bogus"),
     ("unknown nested field", {"spec.train.gpus": 1}, "spec.train.gpus"),
     ("zero group size", {"spec.weightSync.groupSize": 0}, "spec.weightSync.groupSize"),
     ("unknown backend", {"spec.weightSync.backend": "mpi"}, "spec.weightSync.backend"),
-    ("node selector value not a string", {"spec.eval.pod.nodeSelector": {"pool": 1}}, "spec.eval.pod.nodeSelector.pool"),
+    ("node selector value not a string", {"spec.eval.pod.nodeSelector": {"pool": 1}},
+     "spec.eval.pod.nodeSelector.pool"),
     ("name too long for children", {"metadata.name": "a" * 41}, "metadata.name"),
     ("name not a DNS label", {"metadata.name": "cart.pole"}, "metadata.name"),
 ]
@@ -47,6 +55,16 @@ def test_api_server_rejects_with_the_field(crd, namespace, case, edits, message)
     assert crd.kubectl("get", "pg", "-n", namespace, "-o", "name").stdout.strip() == ""
     with pytest.raises(ManifestError):
         parse_manifest(document)
+
+
+def test_request_equal_to_its_limit_in_other_units_is_accepted(crd, namespace):
+    resources = {"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    document = example(**{"spec.eval.pod.resources": resources})
+    parse_manifest(document)
+    apply(crd, namespace, document)
+    stored = crd.kubectl("get", "pg", "cartpole", "-n", namespace, "-o",
+                         "jsonpath={.spec.eval.pod.resources.limits.cpu}")
+    assert stored.stdout == "1"
 
 
 def test_defaults_are_filled_by_the_api_server(crd, namespace):

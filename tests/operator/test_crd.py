@@ -127,5 +127,6 @@ def test_cel_rules_cover_cross_field_checks(version):
              for path, node in _walk(schema) if "x-kubernetes-validations" in node}
     assert "minReplicas <= self.replicas" in rules["$.spec.eval"][0]
     assert "nvidia.com/gpu" in rules["$.spec.train.pod.resources"][0]
+    assert "quantity(self.requests[name]).isGreaterThan" in rules["$.spec.train.pod.resources"][1]
     assert "self.torchrun != self.weightSync" in rules["$.spec.ports"][0]
     assert any("size(self.metadata.name)" in rule for rule in rules["$"])

@@ -96,7 +96,7 @@ def test_plan_table(name, edit, mutate, expected):
         mutate(observed)
     actions = plan(desired(**edit), observed)
     assert [(a.type, a.kind) for a in actions] == [(t, k) for t, k, _ in expected], name
-    for action, (_, _, body) in zip(actions, expected):
+    for action, (_, _, body) in zip(actions, expected, strict=True):
         if body is not None:
             assert action.body == body
 

@@ -106,7 +106,7 @@ def test_first_reconcile_creates_children_and_writes_status_once(api, events, re
     status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
     assert status["phase"] == "Pending" and status["eval"]["summary"] == "0/2"
     assert [e[1] for e in events] == ["Created"] * 8
-    for (kind, ns, name), obj in api.objects.items():
+    for (kind, _, _), obj in api.objects.items():
         if kind != contract.KIND:
             assert obj["metadata"]["ownerReferences"][0]["uid"] == "pg-uid"
 

@@ -39,6 +39,19 @@ class FakeReconciler:
         return Outcome(actions=[], status={}, status_written=False)
 
 
+async def _settled(timeout: float = 5.0) -> None:
+    """Wait until no refresh pass is pending, running or scheduled for a retry (bounded).
+
+    A pass schedules its retry before it ends, so once no `Refresher._run` task is alive nothing more happens
+    without a new event: what the reconciler saw by then is all it will see.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while any(task.get_coro().__qualname__ == "Refresher._run" for task in asyncio.all_tasks() if not task.done()):
+        assert loop.time() < deadline, f"refresh passes still running after {timeout} s"
+        await asyncio.sleep(0.01)
+
+
 def test_a_burst_of_events_costs_one_reconcile_per_group():
     reconciler = FakeReconciler()
 
@@ -48,22 +61,22 @@ def test_a_burst_of_events_costs_one_reconcile_per_group():
             refresher.schedule("ns", "a")
             refresher.schedule("ns", "b")
             await asyncio.sleep(0)
-        await asyncio.sleep(0.6)
+        await _settled()
         refresher.schedule("ns", "a")  # an event after the first pass gets a pass of its own
-        await asyncio.sleep(0.6)
+        await _settled()
         await refresher.close()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert sorted(reconciler.calls) == ["a", "a", "b"]
 
 
-def _one_pass(reconciler, name, seconds):
-    """Schedule one pass for `ns/name` with a 10 ms debounce and let retries run for `seconds`."""
+def _one_pass(reconciler, name):
+    """Schedule one pass for `ns/name` with a 10 ms debounce and wait until it and its retries are done."""
 
     async def scenario():
         refresher = Refresher(reconciler, delay=0.01)
         refresher.schedule("ns", name)
-        await asyncio.sleep(seconds)
+        await _settled()
         await refresher.close()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
@@ -76,11 +89,11 @@ def _one_pass(reconciler, name, seconds):
 ], ids=["transient-errors", "blocked-children"])
 def test_failed_and_blocked_passes_are_retried(monkeypatch, reconciler, why):
     monkeypatch.setattr("rlightning_operator._settings.RETRY_DELAYS_SECONDS", (0.05,))
-    assert _one_pass(reconciler, "a", 0.5) == ["a", "a", "a"], why
+    assert _one_pass(reconciler, "a") == ["a", "a", "a"], why
 
 
 def test_a_deleted_group_is_left_alone():
-    assert _one_pass(FakeReconciler(exists=False), "gone", 0.2) == []
+    assert _one_pass(FakeReconciler(exists=False), "gone") == []
 
 
 def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_refresh():
@@ -93,14 +106,14 @@ def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_ref
     async def scenario():
         refresher = Refresher(reconciler, delay=0.05)
         assert refresher.notify("ns", "a", "s", child_fingerprint(sts), deleted=False)
-        await asyncio.sleep(0.2)
+        await _settled()
         sts["status"]["availableReplicas"] = 2  # not read by status or planner
         assert not refresher.notify("ns", "a", "s", child_fingerprint(sts), deleted=False)
         sts["status"]["readyReplicas"] = 3
         assert refresher.notify("ns", "a", "s", child_fingerprint(sts), deleted=False)
-        await asyncio.sleep(0.2)
+        await _settled()
         assert refresher.notify("ns", "a", "s", child_fingerprint(sts), deleted=True)
-        await asyncio.sleep(0.2)
+        await _settled()
         await refresher.close()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))

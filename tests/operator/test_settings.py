@@ -50,7 +50,9 @@ def test_json_log_lines_and_quiet_child_events():
 
     record = logging.LogRecord("rlightning_operator._reconcile", logging.INFO, __file__, 1, "created %s", ("x",), None)
     entry = json.loads(JsonFormatter().format(record))
-    assert (entry["level"], entry["logger"], entry["message"]) == ("INFO", "rlightning_operator._reconcile", "created x")
+    assert (entry["level"], entry["logger"], entry["message"]) == (
+        "INFO", "rlightning_operator._reconcile", "created x"
+    )
     noisy = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'child_changed' succeeded.", (), None)
     other = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'reconcile-create' succeeded.", (),
                               None)

@@ -36,7 +36,7 @@ def test_bad_role_is_a_value_error_naming_the_choices() -> None:
 
 def test_config_must_be_a_policy_config() -> None:
     with pytest.raises(TypeError, match="PolicyConfig"):
-        ToyPolicy(config={"policy_class": "x:Y"})  # type: ignore[arg-type]
+        ToyPolicy(config={"policy_class": "x:Y"})
 
 
 def test_constructor_state_before_init() -> None:

@@ -44,7 +44,8 @@ def test_collect_layout_and_truncation_bootstrap(policy: PPOPolicy) -> None:
     assert data["truncated"][:, 0].tolist() == [False, False, True, False, False, True, False]
     assert not data["terminated"].any()
     next_value = data["next_value"][:, 0]
-    assert next_value[2].item() == pytest.approx(_value(policy, 3.0), abs=1e-6)  # the final observation, not the reset one
+    # the final observation, not the reset one
+    assert next_value[2].item() == pytest.approx(_value(policy, 3.0), abs=1e-6)
     assert next_value[5].item() == pytest.approx(_value(policy, 3.0), abs=1e-6)
     assert next_value[6].item() == pytest.approx(_value(policy, 1.0), abs=1e-6)  # after the last step
     assert torch.equal(next_value[[0, 1, 3, 4]], data["value"][[1, 2, 4, 5], 0])

@@ -17,6 +17,7 @@ from rlightning import weights
 from rlightning.config import PolicyConfig, WeightBufferConfig, WeightSyncConfig
 from rlightning.policy import PolicyGroup
 from rlightning.policy._consistency import DEFAULT_RTOL, VersionLedger
+from tests._polling import wait_for
 from tests._ports import POLICY
 
 torch.set_num_threads(1)
@@ -155,19 +156,10 @@ def test_remote_evaluator_through_a_weight_sender() -> None:
             time.sleep(0.1)
         assert group.sync_weights() == 1
         assert group.last_sync_stats is not None and group.last_sync_stats.receivers_acked == [0]
-
-        def wait_for(predicate) -> bool:
-            end = time.monotonic() + 30
-            while time.monotonic() < end:
-                if predicate():
-                    return True
-                time.sleep(0.1)
-            return False
-
-        assert wait_for(group.verify_eval_weight_consistency)
+        wait_for("the evaluator consistent with the trainer", group.verify_eval_weight_consistency, timeout=30)
         assert evaluator.get_param_digests() == group.train_policy.get_param_digests()
         corrupt.set()
-        assert wait_for(lambda: "eval-0" in group.eval_weight_mismatches())
+        wait_for("eval-0 reported as mismatched", lambda: "eval-0" in group.eval_weight_mismatches(), timeout=30)
         assert not group.verify_eval_weight_consistency()
     finally:
         stop.set()

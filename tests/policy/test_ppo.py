@@ -107,9 +107,8 @@ def test_update_dataset_names_missing_keys() -> None:
     policy = PPOPolicy(PolicyConfig(device="cpu"), "train")
     policy.init_train(EnvMeta.from_env_config(EnvConfig(id="CartPole-v1")), seed=0)
     with pytest.raises(ValueError, match=r"missing \['next_value'\]"):
-        policy.update_dataset(TensorDict({k: torch.zeros(2, 2) for k in
-                                          ("observation", "action", "log_prob", "value", "reward", "terminated", "truncated")},
-                                         batch_size=[2, 2]))
+        keys = ("observation", "action", "log_prob", "value", "reward", "terminated", "truncated")
+        policy.update_dataset(TensorDict({k: torch.zeros(2, 2) for k in keys}, batch_size=[2, 2]))
 
 
 @pytest.mark.slow

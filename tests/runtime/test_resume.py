@@ -17,6 +17,8 @@ from rlightning.runtime import _resume
 from rlightning.runtime.rundir import RunDir
 from tests._gloo_workers import run_ranks
 
+pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
+
 torch.set_num_threads(1)
 HERE = Path(__file__).resolve().parent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import torch
@@ -70,7 +71,7 @@ def test_segments_cover_buckets_pack_runs_up_to_the_bound_and_send_large_or_lone
     for index, bucket in enumerate(layout.buckets):
         segments = [s for s in layout.segments if s.bucket == index]
         assert segments[0].offset == 0
-        assert all(a.offset + a.numel == b.offset for a, b in zip(segments, segments[1:]))
+        assert all(a.offset + a.numel == b.offset for a, b in itertools.pairwise(segments))
         assert segments[-1].offset + segments[-1].numel == bucket.numel
     direct = sorted(s.slots[0].name for s in layout.segments if s.direct)
     assert direct == ["bn.n", "d.f64", "d.h", "large.a", "mask"]  # >= ZERO_COPY_MIN_BYTES, or alone in a bucket

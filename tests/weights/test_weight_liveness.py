@@ -23,6 +23,8 @@ from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightReceiver, WeightSender, _store
 from tests._ports import WEIGHTS_SYNC
 
+pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
+
 torch.set_num_threads(1)
 
 

@@ -32,6 +32,7 @@ def test_named_state_has_parameters_and_persistent_buffers_only():
 def test_named_state_strips_compile_prefix():
     net = Net()
     compiled = torch.compile(net)
+    assert isinstance(compiled, torch.nn.Module)  # an OptimizedModule; torch.compile is typed as any callable
     assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
     assert set(named_state(compiled)) == EXPECTED
     load_named_state(compiled, weights_for(4))

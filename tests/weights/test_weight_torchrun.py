@@ -13,6 +13,8 @@ from wsync_helpers import HERE, PYTHON, start_receiver, stop, weights_for
 from rlightning.weights import tensor_digests
 from tests._ports import WEIGHTS_TORCHRUN
 
+pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
+
 MASTER_PORT, WSYNC_PORT = WEIGHTS_TORCHRUN.port(0), WEIGHTS_TORCHRUN.port(1)
 
 

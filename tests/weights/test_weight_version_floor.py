@@ -20,6 +20,8 @@ from rlightning.weights import _membership, _store
 from rlightning.weights._membership import Member
 from tests._ports import WEIGHTS_VERSION_FLOOR
 
+pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
+
 torch.set_num_threads(1)
 TIMEOUT = 5.0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -64,6 +65,15 @@ def start_receiver(
     cmd = [PYTHON, str(HERE / "wsync_receiver.py"), "--port", str(port), "--ordinal", str(ordinal),
            "--lifetime", str(lifetime), "--group-size", str(group_size), "--timeout", str(timeout), *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+
+
+def wait_started(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait (bounded) for a receiver's first line, `{"event": "started"}`: it is up and connecting."""
+    assert proc.stdout is not None
+    readable, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert readable, f"receiver pid {proc.pid} printed nothing within {timeout} s"
+    line = proc.stdout.readline()
+    assert json.loads(line)["event"] == "started", line
 
 
 def stop(procs: list[subprocess.Popen], timeout: float = 20.0) -> None:

@@ -48,7 +48,7 @@ def main() -> None:
         waits = {"n": 0}
         original = _transport.BroadcastGroup.wait_work
 
-        def wait_work(self, work):  # type: ignore[no-untyped-def]
+        def wait_work(self, work):
             if receiver.version == args.die_in_version - 1:
                 waits["n"] += 1
                 if waits["n"] == 3:  # header and first bucket done, the rest in flight
@@ -56,7 +56,7 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
             return original(self, work)
 
-        _transport.BroadcastGroup.wait_work = wait_work  # type: ignore[method-assign]
+        _transport.BroadcastGroup.wait_work = wait_work
     print(json.dumps({"event": "started"}), flush=True)
     end = time.monotonic() + args.lifetime
     while time.monotonic() < end:
