@@ -43,7 +43,8 @@ METRICS_PORT_NAME = "metrics"
 # -- Roles (values of LABEL_ROLE and of ENV_ROLE) ---------------------------------------------------------
 class PolicyRole(enum.StrEnum):
     """What a policy process does; the seed's `rlightning.policy.PolicyRole`, defined here once so that the
-    operator and the launch plan use the same values without importing torch."""
+    operator and the launch plan use the same values without importing torch.
+    """
 
     TRAIN = "train"
     """A trainer: a DDP rank under torchrun, in the trainers' Job."""

@@ -320,7 +320,8 @@ def _workload(
     pod_spec: dict[str, Any],
 ) -> dict[str, Any]:
     """A Job (trainers) or StatefulSet (evaluators) running `pod_spec`; its metadata and pod template carry the
-    hash of its spec and of the role's view of the PolicyGroup's spec."""
+    hash of its spec and of the role's view of the PolicyGroup's spec.
+    """
     role = contract.PolicyRole.TRAIN if kind == "Job" else contract.PolicyRole.EVAL
     group = manifest.metadata.name
     spec["template"] = {"metadata": {"labels": labels(group, role)}, "spec": pod_spec}

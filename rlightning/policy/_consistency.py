@@ -87,7 +87,8 @@ class VersionLedger:
             state (Mapping[str, torch.Tensor]): The trainer's `named_state`, not copied: the ledger keeps the
                 live tensors and their version counters, and digests them only while they are unchanged.
         """
-        self._entries[version] = _Sent(weights.WeightRecord.of(version, state, digest=False), dict(state), _stamp(state))
+        record = weights.WeightRecord.of(version, state, digest=False)
+        self._entries[version] = _Sent(record, dict(state), _stamp(state))
         for older in self._entries.values():  # only the newest can still be unchanged
             if older.record.version != version:
                 older.state = None

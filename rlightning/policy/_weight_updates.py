@@ -139,7 +139,7 @@ class WeightUpdateThread:
             error: Exception | None = None
             try:
                 version = self._buffer.update_weights_from_buffer()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (handed to the waiters and re-raised below)
                 error = exc
             with self._cond:
                 self._error = error

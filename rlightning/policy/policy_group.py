@@ -56,7 +56,8 @@ class PolicyGroup:
     @property
     def weight_version(self) -> int:
         """int: The trainer's weight version (the newest sent, as the sender assigned it; survives restarts
-        through checkpoints)."""
+        through checkpoints).
+        """
         return self.train_policy.weight_version
 
     def sync_weights(self) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist

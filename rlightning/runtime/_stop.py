@@ -19,7 +19,8 @@ RETRY_TARGET_AFTER_ITERATIONS = 5
 
 class StopReason(enum.IntEnum):
     """Why training stopped. Values order precedence: the ranks agree with one MAX all-reduce, so the most
-    urgent reason any rank has wins; `label` is the name summary.json uses."""
+    urgent reason any rank has wins; `label` is the name summary.json uses.
+    """
 
     TOTAL_ENV_STEPS = 1
     TARGET_EVAL_RETURN = 2

@@ -167,7 +167,8 @@ class LocalRun:
     def launch_site(self) -> launch.LaunchSite:
         """This machine as the site of the launch plans: trainer rank 0 on loopback, all trainer ranks on one
         node, the run directory's spec, no metrics endpoints (they would share a port), and the trainer told of
-        the `eval.replicas` evaluators this launcher starts."""
+        the `eval.replicas` evaluators this launcher starts.
+        """
         return launch.LaunchSite(
             python=self.python,
             master_addr=MASTER_ADDR,

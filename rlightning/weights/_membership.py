@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +53,16 @@ class Membership:
 
     def join(self, member: Member, version: int = 0) -> None:
         """Fold a join: it replaces an older session of the same ordinal and raises `highest_version` to
-        `version`, the newest weight version that receiver holds."""
+        `version`, the newest weight version that receiver holds.
+        """
         self.members[member.ordinal] = member
         self.seen.add(member.ordinal)
         self.highest_version = max(self.highest_version, int(version))
 
     def evict(self, ordinal: int, session: str) -> None:
         """Remove `ordinal` if its current session is `session` (a leave, or an eviction by the sender; a stale
-        leave of a restarted receiver is ignored). It must register again to rejoin."""
+        leave of a restarted receiver is ignored). It must register again to rejoin.
+        """
         member = self.members.get(ordinal)
         if member is not None and member.session == session:
             del self.members[ordinal]

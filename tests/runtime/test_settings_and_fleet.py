@@ -63,7 +63,7 @@ def test_the_launcher_tells_the_trainer_how_many_evaluators_it_starts(tmp_path: 
     assert RunDir(tmp_path).spec_path.name == contract.SPEC_FILE_NAME
     # An evaluator's grace is the pod's (timeoutSeconds + 15 s), well above its bounded shutdown.
     assert evals[0].grace_seconds == manifest.spec.weight_sync.timeout_seconds + 15
-    assert eval_mod.SHUTDOWN_JOIN_SECONDS + 5 < evals[0].grace_seconds
+    assert evals[0].grace_seconds > eval_mod.SHUTDOWN_JOIN_SECONDS + 5
 
 
 class _Fleet:
