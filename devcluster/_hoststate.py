@@ -238,18 +238,18 @@ def _read(path: pathlib.Path) -> str:
         return ""
 
 
-def remove_new_paths(before: HostState) -> list[str]:
-    """Remove :data:`FIXED_PATHS` entries (or whole paths) that appeared since ``before``.
+def remove_new_paths(before: frozenset[str]) -> list[str]:
+    """Remove :data:`FIXED_PATHS` entries (or whole paths) that appeared since an observation.
 
     Args:
-        before (HostState): The observation taken before the node started.
+        before (frozenset[str]): :attr:`HostState.paths` of the observation taken before the node started.
 
     Returns:
         list[str]: What was removed.
     """
     removed = []
     now = _paths()
-    for item in sorted(now - before.paths, key=len, reverse=True):
+    for item in sorted(now - before, key=len, reverse=True):
         path = pathlib.Path(item)
         if path.is_symlink() or path.is_file():
             path.unlink(missing_ok=True)

@@ -300,7 +300,7 @@ class RealNode:
             _process.stop(by_name["containerd"])
         kill_shims(self.layout)
         self._api.request("DELETE", f"/api/v1/nodes/{self.name}")
-        clean_host(self.layout, self.cluster.ports.apiserver, self.baseline)
+        clean_host(self.layout, self.cluster.ports.apiserver, self.baseline.paths if self.baseline else None)
         (self.cluster.workdir / STATE_FILE).unlink(missing_ok=True)
         if self.baseline is not None:
             self.leftovers = _hoststate.difference(self.baseline, _hoststate.snapshot())
@@ -345,6 +345,7 @@ class RealNode:
             "root": str(self.layout.root),
             "apiserver_port": self.cluster.ports.apiserver,
             "pids": {proc.name: proc.pid for proc in self.processes},
+            "paths_before": sorted(self.baseline.paths) if self.baseline else None,
         }
         (self.cluster.workdir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
@@ -360,15 +361,14 @@ def kill_shims(layout: cfg.NodeLayout) -> None:
             pass
 
 
-def clean_host(layout: cfg.NodeLayout, apiserver_port: int, baseline: _hoststate.HostState | None) -> None:
+def clean_host(layout: cfg.NodeLayout, apiserver_port: int, paths_before: frozenset[str] | None) -> None:
     """Undo the node's host changes once its processes are gone (also after a crash; each step is idempotent).
 
     Args:
         layout (cfg.NodeLayout): The node's folders (removed at the end).
         apiserver_port (int): Port in the DNAT rule.
-        baseline (_hoststate.HostState | None): Snapshot before start: new cgroups and default-path entries are
-            removed only when absent from it. None (no snapshot, e.g. ``down`` after a crash) removes the node's
-            own cgroups and leaves default paths alone.
+        paths_before (frozenset[str] | None): Default-path entries present before start
+            (:attr:`_hoststate.HostState.paths`); newer ones are removed. None leaves default paths alone.
     """
     _hoststate.unmount_under(layout.root)
     _hoststate.remove_cgroups(NODE_CGROUPS)
@@ -377,8 +377,8 @@ def clean_host(layout: cfg.NodeLayout, apiserver_port: int, baseline: _hoststate
         _run(["iptables", "-w", "5", "-t", "nat", "-D", "PREROUTING", *rule], "removing the API server DNAT rule")
     if pathlib.Path(f"/sys/class/net/{cfg.BRIDGE}").exists():
         _run(["ip", "link", "delete", cfg.BRIDGE], "removing the bridge")
-    if baseline is not None:
-        _hoststate.remove_new_paths(baseline)
+    if paths_before is not None:
+        _hoststate.remove_new_paths(paths_before)
     shutil.rmtree(layout.root, ignore_errors=True)
 
 
@@ -386,7 +386,7 @@ def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -
     """Stop a real node that ``devcluster up --real-node`` left running and clean the host.
 
     Pods are not drained (the control plane may be gone): the processes are stopped, the leftover containers'
-    processes die with their cgroups, and :func:`clean_host` runs without a snapshot.
+    processes die with their cgroups, and :func:`clean_host` runs with the default paths recorded at start.
 
     Args:
         workdir (pathlib.Path): The cluster's work folder.
@@ -404,6 +404,7 @@ def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -
         log(f"devcluster: {name} (pid {pid}) stopped")
     layout = cfg.NodeLayout(pathlib.Path(state["root"]))
     kill_shims(layout)
-    clean_host(layout, state["apiserver_port"], None)
+    before = state.get("paths_before")
+    clean_host(layout, state["apiserver_port"], frozenset(before) if before is not None else None)
     state_path.unlink(missing_ok=True)
     return True
