@@ -78,5 +78,5 @@ def test_read_only_binds_hold_python_and_this_checkout_without_nesting():
 def test_host_state_difference_names_what_changed():
     before = _hoststate.snapshot()
     assert _hoststate.difference(before, before) == []
-    after = dataclasses.replace(before, links=before.links | {"rlnode0"}, mounts=before.mounts - {"/"})
-    assert _hoststate.difference(before, after) == ["links: added rlnode0", "mounts: removed /"]
+    after = dataclasses.replace(before, links=before.links | {"no-such-link0"}, mounts=before.mounts - {"/"})
+    assert _hoststate.difference(before, after) == ["links: added no-such-link0", "mounts: removed /"]

@@ -7,6 +7,7 @@ import pathlib
 
 import devcluster
 from tests import _polling
+from tests.operator.operator_cluster import example
 
 WAIT_SECONDS = 120.0
 """Bound for a pod on the real node to start (image is local; python with torch imports in a few seconds)."""
@@ -19,6 +20,18 @@ ON_REAL_NODE = {devcluster.NODE_LABEL: "true"}
 
 SMALL_REQUESTS = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 """Requests that fit a 2-CPU node many times over; no limits (torch needs several hundred MiB per process)."""
+
+
+def real_cartpole(name: str, **paths) -> dict:
+    """examples/cartpole.yaml (2 ranks in one trainer pod, 2 evaluators) on the real node with small requests.
+
+    Args:
+        name (str): metadata.name.
+        **paths: More dotted-path edits, as `tests.operator.operator_cluster.example` takes them.
+    """
+    pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS}
+    edits = {"spec.image": devcluster.IMAGE, "spec.imagePullPolicy": "Never", "spec.train.pod": pod, "spec.eval.pod": pod}
+    return example(name, **{**edits, **paths})
 
 
 def wait_for(what: str, check, timeout: float = WAIT_SECONDS, interval: float = 0.5, explain=None):

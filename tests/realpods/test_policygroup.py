@@ -6,22 +6,9 @@ from __future__ import annotations
 import time
 
 import devcluster
-from realpods_helpers import ON_REAL_NODE, SMALL_REQUESTS, TRAIN_SECONDS, get_json, pods_on_host, wait_for
-from tests.operator.operator_cluster import apply, example
+from realpods_helpers import TRAIN_SECONDS, get_json, pods_on_host, real_cartpole, wait_for
 
-
-def real_cartpole(name: str) -> dict:
-    """examples/cartpole.yaml (2 ranks in one trainer pod, 2 evaluators) on the real node with small requests."""
-    pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS}
-    return example(
-        name,
-        **{
-            "spec.image": devcluster.IMAGE,
-            "spec.imagePullPolicy": "Never",
-            "spec.train.pod": pod,
-            "spec.eval.pod": pod,
-        },
-    )
+from tests.operator.operator_cluster import apply
 
 
 def test_cartpole_trains_to_succeeded_in_real_pods(cluster, real_namespace, real_operator, record_property):
