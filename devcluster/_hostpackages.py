@@ -1,10 +1,10 @@
 """Debian packages the real node needs, installed with apt-get when missing (as root).
 
 containerd runs the pods' containers through runc; Debian's containernetworking-plugins give the bridge,
-host-local and portmap CNI plugins; iptables adds the one NAT rule that lets pods reach the API server. The
-kubelet calls ``conntrack`` (clearing UDP conntrack entries), ``socat`` is only needed by the dockershim-era
-port-forward path that kubelet 1.34 no longer has (the CRI streaming server forwards itself), and ``ethtool``
-only by kube-proxy, so neither is installed.
+host-local and portmap CNI plugins; iptables adds the one NAT rule that lets pods reach the API server.
+``socat``, ``conntrack`` and ``ethtool`` are not installed: ``kubectl exec``/``logs``/``port-forward`` are served
+by containerd's CRI streaming server (its port-forward dials inside the pod's network namespace in Go; socat
+was the dockershim's way), and conntrack/ethtool are kube-proxy's tools (no kube-proxy runs here).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import subprocess
 from collections.abc import Callable
 
-PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack")
+PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables")
 """Debian package names (bookworm: containerd 1.6, runc 1.1, CNI plugins 1.1)."""
 
 APT_TIMEOUT_SECONDS = 600.0

@@ -61,10 +61,6 @@ CONTAINERD = pathlib.Path("/usr/bin/containerd")
 CTR = pathlib.Path("/usr/bin/ctr")
 """containerd's client from the Debian package (image import, listing)."""
 
-NODE_CPU = "2"
-"""CPUs the node reports (the machine's); tests request little and select the node with :data:`NODE_LABEL`."""
-
-
 @dataclasses.dataclass(frozen=True)
 class NodeLayout:
     """Folders and files of one real node, all under ``root``.

@@ -34,7 +34,7 @@ from devcluster import _pki
 from devcluster import _process
 
 START_TIMEOUT_SECONDS = 180.0
-"""Bound for :meth:`RealNode.start` after the packages are present (about 10 s on 2 idle cores)."""
+"""Bound for :meth:`RealNode.start` after the packages are present (4-6 s seen on 2 busy cores)."""
 
 DRAIN_TIMEOUT_SECONDS = 60.0
 """Bound for the node's containers to stop after its pods are deleted, at teardown."""
