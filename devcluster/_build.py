@@ -137,7 +137,8 @@ def targets() -> tuple[Target, ...]:
     """Return the build targets, the Kubernetes one first (it is the longest).
 
     Returns:
-        tuple[Target, ...]: kubernetes (4 commands in one invocation, sharing compiled packages), etcd, kwok, helm.
+        tuple[Target, ...]: kubernetes (5 commands in one invocation, sharing compiled packages), etcd, kwok, helm,
+        coredns (the kubelet and CoreDNS serve the optional real node).
     """
     return (
         Target(
@@ -156,6 +157,7 @@ def targets() -> tuple[Target, ...]:
             ("helm",),
             _helm_ldflags(),
         ),
+        Target("coredns", "coredns", ("github.com/coredns/coredns",), ("coredns",)),
     )
 
 
@@ -193,6 +195,7 @@ def cache_key(go: str) -> str:
         _versions.ETCD,
         _versions.KWOK,
         _versions.HELM,
+        _versions.COREDNS,
         repr(targets()),
         repr(KWOK_STAGES),
     ):
@@ -245,7 +248,7 @@ def _write_stages(key_dir: pathlib.Path, go: str) -> None:
 
 
 def build(log: Callable[[str], None] = print, parallel: int = 2) -> BuildResult:
-    """Build (or find cached) kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+    """Build (or find cached) the Kubernetes commands (kubelet included), etcd, kwok, helm and CoreDNS.
 
     Args:
         log (Callable[[str], None], optional): Progress sink, one line per event and a heartbeat every

@@ -1,4 +1,4 @@
-"""Command line of the dev cluster: ``build``, ``up``, ``down``, ``status``, ``gomod``."""
+"""Command line of the dev cluster: ``build``, ``up [--real-node]``, ``down``, ``status``, ``gomod``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import sys
 from devcluster import _build
 from devcluster import _cluster
 from devcluster import _gomod
+from devcluster import _hostpackages
+from devcluster import _images
+from devcluster import _nodeconfig
 from devcluster import _pki
 from devcluster import _ports
+from devcluster import _realnode
 from devcluster import _toolchain
 
 
@@ -35,7 +39,18 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"export KUBECONFIG={state['kubeconfig']}")
         return 1
     _cluster.stop_from_state(workdir, log=_log)  # clear a stale state file of dead processes
+    _realnode.stop_from_state(workdir, log=_log)
     cluster = _cluster.launch(workdir=workdir, slot=slot, detach=True, log=_log)
+    if args.real_node:
+        try:
+            _realnode.RealNode(cluster, log=_log).start()
+        except BaseException:
+            cluster.stop()
+            raise
+        _log(
+            f"devcluster: real node {_nodeconfig.NODE_NAME}: select it with nodeSelector "
+            f"{_nodeconfig.NODE_LABEL}=true; image {_nodeconfig.IMAGE}"
+        )
     _log(f"devcluster: logs in {cluster.log_dir}; stop with `python -m devcluster down --slot {slot}`")
     _log(f"devcluster: kubectl is {cluster.bin('kubectl')}, helm is {cluster.bin('helm')}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
@@ -44,6 +59,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_down(args: argparse.Namespace) -> int:
     slot = _ports.slot_from_env() if args.slot is None else args.slot
+    _realnode.stop_from_state(_cluster.run_dir(slot), log=_log)
     if not _cluster.stop_from_state(_cluster.run_dir(slot), log=_log):
         _log(f"devcluster: no cluster of slot {slot} is running")
     return 0
@@ -94,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             "--slot", type=int, default=None, help="port block 0-9 (default $RLIGHTNING_DEVCLUSTER_SLOT or 0)"
         )
         cmd.set_defaults(func=func)
+        if name == "up":
+            cmd.add_argument(
+                "--real-node",
+                action="store_true",
+                help="also start a real kubelet node (root; installs containerd, runc, CNI plugins, iptables)",
+            )
     sub.add_parser("gomod", help="regenerate devcluster/go/*/go.mod and go.sum from the pinned versions").set_defaults(
         func=_cmd_gomod
     )
@@ -106,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         _ports.PortInUseError,
         _pki.PKIError,
         _toolchain.ToolchainError,
+        _realnode.RealNodeError,
+        _hostpackages.PackageError,
+        _images.ImageError,
         ValueError,
     ) as exc:
         _log(f"devcluster: error: {exc}")

@@ -109,6 +109,16 @@ class Cluster:
         return self.workdir / "logs"
 
     @property
+    def detached(self) -> bool:
+        """True when the processes outlive this Python process (``devcluster up``)."""
+        return self._detach
+
+    @property
+    def pki_dir(self) -> pathlib.Path:
+        """Folder of the cluster's keys and certificates (the CA signs node certificates there); removed at stop."""
+        return self.workdir / "pki"
+
+    @property
     def ca_cert(self) -> pathlib.Path:
         """CA certificate (PEM) that signed the API server's serving certificate."""
         return self.workdir / "ca.crt"
@@ -161,7 +171,7 @@ class Cluster:
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
-        self._pki = _pki.generate(self.workdir / "pki")
+        self._pki = _pki.generate(self.pki_dir)
         shutil.copyfile(self._pki.ca_cert, self.ca_cert)
         _kubeconfig.write(self.kubeconfig, self.server, self.ca_cert, _pki.ADMIN_USER, self._pki.admin_token)
         layout = _components.Layout(

@@ -93,7 +93,11 @@ def etcd(layout: Layout, ports: _ports.Ports) -> list[str]:
 
 
 def kube_apiserver(layout: Layout, ports: _ports.Ports) -> list[str]:
-    """kube-apiserver with RBAC, a static admin token and ServiceAccount token signing."""
+    """kube-apiserver with RBAC, a static admin token, client certificates of the CA and ServiceAccount token signing.
+
+    It reaches a real node's kubelet (logs, exec) at the node's InternalIP with a ``system:masters`` client
+    certificate; the kubelet's self-signed serving certificate is not verified (no ``--kubelet-certificate-authority``).
+    """
     pki = layout.pki
     return [
         str(layout.bin_dir / "kube-apiserver"),
@@ -110,6 +114,10 @@ def kube_apiserver(layout: Layout, ports: _ports.Ports) -> list[str]:
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         f"--service-cluster-ip-range={_pki.SERVICE_CLUSTER_IP_RANGE}",
+        f"--client-ca-file={pki.ca_cert}",
+        f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+        f"--kubelet-client-key={pki.kubelet_client_key}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         "--allow-privileged=true",
         "--profiling=false",
         "--max-requests-inflight=800",

@@ -4,9 +4,9 @@
 modules (k8s.io/api, k8s.io/client-go, ...) at ``v0.0.0`` and points them at ``./staging`` with ``replace``
 directives, which only apply when it is the main module. A wrapper module that requires the release and
 replaces each staging module with its published tag (``v0.34.4``) builds the commands. The replace list is
-read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm) only carry
+read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm, coredns) only carry
 ``tool`` directives: their upstream ``replace`` directives point at local paths of their own repositories
-(etcd) or do not exist (kwok, helm), and the required versions they name are the published ones.
+(etcd) or do not exist (kwok, helm, coredns), and the required versions they name are the published ones.
 
 Run ``python -m devcluster gomod`` after bumping a version in ``_versions.py``; it rewrites each go.mod, then
 ``go mod tidy`` writes the matching go.sum. Both files are committed.
@@ -98,8 +98,8 @@ def kubernetes_gomod(kubernetes_gomod_text: str, version: str = _versions.KUBERN
         version (str, optional): The Kubernetes tag. Defaults to :data:`_versions.KUBERNETES`.
 
     Returns:
-        str: go.mod text with ``tool`` lines for kube-apiserver, kube-controller-manager, kube-scheduler and
-        kubectl, the release's ``godebug`` line and one ``replace`` per staging module.
+        str: go.mod text with ``tool`` lines for kube-apiserver, kube-controller-manager, kube-scheduler,
+        kubectl and kubelet, the release's ``godebug`` line and one ``replace`` per staging module.
     """
     staging = _versions.staging_version(version)
     go_line = _GO_DIRECTIVE.search(kubernetes_gomod_text)
@@ -173,6 +173,7 @@ def generate(log: Callable[[str], None] = print) -> None:
     etcd_text = upstream_gomod("go.etcd.io/etcd/server/v3", _versions.ETCD)
     kwok_text = upstream_gomod("sigs.k8s.io/kwok", _versions.KWOK)
     helm_text = upstream_gomod("helm.sh/helm/v3", _versions.HELM)
+    coredns_text = upstream_gomod("github.com/coredns/coredns", _versions.COREDNS)
     files = {
         "kubernetes": kubernetes_gomod(k8s_text),
         "etcd": simple_gomod("etcd", "go.etcd.io/etcd/server/v3", _versions.ETCD, [], _go_version_of(etcd_text)),
@@ -181,6 +182,13 @@ def generate(log: Callable[[str], None] = print) -> None:
         ),
         "helm": simple_gomod(
             "helm", "helm.sh/helm/v3", _versions.HELM, ["helm.sh/helm/v3/cmd/helm"], _go_version_of(helm_text)
+        ),
+        "coredns": simple_gomod(
+            "coredns",
+            "github.com/coredns/coredns",
+            _versions.COREDNS,
+            ["github.com/coredns/coredns"],
+            _go_version_of(coredns_text),
         ),
     }
     for name, text in files.items():

@@ -21,6 +21,12 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 ADMIN_USER = "devcluster-admin"
 """User name of the static admin token; its group ``system:masters`` bypasses RBAC."""
 
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
+"""CN of the API server's client certificate towards kubelets (group ``system:masters``: logs, exec)."""
+
+NODE_GROUP = "system:nodes"
+"""Group of node identities (the Node authorizer and NodeRestriction act on it)."""
+
 CERT_DAYS = 30
 """Validity of the generated certificates (days)."""
 
@@ -43,6 +49,9 @@ class PKI:
         sa_pub (pathlib.Path): Its public key (``--service-account-key-file``).
         token_file (pathlib.Path): ``--token-auth-file`` CSV with the admin token.
         admin_token (str): Bearer token of :data:`ADMIN_USER`.
+        kubelet_client_cert (pathlib.Path): The API server's client certificate for kubelets
+            (:data:`KUBELET_CLIENT_USER`, ``--kubelet-client-certificate``).
+        kubelet_client_key (pathlib.Path): Its private key.
     """
 
     ca_cert: pathlib.Path
@@ -53,6 +62,8 @@ class PKI:
     sa_pub: pathlib.Path
     token_file: pathlib.Path
     admin_token: str
+    kubelet_client_cert: pathlib.Path
+    kubelet_client_key: pathlib.Path
 
 
 def _openssl(*args: str, cwd: pathlib.Path) -> None:
@@ -105,13 +116,14 @@ def generate(folder: pathlib.Path) -> PKI:
         "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
         "-days", days, "-extfile", "apiserver.ext", "-out", "apiserver.crt", cwd=folder,
     )
+    client_certificate(folder, "kubelet-client", KUBELET_CLIENT_USER, "system:masters")
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key", cwd=folder)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=folder)
     token = secrets.token_hex(24)
     token_file = folder / "tokens.csv"
     # Format (kube-apiserver --token-auth-file): token,user,uid,"group1,group2"
     token_file.write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
-    for key in ("ca.key", "apiserver.key", "sa.key", "tokens.csv"):
+    for key in ("ca.key", "apiserver.key", "sa.key", "tokens.csv", "kubelet-client.key"):
         (folder / key).chmod(0o600)
     return PKI(
         ca_cert=folder / "ca.crt",
@@ -122,4 +134,33 @@ def generate(folder: pathlib.Path) -> PKI:
         sa_pub=folder / "sa.pub",
         token_file=token_file,
         admin_token=token,
+        kubelet_client_cert=folder / "kubelet-client.crt",
+        kubelet_client_key=folder / "kubelet-client.key",
     )
+
+
+def client_certificate(folder: pathlib.Path, name: str, user: str, group: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """Issue a client certificate (CN ``user``, O ``group``) signed by the CA in ``folder``.
+
+    Args:
+        folder (pathlib.Path): The folder of :func:`generate` (holding ``ca.crt`` and ``ca.key``).
+        name (str): File stem: ``<name>.crt`` and ``<name>.key`` (mode 0600) are written there.
+        user (str): User name the API server (or a kubelet) sees.
+        group (str): Group, e.g. ``system:masters`` or :data:`NODE_GROUP`.
+
+    Returns:
+        tuple[pathlib.Path, pathlib.Path]: Certificate and key paths.
+
+    Raises:
+        PKIError: When ``openssl`` is missing or fails.
+    """
+    key, csr, cert, ext = (f"{name}.{suffix}" for suffix in ("key", "csr", "crt", "ext"))
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", key, cwd=folder)
+    _openssl("req", "-new", "-key", key, "-subj", f"/O={group}/CN={user}", "-out", csr, cwd=folder)
+    (folder / ext).write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+    _openssl(
+        "x509", "-req", "-in", csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", str(CERT_DAYS), "-extfile", ext, "-out", cert, cwd=folder,
+    )
+    (folder / key).chmod(0o600)
+    return folder / cert, folder / key

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 
-KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-"""Commands built from k8s.io/kubernetes/cmd/."""
+KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")
+"""Commands built from k8s.io/kubernetes/cmd/ (the kubelet only runs on the optional real node)."""
 
 
 class ToolchainError(RuntimeError):

@@ -15,6 +15,9 @@ KWOK = "v0.8.0"
 HELM = "v3.22.0"
 """helm.sh/helm/v3 release."""
 
+COREDNS = "v1.12.1"
+"""github.com/coredns/coredns release: the real node's cluster DNS (kubernetes plugin), run as a host process."""
+
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
     """Return the tag of the staging modules (k8s.io/api, ...) that ship with a Kubernetes release.

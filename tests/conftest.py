@@ -6,6 +6,11 @@ the end of the session. The binaries are built on first use (``make cluster-bina
 build takes far longer than one test's timeout). ``namespace`` (function): a fresh namespace with its default
 ServiceAccount, deleted after the test. Tests that use either are marked ``cluster`` (added automatically when
 missing). When such a test fails, the tail of each control-plane log is added to its report.
+
+``real_node`` (session): one real kubelet node (containerd, runc, bridge CNI, CoreDNS; root needed) joined to
+``cluster`` on first use and stopped, with every host change undone, at the end of the session. Pods reach it with
+the nodeSelector ``{devcluster.NODE_LABEL: "true"}`` and the image ``devcluster.IMAGE``. ``real_namespace``
+(function): a ``namespace`` for such pods. Tests that use either are marked ``realpods`` (and ``cluster``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,22 @@ def cluster():
         started.stop()
 
 
+@pytest.fixture(scope="session")
+def real_node(cluster):
+    """A Ready real node on the session's cluster (see the module docstring)."""
+    node = devcluster.RealNode(cluster).start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def real_namespace(real_node, namespace):
+    """A fresh namespace (as ``namespace``) for pods on the real node."""
+    return namespace
+
+
 @pytest.fixture
 def namespace(cluster):
     """A new namespace (``t-<8 hex>``) whose default ServiceAccount exists; deleted (without waiting) after."""
@@ -48,10 +69,13 @@ def namespace(cluster):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark every test that uses the ``cluster`` fixture (directly or through ``namespace``) as ``cluster``."""
+    """Mark tests using ``cluster`` (directly or through another fixture) ``cluster``, and ``real_node`` ``realpods``."""
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("cluster") is None:
+        names = getattr(item, "fixturenames", ())
+        if "cluster" in names and item.get_closest_marker("cluster") is None:
             item.add_marker(pytest.mark.cluster)
+        if "real_node" in names and item.get_closest_marker("realpods") is None:
+            item.add_marker(pytest.mark.realpods)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -62,3 +86,6 @@ def pytest_runtest_makereport(item, call):
     started = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and isinstance(started, devcluster.Cluster):
         report.sections.append(("control-plane logs", started.log_tails(30)))
+    node = getattr(item, "funcargs", {}).get("real_node")
+    if report.failed and isinstance(node, devcluster.RealNode):
+        report.sections.append(("real node logs", node.log_tails(30)))

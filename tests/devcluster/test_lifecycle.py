@@ -54,7 +54,8 @@ def test_second_build_is_a_cache_hit_without_go(tmp_path, monkeypatch):
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.startswith("cache hit:"), cli.stdout
     assert not calls.exists(), calls.read_text()
-    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "kwok", "helm"):
+    kubernetes = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")
+    for name in (*kubernetes, "etcd", "kwok", "helm", "coredns"):
         assert os.access(second.bin_dir / name, os.X_OK), name
 
 

@@ -1,0 +1,82 @@
+"""The real node's pure pieces: its configuration builders, the OCI image archives and the host-state diff."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import pathlib
+import tarfile
+import tomllib
+
+from devcluster import _hoststate, _images, _nodeconfig, _realnode
+
+LAYOUT = _nodeconfig.NodeLayout(pathlib.Path("/tmp/devcluster-x/realnode"))
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_oci_archive_names_the_image_and_its_blobs_match_their_digests():
+    files = _members(_images.runtime_archive("rlightning.local/runtime:dev", ["PYTHONPATH=/repo"]))
+    index = json.loads(files["index.json"])
+    (descriptor,) = index["manifests"]
+    assert descriptor["annotations"]["io.containerd.image.name"] == "rlightning.local/runtime:dev"
+    for name, data in files.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(data).hexdigest() == name.rsplit("/", 1)[1]
+    manifest = json.loads(files["blobs/sha256/" + descriptor["digest"].split(":")[1]])
+    config = json.loads(files["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
+    assert config["config"]["Env"] == ["PYTHONPATH=/repo"]
+    assert config["rootfs"]["diff_ids"] == [manifest["layers"][0]["digest"]]
+
+
+def test_runtime_layer_has_a_sticky_tmp_and_merged_usr_links():
+    with tarfile.open(fileobj=io.BytesIO(_images.runtime_layer())) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members["tmp"].isdir() and members["tmp"].mode == 0o1777
+    assert members["bin"].issym() and members["bin"].linkname == "usr/bin"
+    assert "etc/passwd" in members
+
+
+def test_containerd_config_keeps_state_under_the_node_folder_and_restricts_oom_score_adj():
+    config = tomllib.loads(_nodeconfig.containerd_config(LAYOUT))
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["restrict_oom_score_adj"] is True and cri["netns_mounts_under_state_dir"] is True
+    assert cri["sandbox_image"] == _nodeconfig.PAUSE_IMAGE
+    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runc["options"]["SystemdCgroup"] is False
+    for path in (config["root"], config["state"], config["grpc"]["address"], runc["options"]["Root"]):
+        assert path.startswith(str(LAYOUT.root) + "/")
+
+
+def test_kubelet_config_fits_a_cgroup_v1_machine_without_systemd():
+    config = _nodeconfig.kubelet_config(LAYOUT, pathlib.Path("/ca.crt"))
+    assert config["cgroupDriver"] == "cgroupfs" and config["failCgroupV1"] is False
+    assert config["clusterDNS"] == [_nodeconfig.BRIDGE_IP]
+    assert config["podLogsDir"].startswith(str(LAYOUT.root))
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    argv = _nodeconfig.kubelet(LAYOUT, pathlib.Path("/bin"))
+    assert f"--node-labels={_nodeconfig.NODE_LABEL}=true,type=real" in argv
+
+
+def test_base_runtime_spec_adds_read_only_binds_after_the_defaults():
+    spec = _nodeconfig.base_runtime_spec({"mounts": [{"destination": "/proc"}]}, [pathlib.Path("/usr")])
+    assert spec["mounts"][0] == {"destination": "/proc"}
+    assert spec["mounts"][1] == {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]}
+
+
+def test_read_only_binds_hold_python_and_this_checkout_without_nesting():
+    binds = _realnode.read_only_binds()
+    assert pathlib.Path("/usr") in binds and _realnode.repository_root() in binds
+    assert all(not any(a != b and b in a.parents for b in binds) for a in binds)
+
+
+def test_host_state_difference_names_what_changed():
+    before = _hoststate.snapshot()
+    assert _hoststate.difference(before, before) == []
+    after = dataclasses.replace(before, links=before.links | {"no-such-link0"}, mounts=before.mounts - {"/"})
+    assert _hoststate.difference(before, after) == ["links: added no-such-link0", "mounts: removed /"]

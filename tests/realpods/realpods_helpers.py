@@ -1,0 +1,91 @@
+"""Helpers of the real-node tests: pods and PolicyGroups placed on the real node, kubectl JSON, host checks."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import devcluster
+from tests import _polling
+from tests.operator.operator_cluster import example
+
+WAIT_SECONDS = 120.0
+"""Bound for a pod on the real node to start (image is local; python with torch imports in a few seconds)."""
+
+TRAIN_SECONDS = 420.0
+"""Bound for the small cartpole PolicyGroup to reach Succeeded on 2 shared cores (51 s seen on an idle machine)."""
+
+ON_REAL_NODE = {devcluster.NODE_LABEL: "true"}
+"""nodeSelector of every pod these tests start (kwok's nodes lack the label)."""
+
+SMALL_REQUESTS = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+"""Requests that fit a 2-CPU node many times over; no limits (torch needs several hundred MiB per process)."""
+
+
+def real_cartpole(name: str, **paths) -> dict:
+    """examples/cartpole.yaml (2 ranks in one trainer pod, 2 evaluators) on the real node with small requests.
+
+    Args:
+        name (str): metadata.name.
+        **paths: More dotted-path edits, as `tests.operator.operator_cluster.example` takes them.
+    """
+    pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS}
+    edits = {"spec.image": devcluster.IMAGE, "spec.imagePullPolicy": "Never", "spec.train.pod": pod, "spec.eval.pod": pod}
+    return example(name, **{**edits, **paths})
+
+
+def wait_for(what: str, check, timeout: float = WAIT_SECONDS, interval: float = 0.5, explain=None):
+    """`tests._polling.wait_for` with this module's default bound."""
+    return _polling.wait_for(what, check, timeout, interval, explain)
+
+
+def get_json(cluster, *args: str) -> dict:
+    """`kubectl get ... -o json` as a dict."""
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def python_pod(name: str, code: str) -> dict:
+    """A pod on the real node running `python -c code` in the local runtime image."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": dict(ON_REAL_NODE),
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": devcluster.IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", code],
+                    "resources": SMALL_REQUESTS,
+                }
+            ],
+        },
+    }
+
+
+def pod_phase(cluster, namespace: str, name: str) -> str:
+    """The pod's phase ("" while it does not exist)."""
+    proc = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}", check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def pods_on_host(node: devcluster.RealNode, uids: set[str]) -> list[str]:
+    """What the node still holds on the host for the given pod UIDs: running containers, pod folders, cgroups.
+
+    Args:
+        node (devcluster.RealNode): The real node.
+        uids (set[str]): Pod UIDs.
+
+    Returns:
+        list[str]: One line per leftover (empty when the pods left nothing).
+    """
+    left = [f"running container {task}" for task in node.tasks_of(uids)]
+    pods_dir = node.layout.kubelet_root / "pods"
+    left += [f"pod folder {pods_dir / uid}" for uid in uids if (pods_dir / uid).exists()]
+    for hierarchy in pathlib.Path("/sys/fs/cgroup").iterdir():
+        for uid in uids:
+            left += [f"cgroup {path}" for path in hierarchy.glob(f"kubepods*/**/pod{uid}")]
+    return left
