@@ -3,10 +3,12 @@
 What belongs here: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
 (k8s.io/kubernetes at a pinned release), etcd, kwok, helm and CoreDNS from small wrapper modules in ``go/`` into a
 cache outside the repo; starting them as a cluster with fake kwok nodes and, on demand, one real node (kubelet,
-containerd, bridge CNI, CoreDNS; ``_realnode.py``); stopping every process it started and undoing host changes. Nothing here imports
+containerd, bridge CNI, CoreDNS; ``_realnode.py``); stopping every process it started and undoing host changes.
+Nothing here imports
 ``rlightning`` or the operator; tests reach it through the fixtures in ``tests/conftest.py``.
 
-Command line: ``python -m devcluster build|up [--real-node]|down|status|gomod``. Pinned versions live in ``_versions.py``.
+Command line: ``python -m devcluster build|up [--real-node]|down|status|gomod``. Pinned versions live in
+``_versions.py``.
 """
 
 from devcluster._build import BuildError, BuildResult, build

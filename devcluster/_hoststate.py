@@ -87,7 +87,7 @@ def mount_points() -> list[str]:
 
 
 def _cgroups() -> frozenset[str]:
-    found = set()
+    found: set[str] = set()
     for hierarchy in CGROUP_ROOT.iterdir():
         if hierarchy.is_dir() and not hierarchy.is_symlink():
             found.update(f"{hierarchy.name}/{child.name}" for child in hierarchy.iterdir() if child.is_dir())
@@ -161,7 +161,7 @@ def difference(before: HostState, after: HostState) -> list[str]:
     for field in dataclasses.fields(HostState):
         old, new = getattr(before, field.name), getattr(after, field.name)
         if field.name == "sysctls":
-            lines += [f"sysctls: {a[0]} was {a[1]}, now {b[1]}" for a, b in zip(old, new) if a != b]
+            lines += [f"sysctls: {a[0]} was {a[1]}, now {b[1]}" for a, b in zip(old, new, strict=True) if a != b]
             continue
         lines += [f"{field.name}: added {item}" for item in sorted(new - old)]
         lines += [f"{field.name}: removed {item}" for item in sorted(old - new)]

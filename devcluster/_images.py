@@ -21,7 +21,8 @@ import subprocess
 import tarfile
 
 PAUSE_SOURCE = r"""
-/* The pod sandbox's process: holds the namespaces, exits on SIGINT/SIGTERM, reaps orphans (as registry.k8s.io/pause). */
+/* The pod sandbox's process: holds the namespaces, exits on SIGINT/SIGTERM, reaps orphans
+   (as registry.k8s.io/pause). */
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>

@@ -83,7 +83,7 @@ class NodeLayout:
 
     @property
     def containerd_state(self) -> pathlib.Path:
-        """containerd's runtime state (shims, sandbox /dev/shm mounts, CNI netns with ``netns_mounts_under_state_dir``)."""
+        """containerd's runtime state: shims, sandbox /dev/shm mounts, CNI netns (``netns_mounts_under_state_dir``)."""
         return self.root / "containerd" / "state"
 
     @property

@@ -157,7 +157,9 @@ def client_certificate(folder: pathlib.Path, name: str, user: str, group: str) -
     key, csr, cert, ext = (f"{name}.{suffix}" for suffix in ("key", "csr", "crt", "ext"))
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", key, cwd=folder)
     _openssl("req", "-new", "-key", key, "-subj", f"/O={group}/CN={user}", "-out", csr, cwd=folder)
-    (folder / ext).write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+    (folder / ext).write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"
+    )
     _openssl(
         "x509", "-req", "-in", csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
         "-days", str(CERT_DAYS), "-extfile", ext, "-out", cert, cwd=folder,

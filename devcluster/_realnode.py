@@ -183,7 +183,9 @@ class RealNode:
         layout.corefile.write_text(cfg.corefile(cluster.kubeconfig))
         user = f"system:node:{self.name}"
         cert, key = _pki.client_certificate(cluster.pki_dir, "node", user, _pki.NODE_GROUP)
-        _kubeconfig.write_client_certificate(layout.kubelet_kubeconfig, cluster.server, cluster.ca_cert, user, cert, key)
+        _kubeconfig.write_client_certificate(
+            layout.kubelet_kubeconfig, cluster.server, cluster.ca_cert, user, cert, key
+        )
         self._write_state()
 
     def _network_up(self) -> None:
@@ -373,7 +375,8 @@ def clean_host(layout: cfg.NodeLayout, apiserver_port: int, paths_before: frozen
     _hoststate.unmount_under(layout.root)
     _hoststate.remove_cgroups(NODE_CGROUPS)
     rule = cfg.api_server_dnat(apiserver_port)
-    while _run(["iptables", "-w", "5", "-t", "nat", "-C", "PREROUTING", *rule], "checking", check=False).returncode == 0:
+    probe = ["iptables", "-w", "5", "-t", "nat", "-C", "PREROUTING", *rule]
+    while _run(probe, "checking", check=False).returncode == 0:
         _run(["iptables", "-w", "5", "-t", "nat", "-D", "PREROUTING", *rule], "removing the API server DNAT rule")
     if pathlib.Path(f"/sys/class/net/{cfg.BRIDGE}").exists():
         _run(["ip", "link", "delete", cfg.BRIDGE], "removing the bridge")

@@ -69,7 +69,7 @@ def namespace(cluster):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark tests using ``cluster`` (directly or through another fixture) ``cluster``, and ``real_node`` ``realpods``."""
+    """Mark tests using ``cluster`` (directly or through a fixture) ``cluster``, and ``real_node`` ``realpods``."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "cluster" in names and item.get_closest_marker("cluster") is None:

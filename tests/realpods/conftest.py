@@ -1,4 +1,4 @@
-"""Fixtures of the real-node tests: the PolicyGroup CRD and the operator as a host process serving the test's namespace."""
+"""Real-node test fixtures: the PolicyGroup CRD, and the operator as a host process serving the test namespace."""
 
 from __future__ import annotations
 

@@ -30,7 +30,9 @@ def real_cartpole(name: str, **paths) -> dict:
         **paths: More dotted-path edits, as `tests.operator.operator_cluster.example` takes them.
     """
     pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS}
-    edits = {"spec.image": devcluster.IMAGE, "spec.imagePullPolicy": "Never", "spec.train.pod": pod, "spec.eval.pod": pod}
+    edits = {
+        "spec.image": devcluster.IMAGE, "spec.imagePullPolicy": "Never", "spec.train.pod": pod, "spec.eval.pod": pod
+    }
     return example(name, **{**edits, **paths})
 
 
