@@ -22,6 +22,9 @@ GRACE_MARGIN_SECONDS = 15
 """Added to spec.weightSync.timeoutSeconds for the grace after SIGTERM: an evaluator leaves its group cleanly
 (bounded by the weight-sync timeout), a trainer finishes the publish in flight (same bound) and writes its final
 checkpoint and summary.json (the margin)."""
+THREADS_ENV = "OMP_NUM_THREADS"
+"""Threads of OpenMP and of torch's intra-op pool (torch reads it at start; torchrun sets 1 only when it starts
+several ranks, so a lone rank would otherwise take one thread per core of the whole node)."""
 RUNTIME_ENV = (
     contract.ENV_EVAL_ORDINAL,
     contract.ENV_EXPECTED_EVALUATORS,
@@ -102,6 +105,29 @@ def grace_seconds(spec: PolicyGroupSpec) -> int:
     return math.ceil(spec.weight_sync.timeout_seconds) + GRACE_MARGIN_SECONDS
 
 
+def threads_per_process(spec: PolicyGroupSpec, role: contract.PolicyRole) -> int | None:
+    """Threads each process of a `role` pod should use: the pod's CPU shared by the processes it runs.
+
+    Without it a pod's torch sizes its thread pools by the node's cores, not the pod's CPU, and the ranks and
+    evaluators sharing a node oversubscribe it (PyTorch docs, "CPU threading and TorchScript inference":
+    set OMP_NUM_THREADS to the cores a process may use).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        role (contract.PolicyRole): `train` (procsPerNode ranks per pod) or `eval` (one process per pod).
+
+    Returns:
+        int | None: floor(CPU limit, else request, in cores / processes), at least 1; without a CPU figure, 1
+            for several processes per pod (torchrun's own choice) and None (the runtime's default) for one.
+    """
+    processes = spec.train.procs_per_node if role == contract.PolicyRole.TRAIN else 1
+    pod = spec.train.pod if role == contract.PolicyRole.TRAIN else spec.eval.pod
+    cores = pod.resources.cpu_cores()
+    if cores is None:
+        return 1 if processes > 1 else None
+    return max(1, math.floor(cores / processes))
+
+
 def _argv(spec: PolicyGroupSpec, role: contract.PolicyRole, site: LaunchSite) -> tuple[str, ...]:
     if role == contract.PolicyRole.EVAL:
         return (site.python, "-m", EVAL_MODULE)
@@ -161,6 +187,9 @@ def plan(
         env[contract.ENV_EXPECTED_EVALUATORS] = str(site.expected_evaluators)
     if role == contract.PolicyRole.TRAIN and site.in_pod:
         env[contract.ENV_REPORT_STATUS] = "1"
+    threads = threads_per_process(spec, role)
+    if site.in_pod and threads is not None:  # local children share this machine: `rlightning run` sets 1
+        env[THREADS_ENV] = str(threads)
     return LaunchPlan(
         role=role,
         argv=_argv(spec, role, site),

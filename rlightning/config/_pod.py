@@ -65,6 +65,11 @@ class ResourceRequirements(StrictModel):
         description="Hard caps by resource name, as quantities. nvidia.com/gpu must be set here to get GPUs.",
     )
 
+    def cpu_cores(self) -> decimal.Decimal | None:
+        """The container's CPU in cores: its limit, else its request (what it may use); None when neither is set."""
+        cpu = self.limits.get("cpu", self.requests.get("cpu"))
+        return None if cpu is None else parse_quantity(cpu)
+
     @field_validator("requests", "limits")
     @classmethod
     def _quantities(cls, value: dict[str, str]) -> dict[str, str]:

@@ -192,7 +192,7 @@ class LocalRun:
         """
         env = {name: value for name, value in os.environ.items() if name not in launch.RUNTIME_ENV}
         env.update(plan.env)
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault(launch.THREADS_ENV, "1")
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

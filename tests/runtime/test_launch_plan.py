@@ -76,7 +76,8 @@ def test_plan(case):
     assert plan.role == role and plan.argv == argv
     assert {name: plan.env.get(name) for name in env} == env
     assert plan.env_from_pod == from_pod
-    assert list(plan.env) == sorted(plan.env) and set(plan.env) | set(from_pod) <= set(launch.RUNTIME_ENV)
+    ours = set(plan.env) - {launch.THREADS_ENV}  # torch's, not the runtime's
+    assert list(plan.env) == sorted(plan.env) and ours | set(from_pod) <= set(launch.RUNTIME_ENV)
     absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS} if role == "eval" else set()
     absent |= {contract.ENV_EVAL_ORDINAL} if ordinal is None else set()
     assert not absent & set(plan.env)
@@ -149,3 +150,25 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         if role == "eval":
             assert eval_ordinal(child.env) == ordinal
         assert child.grace_seconds == 75 and re.fullmatch(r"(eval-\d|trainer)", child.name)
+
+
+@pytest.mark.parametrize(
+    ("role", "procs", "resources", "threads"),
+    [
+        ("train", 2, {"requests": {"cpu": "2"}}, "1"),
+        ("train", 1, {"requests": {"cpu": "2"}}, "2"),  # a lone rank gets the pod's CPU, not the node's cores
+        ("train", 2, {"requests": {"cpu": "3"}, "limits": {"cpu": "8"}}, "4"),  # the limit is what it may use
+        ("train", 1, {"requests": {"cpu": "250m"}}, "1"),
+        ("train", 2, {}, "1"),  # torchrun's own choice for several ranks, made explicit
+        ("train", 1, {}, None),  # no CPU figure: torch's default
+        ("eval", 2, {"requests": {"cpu": "1500m"}}, "1"),
+        ("eval", 2, {"limits": {"cpu": "4"}}, "4"),
+    ],
+)
+def test_pod_processes_use_their_pods_cpu(role, procs, resources, threads):
+    manifest = _manifest(train={"procsPerNode": procs, "pod": {"resources": resources}},
+                         eval={"pod": {"resources": resources}})  # fmt: skip
+    pod_plan = launch.plan(manifest, role, _site(**POD))
+    assert pod_plan.env.get(launch.THREADS_ENV) == threads
+    local_plan = launch.plan(manifest, role, _site(), ordinal=0 if role == "eval" else None)
+    assert launch.THREADS_ENV not in local_plan.env  # local children share the machine: the launcher sets 1
