@@ -1,5 +1,5 @@
-"""Behaviours 1 and 7 of issue 8 on the real node: a PolicyGroup trains to Succeeded in real pods, and deleting it
-removes every pod and leaves nothing of them on the host."""
+"""Behaviours 1, 2 and 7 of issue 8 on the real node: a PolicyGroup trains to Succeeded in real pods, also with
+two trainer pods of one rank each, and deleting it removes every pod and leaves nothing of them on the host."""
 
 from __future__ import annotations
 
