@@ -30,7 +30,7 @@ test-fast: install
 # Tests are type-checked for what breaks when the library changes (names, imports, call arities, return
 # types), not for their scaffolding: deliberately invalid arguments, fakes and monkeypatches, and attributes
 # reached through torch.nn.Module.__getattr__ (typed Tensor | Module) are allowed there.
-TEST_MYPY_FLAGS := --allow-incomplete-defs --disable-error-code=arg-type --disable-error-code=assignment \
+TEST_MYPY_FLAGS := --follow-imports=silent --allow-incomplete-defs --disable-error-code=arg-type --disable-error-code=assignment \
 	--disable-error-code=method-assign --disable-error-code=union-attr --disable-error-code=operator \
 	--disable-error-code=index --disable-error-code=override --disable-error-code=misc \
 	--disable-error-code=call-overload --disable-error-code=dict-item
