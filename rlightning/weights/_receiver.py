@@ -89,6 +89,9 @@ class WeightReceiver:
             # bounded: a listening socket of a stopped sender accepts connections but never answers
             count = _store.bounded(lambda: store.add(_store.ANNOUNCE_COUNT, 0), self._timeout, "a first read")
             self._report_store = store.clone()  # reports must not queue behind a blocking wait()
+            # one connection waits for announcements, for as long as this one lives (not one per publish)
+            watch = _store.bounded(store.clone, self._timeout, "a new connection")
+            self._watcher = _store.KeyWatcher(watch, self._timeout)
             self._next_seq = count + 1
             self._register()
             log.info("receiver %d connected to %s:%d", self.ordinal, self.host, self.port)
@@ -204,14 +207,9 @@ class WeightReceiver:
         key = _store.announce(self._next_seq)
         if not present:
             watcher = self._watcher
-            if watcher is None or watcher.key != key:
-                if watcher is not None:  # it waits on an older key, which exists: it ends at once
-                    watcher.wait(self._timeout)
-                    watcher.cancel()
-                clone = _store.bounded(store.clone, self._timeout, "a new connection")
-                self._watcher = watcher = _store.KeyWatcher(clone, key, self._timeout)
+            assert watcher is not None  # set with the store (`_connect`)
             # wait in steps, checking the sender's heartbeat between them: a vanished sender sends no RST
-            while not watcher.wait(min(deadline - time.monotonic(), self._timeout / 4)):
+            while not watcher.wait(key, min(deadline - time.monotonic(), self._timeout / 4)):
                 self._monitor.check(store)
                 if time.monotonic() >= deadline:
                     return None

@@ -257,65 +257,85 @@ def wait_keys(store: dist.Store, keys: list[str], timeout: float) -> list[str]:
 
 
 class KeyWatcher:
-    """Waits for one key on its own store connection in a daemon thread; callers wait on an event.
+    """Waits for keys, one at a time, on one long-lived store connection of its own, in a daemon thread.
 
-    Lets a receiver poll with short timeouts without timing out store calls on its main connection. The thread
-    re-arms its wait in steps of at most `step` seconds (a TCPStore `wait` that times out logs one c10d warning,
-    so steps are long) and ends when the key appears, the connection breaks or fails to answer within the
-    store's timeout (the sender went away), or `cancel()` is called.
+    Lets a receiver poll with short timeouts without timing out store calls on its main connection, and keeps
+    one connection for every publish: back-to-back publishes open no connection each (a connect per publish
+    is what the connection test of tests/weights/test_weight_cadence.py rules out). `wait(key, timeout)` asks
+    for `key`; the thread waits for the newest key asked for, re-arming its store wait in steps of at most
+    `step` seconds (a TCPStore `wait` that times out logs one c10d warning, so steps are long), and moves on
+    to a newer key after the current step. It ends when the connection breaks or fails to answer within the
+    store's timeout (the sender went away), or on `cancel()`, which drops the connection after the step.
 
     Args:
         store (dist.Store): a connection of its own (e.g. `clone()`), used only by this watcher.
-        key (str): the key to wait for.
         step (float): longest single wait, seconds (the receiver passes `timeout_seconds`).
     """
 
-    def __init__(self, store: dist.Store, key: str, step: float) -> None:
-        self.key = key
+    def __init__(self, store: dist.Store, step: float) -> None:
         self.error: Exception | None = None
         self._step = _timedelta(max(step, 0.01))
-        self._done = threading.Event()
-        self._cancelled = threading.Event()
+        self._changed = threading.Condition()
+        self._wanted: str | None = None  # the newest key asked for
+        self._found: str | None = None  # the newest key seen to exist
+        self._cancelled = False
         self._store = store
         threading.Thread(target=self._run, name="wsync-watch", daemon=True).start()
 
     def _run(self) -> None:
         try:
-            while not self._cancelled.is_set():
-                try:
-                    self._store.wait([self.key], self._step)
-                    return
-                except RuntimeError:  # a timed-out step, or a lost connection: `check` tells them apart
-                    if self._store.check([self.key]):  # raises when the store does not answer
+            while True:
+                with self._changed:
+                    self._changed.wait_for(lambda: self._cancelled or self._wanted not in (None, self._found))
+                    if self._cancelled:
                         return
+                    key = self._wanted
+                assert key is not None
+                try:
+                    self._store.wait([key], self._step)
+                    present = True
+                except RuntimeError:  # a timed-out step, or a lost connection: `check` tells them apart
+                    present = self._store.check([key])  # raises when the store does not answer
+                if present:
+                    with self._changed:
+                        self._found = key
+                        self._changed.notify_all()
         except RuntimeError as exc:
-            self.error = exc
+            with self._changed:
+                self.error = exc
+                self._changed.notify_all()
         finally:
-            self._done.set()
+            self._store = None  # type: ignore[assignment]  # the connection closes with its last reference
 
     def cancel(self) -> None:
-        """Stop at the end of the current step (the receiver dropped this connection)."""
-        self._cancelled.set()
+        """Stop at the end of the current step and drop the connection (the receiver dropped the store)."""
+        with self._changed:
+            self._cancelled = True
+            self._changed.notify_all()
 
-    @property
-    def finished(self) -> bool:
-        """Whether the key appeared or the wait failed."""
-        return self._done.is_set()
+    def wait(self, key: str, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for `key`, superseding any older key asked for.
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for the key.
+        Args:
+            key (str): the key to wait for.
+            timeout (float): bound, seconds (<= 0 only looks).
 
         Returns:
-            bool: True when the key exists; False on timeout.
+            bool: True when the key exists; False on timeout or after `cancel()`.
 
         Raises:
             RuntimeError: when the store connection broke.
         """
-        if not self._done.wait(max(timeout, 0.0)):
-            return False
-        if self.error is not None:
-            raise RuntimeError(f"weight-sync store connection lost: {self.error}")
-        return not self._cancelled.is_set()
+        with self._changed:
+            if self._wanted != key:
+                self._wanted = key
+                self._changed.notify_all()
+            self._changed.wait_for(
+                lambda: self._found == key or self.error is not None or self._cancelled, max(timeout, 0.0)
+            )
+            if self.error is not None:
+                raise RuntimeError(f"weight-sync store connection lost: {self.error}")
+            return self._found == key and not self._cancelled
 
 
 class Heartbeat:
