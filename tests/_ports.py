@@ -11,7 +11,7 @@ Block                   Ports        Used by
 RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync
                                      (2 per manifest, in the order of the session, 50 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
-WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync.py (0-9), test_weight_liveness.py (10-13), test_weight_cadence.py (15)
+WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _liveness (10-13), _cadence (15)
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
 WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
 WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)
