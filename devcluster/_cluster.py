@@ -248,13 +248,9 @@ class Cluster:
         Raises:
             ClusterError: Naming the component and its exit status, with its log tail.
         """
-        for proc in self.processes:
-            code = proc.exit_code()
-            if code is not None:
-                raise ClusterError(
-                    f"{proc.name} exited with status {code}; last lines of {proc.log_path}:\n"
-                    f"{_process.log_tail(proc.log_path)}"
-                )
+        report = _process.exit_report(self.processes)
+        if report is not None:
+            raise ClusterError(report)
 
     def stop(self) -> None:
         """Stop every process (reverse start order, SIGTERM then SIGKILL, by process group); idempotent.

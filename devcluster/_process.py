@@ -142,6 +142,19 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def exit_report(processes: list[Managed]) -> str | None:
+    """Say which of `processes` exited first, with its status and log tail; None while all run.
+
+    Args:
+        processes (list[Managed]): Processes started here, in start order.
+    """
+    for proc in processes:
+        code = proc.exit_code()
+        if code is not None:
+            return f"{proc.name} exited with status {code}; last lines of {proc.log_path}:\n{log_tail(proc.log_path)}"
+    return None
+
+
 def log_tail(path: pathlib.Path, lines: int = 40) -> str:
     """Return the last lines of a log file ("" when it does not exist).
 

@@ -238,13 +238,9 @@ class RealNode:
         Raises:
             RealNodeError: Naming the component and its exit status, with its log tail.
         """
-        for proc in self.processes:
-            code = proc.exit_code()
-            if code is not None:
-                raise RealNodeError(
-                    f"{proc.name} exited with status {code}; last lines of {proc.log_path}:\n"
-                    f"{_process.log_tail(proc.log_path)}"
-                )
+        report = _process.exit_report(self.processes)
+        if report is not None:
+            raise RealNodeError(report)
 
     def log_tails(self, lines: int = 40) -> str:
         """Return the last lines of the node's component logs, each under a header."""

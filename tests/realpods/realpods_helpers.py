@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import devcluster
@@ -39,11 +38,6 @@ def real_cartpole(name: str, **paths) -> dict:
 def wait_for(what: str, check, timeout: float = WAIT_SECONDS, interval: float = 0.5, explain=None):
     """`tests._polling.wait_for` with this module's default bound."""
     return _polling.wait_for(what, check, timeout, interval, explain)
-
-
-def get_json(cluster, *args: str) -> dict:
-    """`kubectl get ... -o json` as a dict."""
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
 def python_pod(name: str, code: str) -> dict:

@@ -3,9 +3,9 @@ pod deleted); training goes on in the same trainer pod and ends consistent, ever
 
 from __future__ import annotations
 
-from realpods_helpers import TRAIN_SECONDS, get_json, real_cartpole, wait_for
+from realpods_helpers import TRAIN_SECONDS, real_cartpole, wait_for
 
-from tests.operator.operator_cluster import apply
+from tests.operator.operator_cluster import apply, get_json
 
 
 def _group(cluster, namespace: str, name: str) -> dict:

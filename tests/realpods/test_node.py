@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import devcluster
-from realpods_helpers import get_json, pod_phase, python_pod, wait_for
-
 import yaml
+
+import devcluster
+from realpods_helpers import pod_phase, python_pod, wait_for
+from tests.operator.operator_cluster import get_json
 
 LOG_LINE = "hello from a real pod"
 

@@ -7,9 +7,9 @@ import time
 
 import devcluster
 from rlightning import contract
-from realpods_helpers import TRAIN_SECONDS, get_json, pods_on_host, real_cartpole, wait_for
+from realpods_helpers import TRAIN_SECONDS, pods_on_host, real_cartpole, wait_for
 
-from tests.operator.operator_cluster import apply
+from tests.operator.operator_cluster import apply, get_json
 
 
 def _train_to_succeeded(cluster, namespace: str, group: dict, record_property) -> dict:
