@@ -5,7 +5,9 @@ Two images, both imported with ``ctr -n k8s.io images import`` so nothing is pul
 - the sandbox (pause) image: one static C program that sleeps until SIGTERM/SIGINT and reaps children;
 - the runtime image: a rootfs of empty folders, the merged-/usr symlinks and a minimal /etc; the containers see
   /usr, the Python install, the repository and its virtualenv through read-only binds of the base runtime spec
-  (``_nodeconfig.base_runtime_spec``), so the multi-GB virtualenv is never copied.
+  (``_nodeconfig.base_runtime_spec``), so the multi-GB virtualenv is never copied. Like operator/Dockerfile's
+  image it runs ``rlightning-operator`` unless a pod gives a command, and knows the operator's user (UID 10001),
+  so the Helm chart's Deployment runs on it unchanged.
 
 Format: OCI image layout 1.0 (github.com/opencontainers/image-spec, image-layout.md, manifest.md, config.md).
 containerd names an imported image from the index annotation ``io.containerd.image.name``.
@@ -48,11 +50,19 @@ USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "u
 """Merged-/usr symlinks (Debian 12 layout), so ``/bin/sh`` and the dynamic loader resolve through the /usr bind."""
 
 ETC_FILES = {
-    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    "etc/group": "root:x:0:\nnogroup:x:65534:\n",
+    "etc/passwd": (
+        "root:x:0:0:root:/root:/bin/sh\n"
+        "rlightning:x:10001:10001::/tmp:/usr/sbin/nologin\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
+    "etc/group": "root:x:0:\nrlightning:x:10001:\nnogroup:x:65534:\n",
     "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
 }
-"""Minimal /etc of the runtime image (``getpass``, ``getaddrinfo``); kubelet mounts hosts, hostname, resolv.conf."""
+"""Minimal /etc of the runtime image (``getpass``, ``getaddrinfo``); kubelet mounts hosts, hostname, resolv.conf.
+UID/GID 10001 is operator/Dockerfile's ``rlightning`` user, as which the chart runs the operator."""
+
+ENTRYPOINT = ["rlightning-operator"]
+"""Entrypoint of the runtime image, as operator/Dockerfile's; the operator's pods override it with ``command``."""
 
 PLATFORM = {"architecture": "amd64", "os": "linux"}
 """Platform of both images (the machine's)."""
@@ -205,6 +215,6 @@ def runtime_archive(name: str, env: list[str]) -> bytes:
         env (list[str]): ``NAME=value`` entries (``_nodeconfig.image_env``).
 
     Returns:
-        bytes: The archive; its containers run ``python`` unless the pod gives a command.
+        bytes: The archive; its containers run :data:`ENTRYPOINT` unless the pod gives a command.
     """
-    return oci_archive(name, runtime_layer(), {"Env": env, "Cmd": ["python"], "WorkingDir": "/"})
+    return oci_archive(name, runtime_layer(), {"Env": env, "Entrypoint": list(ENTRYPOINT), "WorkingDir": "/"})

@@ -31,6 +31,7 @@ def test_oci_archive_names_the_image_and_its_blobs_match_their_digests():
     manifest = json.loads(files["blobs/sha256/" + descriptor["digest"].split(":")[1]])
     config = json.loads(files["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
     assert config["config"]["Env"] == ["PYTHONPATH=/repo"]
+    assert config["config"]["Entrypoint"] == ["rlightning-operator"]  # as operator/Dockerfile's image
     assert config["rootfs"]["diff_ids"] == [manifest["layers"][0]["digest"]]
 
 
@@ -39,7 +40,8 @@ def test_runtime_layer_has_a_sticky_tmp_and_merged_usr_links():
         members = {m.name: m for m in tar.getmembers()}
     assert members["tmp"].isdir() and members["tmp"].mode == 0o1777
     assert members["bin"].issym() and members["bin"].linkname == "usr/bin"
-    assert "etc/passwd" in members
+    passwd = _members(_images.runtime_layer())["etc/passwd"].decode()
+    assert "rlightning:x:10001:10001:" in passwd  # the chart's runAsUser, as in operator/Dockerfile
 
 
 def test_containerd_config_keeps_state_under_the_node_folder_and_restricts_oom_score_adj():

@@ -1,4 +1,5 @@
-"""Helpers of the real-node tests: pods and PolicyGroups placed on the real node, kubectl JSON, host checks."""
+"""Helpers of the real-node tests: pods, PolicyGroups and local volumes placed on the real node, kubectl JSON, host
+checks."""
 
 from __future__ import annotations
 
@@ -85,3 +86,48 @@ def pods_on_host(node: devcluster.RealNode, uids: set[str]) -> list[str]:
         for uid in uids:
             left += [f"cgroup {path}" for path in hierarchy.glob(f"kubepods*/**/pod{uid}")]
     return left
+
+
+def local_volume(name: str, path: pathlib.Path, namespace: str, claim: str) -> dict:
+    """A local PersistentVolume at `path` on the real node, reserved for one claim (storage class "").
+
+    Args:
+        name (str): metadata.name of the volume.
+        path (pathlib.Path): An existing folder on the host (the node's filesystem).
+        namespace (str): Namespace of the claim it is reserved for.
+        claim (str): Name of that claim (spec.claimRef: no other claim can take it).
+
+    Returns:
+        dict: A v1 PersistentVolume with node affinity to the real node (reclaim policy Retain).
+    """
+    on_node = {"key": devcluster.NODE_LABEL, "operator": "In", "values": ["true"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "volumeMode": "Filesystem",
+            "local": {"path": str(path)},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+
+
+def volume_claim(name: str, volume: str) -> dict:
+    """A PersistentVolumeClaim of 1Gi bound to the named volume (storage class "", so no default class applies)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": volume,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }

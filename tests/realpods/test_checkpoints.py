@@ -1,0 +1,98 @@
+"""Behaviour 5 of issue 8 on the real node: checkpoints on a PersistentVolumeClaim outlive the PolicyGroup.
+
+A test-created local PersistentVolume (a folder under the node's work folder, node affinity to the real node,
+reserved for one claim) backs the claim that `spec.train.checkpoint.persistentVolumeClaim` names. The group
+trains a few iterations, writing checkpoints to it; it is deleted (its pods go, the claim stays) and applied again
+with the same claim and a larger step budget: the new trainer pod resumes from the newest checkpoint, so its
+iterations and weight versions continue where the first run stopped instead of starting again from 0.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from realpods_helpers import (
+    TRAIN_SECONDS, WAIT_SECONDS, get_json, local_volume, real_cartpole, volume_claim, wait_for,
+)
+from tests.operator.operator_cluster import apply
+
+CLAIM = "cartpole-checkpoints"
+FIRST_ENV_STEPS = 2048
+"""Step budget of the first run: 4 iterations (2 ranks x 8 envs x 32 steps = 512 env steps each)."""
+SECOND_ENV_STEPS = 4096
+"""Step budget when applied again: 4 more iterations if it resumes (8 from scratch would also reach it)."""
+
+
+@pytest.fixture
+def checkpoint_claim(cluster, real_node, real_namespace):
+    """A Bound claim `CLAIM` on a local volume under the node's folder; yields that folder. Removed after."""
+    volume = f"{real_namespace}-checkpoints"
+    folder = real_node.layout.root / "volumes" / volume
+    folder.mkdir(parents=True)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(local_volume(volume, folder, real_namespace, CLAIM)))
+    apply(cluster, real_namespace, volume_claim(CLAIM, volume))
+    wait_for(f"claim {CLAIM} to bind to {volume}",
+             lambda: get_json(cluster, "pvc", CLAIM, "-n", real_namespace)["status"].get("phase") == "Bound")
+    try:
+        yield folder
+    finally:
+        # A completed trainer pod still uses the claim (pvc-protection), and a bound volume is not deleted
+        # (pv-protection): the group and its pods go first, then the claim, then the volume.
+        timeout = f"--timeout={WAIT_SECONDS:.0f}s"
+        cluster.kubectl("delete", "pg", "--all", "-n", real_namespace, timeout, check=False)
+        wait_for("the group's pods to be gone", lambda: not get_json(cluster, "pods", "-n", real_namespace)["items"],
+                 timeout=180.0)
+        cluster.kubectl("delete", "pvc", CLAIM, "-n", real_namespace, timeout, check=False)
+        cluster.kubectl("delete", "pv", volume, timeout, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _succeeded(cluster, namespace: str, name: str) -> dict:
+    """Wait until the PolicyGroup is Succeeded (failing on Failed or Invalid); its status.training."""
+
+    def phase() -> bool:
+        group = get_json(cluster, "pg", name, "-n", namespace)
+        found = (group.get("status") or {}).get("phase", "")
+        assert found not in {"Failed", "Invalid"}, f"PolicyGroup went {found}: {group.get('status')}"
+        return found == "Succeeded"
+
+    wait_for(f"PolicyGroup {name} to succeed", phase, timeout=TRAIN_SECONDS, interval=2.0)
+    return get_json(cluster, "pg", name, "-n", namespace)["status"]["training"]
+
+
+def test_policygroup_applied_again_with_the_same_claim_resumes_from_its_checkpoint(
+    cluster, real_namespace, real_operator, checkpoint_claim
+):
+    run_dir = checkpoint_claim
+    edits = {
+        "spec.train.checkpoint": {"persistentVolumeClaim": CLAIM, "intervalIterations": 2},
+        "spec.train.targetEvalReturn": None,  # stop on the step budget only
+        "spec.eval.replicas": 1,
+    }
+    apply(cluster, real_namespace, real_cartpole("resumed", **edits, **{"spec.train.totalEnvSteps": FIRST_ENV_STEPS}))
+    first = _succeeded(cluster, real_namespace, "resumed")
+    assert first["iteration"] == 4 and first["weightVersion"] > 0
+    checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    assert checkpoints and checkpoints[-1] == "iter-00000004.pt", f"checkpoints on the claim's volume: {checkpoints}"
+    first_summary = json.loads((run_dir / "summary.json").read_text())
+    assert first_summary["resumed_from"] is None
+
+    cluster.kubectl("delete", "pg", "resumed", "-n", real_namespace, "--wait=true", f"--timeout={WAIT_SECONDS:.0f}s")
+    wait_for("the first run's pods to be gone",
+             lambda: not get_json(cluster, "pods", "-n", real_namespace)["items"], timeout=180.0)
+    assert get_json(cluster, "pvc", CLAIM, "-n", real_namespace)["status"]["phase"] == "Bound"
+
+    apply(cluster, real_namespace, real_cartpole("resumed", **edits, **{"spec.train.totalEnvSteps": SECOND_ENV_STEPS}))
+    second = _succeeded(cluster, real_namespace, "resumed")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] is not None and summary["resumed_from"].endswith(checkpoints[-1])
+    assert second["iteration"] == 8 and second["envSteps"] == SECOND_ENV_STEPS
+    assert second["weightVersion"] > first["weightVersion"]
+    # One metrics row per iteration over both runs: the second run's rows continue the count, none restarts it.
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == list(range(1, 9))
+    versions = [row["weight_version"] for row in rows]
+    assert versions == sorted(versions) and versions[4] > first["weightVersion"]  # published every iteration
