@@ -15,9 +15,9 @@ import shutil
 import pytest
 
 from realpods_helpers import (
-    TRAIN_SECONDS, WAIT_SECONDS, get_json, local_volume, real_cartpole, volume_claim, wait_for,
+    TRAIN_SECONDS, WAIT_SECONDS, local_volume, real_cartpole, volume_claim, wait_for,
 )
-from tests.operator.operator_cluster import apply
+from tests.operator.operator_cluster import apply, get_json
 
 CLAIM = "cartpole-checkpoints"
 FIRST_ENV_STEPS = 2048

@@ -13,9 +13,9 @@ import json
 import yaml
 
 import devcluster
-from realpods_helpers import ON_REAL_NODE, TRAIN_SECONDS, WAIT_SECONDS, get_json, real_cartpole, wait_for
+from realpods_helpers import ON_REAL_NODE, TRAIN_SECONDS, WAIT_SECONDS, real_cartpole, wait_for
 from tests.helm.helm_chart import CHART, RELEASE, Helm
-from tests.operator.operator_cluster import apply
+from tests.operator.operator_cluster import apply, get_json
 
 PROCESS_CHECK = """
 import json, os
