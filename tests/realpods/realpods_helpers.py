@@ -7,7 +7,7 @@ import pathlib
 
 import devcluster
 from tests import _polling
-from tests.operator.operator_cluster import example
+from tests.operator.operator_cluster import example, get_json
 
 WAIT_SECONDS = 120.0
 """Bound for a pod on the real node to start (image is local; python with torch imports in a few seconds)."""
@@ -39,6 +39,23 @@ def real_cartpole(name: str, **paths) -> dict:
 def wait_for(what: str, check, timeout: float = WAIT_SECONDS, interval: float = 0.5, explain=None):
     """`tests._polling.wait_for` with this module's default bound."""
     return _polling.wait_for(what, check, timeout, interval, explain)
+
+
+def wait_until_succeeded(cluster, namespace: str, name: str) -> dict:
+    """Wait (up to `TRAIN_SECONDS`) until PolicyGroup `name` is Succeeded, failing at once on Failed or Invalid.
+
+    Returns:
+        dict: Its status.
+    """
+
+    def succeeded() -> bool:
+        group = get_json(cluster, "pg", name, "-n", namespace)
+        phase = (group.get("status") or {}).get("phase", "")
+        assert phase not in {"Failed", "Invalid"}, f"PolicyGroup went {phase}: {group.get('status')}"
+        return phase == "Succeeded"
+
+    wait_for(f"PolicyGroup {name} to succeed", succeeded, timeout=TRAIN_SECONDS, interval=2.0)
+    return get_json(cluster, "pg", name, "-n", namespace)["status"]
 
 
 def python_pod(name: str, code: str) -> dict:

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from realpods_helpers import (
-    TRAIN_SECONDS, WAIT_SECONDS, local_volume, real_cartpole, volume_claim, wait_for,
+    WAIT_SECONDS, local_volume, real_cartpole, volume_claim, wait_for, wait_until_succeeded,
 )
 from tests.operator.operator_cluster import apply, get_json
 
@@ -52,15 +52,7 @@ def checkpoint_claim(cluster, real_node, real_namespace):
 
 def _succeeded(cluster, namespace: str, name: str) -> dict:
     """Wait until the PolicyGroup is Succeeded (failing on Failed or Invalid); its status.training."""
-
-    def phase() -> bool:
-        group = get_json(cluster, "pg", name, "-n", namespace)
-        found = (group.get("status") or {}).get("phase", "")
-        assert found not in {"Failed", "Invalid"}, f"PolicyGroup went {found}: {group.get('status')}"
-        return found == "Succeeded"
-
-    wait_for(f"PolicyGroup {name} to succeed", phase, timeout=TRAIN_SECONDS, interval=2.0)
-    return get_json(cluster, "pg", name, "-n", namespace)["status"]["training"]
+    return wait_until_succeeded(cluster, namespace, name)["training"]
 
 
 def test_policygroup_applied_again_with_the_same_claim_resumes_from_its_checkpoint(

@@ -7,7 +7,7 @@ import time
 
 import devcluster
 from rlightning import contract
-from realpods_helpers import TRAIN_SECONDS, pods_on_host, real_cartpole, wait_for
+from realpods_helpers import pods_on_host, real_cartpole, wait_for, wait_until_succeeded
 
 from tests.operator.operator_cluster import apply, get_json
 
@@ -17,16 +17,8 @@ def _train_to_succeeded(cluster, namespace: str, group: dict, record_property) -
     name = group["metadata"]["name"]
     started = time.monotonic()
     apply(cluster, namespace, group)
-
-    def phase() -> bool:
-        found_group = get_json(cluster, "pg", name, "-n", namespace)
-        found = (found_group.get("status") or {}).get("phase", "")
-        assert found not in {"Failed", "Invalid"}, f"PolicyGroup went {found}: {found_group.get('status')}"
-        return found == "Succeeded"
-
-    wait_for(f"PolicyGroup {name} to succeed", phase, timeout=TRAIN_SECONDS, interval=2.0)
+    status = wait_until_succeeded(cluster, namespace, name)
     seconds = time.monotonic() - started
-    status = get_json(cluster, "pg", name, "-n", namespace)["status"]
     per_iteration = seconds / max(1, status["training"]["iteration"])
     record_property("apply_to_succeeded_seconds", round(seconds, 1))
     record_property("seconds_per_iteration_with_start", round(per_iteration, 2))
