@@ -216,13 +216,11 @@ class Cluster:
         self._write_state()
 
     def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        while True:
-            self.check_alive()
-            if check():
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out waiting for {what}\n{self.log_tails()}")
-            time.sleep(0.2)
+        failure = _process.wait_until(check, deadline, self.processes)
+        if failure == _process.TIMED_OUT:
+            raise ClusterError(f"timed out waiting for {what}\n{self.log_tails()}")
+        if failure is not None:
+            raise ClusterError(failure)
 
     @staticmethod
     def _ready_nodes(api: _http.ApiServer) -> int:

@@ -16,6 +16,7 @@ import pathlib
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -140,6 +141,35 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+TIMED_OUT = "timed out"
+"""What `wait_until` returns when its deadline passed."""
+
+
+def wait_until(
+    check: Callable[[], bool], deadline: float, processes: list[Managed], interval: float = 0.2
+) -> str | None:
+    """Poll `check` until it holds, a process of `processes` exits, or `deadline` passes.
+
+    Args:
+        check (Callable[[], bool]): The condition.
+        deadline (float): `time.monotonic()` bound, in seconds.
+        processes (list[Managed]): Processes whose exit ends the wait early.
+        interval (float, optional): Seconds between polls. Defaults to 0.2.
+
+    Returns:
+        str | None: None when `check` held; `TIMED_OUT`; or `exit_report`'s text when a process exited.
+    """
+    while True:
+        report = exit_report(processes)
+        if report is not None:
+            return report
+        if check():
+            return None
+        if time.monotonic() > deadline:
+            return TIMED_OUT
+        time.sleep(interval)
 
 
 def exit_report(processes: list[Managed]) -> str | None:

@@ -218,13 +218,11 @@ class RealNode:
         self._write_state()
 
     def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        while True:
-            self.check_alive()
-            if check():
-                return
-            if time.monotonic() > deadline:
-                raise RealNodeError(f"timed out waiting for {what}\n{self.log_tails()}")
-            time.sleep(0.2)
+        failure = _process.wait_until(check, deadline, self.processes)
+        if failure == _process.TIMED_OUT:
+            raise RealNodeError(f"timed out waiting for {what}\n{self.log_tails()}")
+        if failure is not None:
+            raise RealNodeError(failure)
 
     def ready(self) -> bool:
         """Return True when the Node object reports condition Ready=True."""
