@@ -28,6 +28,9 @@ TORCHRUN_PORT = 29500
 """torchrun's c10d rendezvous and the DDP default group's store, on trainer node rank 0."""
 WEIGHT_SYNC_PORT = 29600
 """The weight-sync rendezvous store, hosted by trainer rank 0; never the DDP store."""
+TRAJECTORY_PORT = 29700
+"""First port of the trainers' trajectory intake: local rank r of a trainer pod receives the fleet's batches on
+TRAJECTORY_PORT + r."""
 METRICS_PORT = 9400
 """Prometheus metrics of a trainer or evaluator process."""
 OPERATOR_HEALTH_PORT = 8080
@@ -39,6 +42,12 @@ OPERATOR_METRICS_PORT = 9090
 TORCHRUN_PORT_NAME = "torchrun"
 WEIGHT_SYNC_PORT_NAME = "weight-sync"
 METRICS_PORT_NAME = "metrics"
+
+
+def trajectory_port_name(local_rank: int) -> str:
+    """Name of a trainer container's trajectory port for `local_rank` (at most 15 characters, as Kubernetes
+    requires of port names): `trajectories`, then `trajectories-1`, ..."""
+    return "trajectories" if local_rank == 0 else f"trajectories-{local_rank}"
 
 # -- Roles (values of LABEL_ROLE and of ENV_ROLE) ---------------------------------------------------------
 class PolicyRole(enum.StrEnum):
@@ -87,6 +96,8 @@ ENV_TRAIN_MASTER_ADDR = "RLIGHTNING_TRAIN_MASTER_ADDR"
 """Host of trainer node rank 0: torchrun's rendezvous and the weight-sync store."""
 ENV_WEIGHT_SYNC_PORT = "RLIGHTNING_WEIGHT_SYNC_PORT"
 """Port of the weight-sync store on ENV_TRAIN_MASTER_ADDR."""
+ENV_TRAJECTORY_ENDPOINTS = "RLIGHTNING_TRAJECTORY_ENDPOINTS"
+"""Comma-separated `host:port` of every trainer rank's trajectory intake, given to evaluators."""
 ENV_METRICS_PORT = "RLIGHTNING_METRICS_PORT"
 """Port for the process's Prometheus metrics; 0 disables the endpoint."""
 ENV_EXPECTED_EVALUATORS = "RLIGHTNING_EXPECTED_EVALUATORS"
@@ -94,6 +105,9 @@ ENV_EXPECTED_EVALUATORS = "RLIGHTNING_EXPECTED_EVALUATORS"
 how many to wait for and to require on the final weights. Pods leave it unset: the operator keeps
 eval.replicas out of the mounted spec (scaling touches only the StatefulSet), so there the trainer counts the
 evaluators registered with its weight sender (`rlightning.runtime.train`)."""
+ENV_FLEET_DATA = "RLIGHTNING_FLEET_DATA"
+"""`1` when the evaluators produce the training data (eval.replicas >= 1 when the trainers were built), else `0`:
+trainers and evaluators of one PolicyGroup agree on it through their launch plans."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
 

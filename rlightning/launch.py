@@ -28,6 +28,7 @@ several ranks, so a lone rank would otherwise take one thread per core of the wh
 RUNTIME_ENV = (
     contract.ENV_EVAL_ORDINAL,
     contract.ENV_EXPECTED_EVALUATORS,
+    contract.ENV_FLEET_DATA,
     contract.ENV_GROUP_NAME,
     contract.ENV_METRICS_PORT,
     contract.ENV_NAMESPACE,
@@ -37,6 +38,7 @@ RUNTIME_ENV = (
     contract.ENV_RUN_DIR,
     contract.ENV_SPEC_PATH,
     contract.ENV_TRAIN_MASTER_ADDR,
+    contract.ENV_TRAJECTORY_ENDPOINTS,
     contract.ENV_WEIGHT_SYNC_PORT,
 )
 """Every variable the runtime reads (`rlightning.runtime.settings`); a launcher drops inherited ones."""
@@ -50,6 +52,8 @@ class LaunchSite:
         python (str): Interpreter of every process: `python` in the image, `sys.executable` locally.
         master_addr (str): Host of trainer node rank 0 (torchrun's rendezvous, the weight-sync store): pod 0's
             DNS name, or `127.0.0.1`.
+        trainer_hosts (tuple[str, ...]): Host of each trainer node, in node rank order (pods' stable DNS names);
+            with `node_rank` None, one host that runs every rank.
         spec_path (str): The manifest the processes read.
         run_dir (str): Directory for metrics, checkpoints and the summary.
         node_rank (str | None): torchrun's `--node-rank`; in a pod `$(JOB_COMPLETION_INDEX)`, which Kubernetes
@@ -65,6 +69,7 @@ class LaunchSite:
 
     python: str
     master_addr: str
+    trainer_hosts: tuple[str, ...]
     spec_path: str
     run_dir: str
     node_rank: str | None
@@ -128,6 +133,21 @@ def threads_per_process(spec: PolicyGroupSpec, role: contract.PolicyRole) -> int
     return max(1, math.floor(cores / processes))
 
 
+def trajectory_endpoints(spec: PolicyGroupSpec, site: LaunchSite) -> tuple[str, ...]:
+    """`host:port` of every trainer rank's trajectory intake, in global rank order (torchrun numbers ranks node by
+    node: rank = node rank * procsPerNode + local rank, and local rank r listens on `ports.trajectories` + r).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        site (LaunchSite): Pods or local processes.
+
+    Returns:
+        tuple[str, ...]: `train.world_size` endpoints.
+    """
+    per_host = spec.train.world_size if site.node_rank is None else spec.train.procs_per_node
+    return tuple(f"{host}:{spec.ports.trajectories + r}" for host in site.trainer_hosts for r in range(per_host))
+
+
 def _argv(spec: PolicyGroupSpec, role: contract.PolicyRole, site: LaunchSite) -> tuple[str, ...]:
     if role == contract.PolicyRole.EVAL:
         return (site.python, "-m", EVAL_MODULE)
@@ -180,9 +200,12 @@ def plan(
         contract.ENV_TRAIN_MASTER_ADDR: site.master_addr,
         contract.ENV_WEIGHT_SYNC_PORT: str(spec.ports.weight_sync),
         contract.ENV_METRICS_PORT: str(spec.ports.metrics if site.metrics else 0),
+        contract.ENV_FLEET_DATA: "1" if spec.eval.replicas >= 1 else "0",
     }
     if ordinal is not None:
         env[contract.ENV_EVAL_ORDINAL] = str(ordinal)
+    if role == contract.PolicyRole.EVAL:
+        env[contract.ENV_TRAJECTORY_ENDPOINTS] = ",".join(trajectory_endpoints(spec, site))
     if role == contract.PolicyRole.TRAIN and site.expected_evaluators is not None:
         env[contract.ENV_EXPECTED_EVALUATORS] = str(site.expected_evaluators)
     if role == contract.PolicyRole.TRAIN and site.in_pod:

@@ -8,8 +8,8 @@ random (EADDRINUSE). Every port a test or benchmark listens on comes from a bloc
 ======================  ===========  ==================================================================
 Block                   Ports        Used by
 ======================  ===========  ==================================================================
-RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync
-                                     (2 per manifest, in the order of the session, 50 per session)
+RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync,
+                                     2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
 WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _liveness (10-13), _cadence (15)
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
@@ -19,8 +19,10 @@ POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
 OPERATOR                27600-27619  tests/operator/operator_cluster.py: health, metrics (2 per devcluster slot)
 BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (2)
+BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
 (devcluster)            28700-28799  devcluster/_ports.py: 10 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
-(defaults)              29500 29600  rlightning.contract torchrun, weight sync: ``examples/cartpole.yaml``
+(defaults)              29500 29600  rlightning.contract torchrun, weight sync, trajectory intakes (29700,
+                        29700 29701  29701): ``examples/cartpole.yaml``
                         9400         as run unchanged by tests/cli/test_examples.py; 8080, 9090: the
                         8080 9090    operator's health and metrics defaults
 ======================  ===========  ==================================================================
@@ -95,10 +97,11 @@ POLICY = PortBlock("POLICY", 27400, 10)
 BENCH_WEIGHT_SYNC = PortBlock("BENCH_WEIGHT_SYNC", 27500, 100)
 OPERATOR = PortBlock("OPERATOR", 27600, 2 * (devcluster_ports.MAX_SLOT + 1))
 BENCH_NCCL = PortBlock("BENCH_NCCL", 27700, 10)
+BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
 
 BLOCKS = (
     RUNTIME_RUNS, RUNTIME_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR, WEIGHTS_TORCHRUN, POLICY,
-    BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL,
+    BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, BENCH_FLEET,
 )
 """Every block of the table above."""
 
@@ -111,6 +114,8 @@ RESERVED = (
         for name, port in (
             ("contract.TORCHRUN_PORT", contract.TORCHRUN_PORT),
             ("contract.WEIGHT_SYNC_PORT", contract.WEIGHT_SYNC_PORT),
+            ("contract.TRAJECTORY_PORT", contract.TRAJECTORY_PORT),
+            ("contract.TRAJECTORY_PORT + 1", contract.TRAJECTORY_PORT + 1),
             ("contract.METRICS_PORT", contract.METRICS_PORT),
             ("contract.OPERATOR_HEALTH_PORT", contract.OPERATOR_HEALTH_PORT),
             ("contract.OPERATOR_METRICS_PORT", contract.OPERATOR_METRICS_PORT),

@@ -74,13 +74,18 @@ def selector_string(group: str, role: str) -> str:
     return ",".join(f"{key}={value}" for key, value in sorted(selector(group, role).items()))
 
 
-def train_master_addr(group: str, namespace: str) -> str:
-    """The stable DNS name of trainer pod 0: `<job>-0.<headless service>.<namespace>.svc`.
+def train_host(group: str, namespace: str, index: int) -> str:
+    """The stable DNS name of trainer pod `index`: `<job>-<index>.<headless service>.<namespace>.svc`.
 
     An Indexed Job's pod gets hostname `<job>-<index>`; with `subdomain` set to a headless Service of the same
     namespace it resolves as `<hostname>.<subdomain>.<namespace>.svc` (Kubernetes DNS for pods).
     """
-    return f"{contract.train_name(group)}-0.{contract.train_name(group)}.{namespace}.svc"
+    return f"{contract.train_name(group)}-{index}.{contract.train_name(group)}.{namespace}.svc"
+
+
+def train_master_addr(group: str, namespace: str) -> str:
+    """The stable DNS name of trainer pod 0 (torchrun's master, the weight-sync store)."""
+    return train_host(group, namespace, 0)
 
 
 def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
@@ -118,6 +123,7 @@ def _ports(spec: PolicyGroupSpec, role: str) -> list[tuple[str, int]]:
         ports = [
             (contract.TORCHRUN_PORT_NAME, spec.ports.torchrun),
             (contract.WEIGHT_SYNC_PORT_NAME, spec.ports.weight_sync),
+            *((contract.trajectory_port_name(r), spec.ports.trajectories + r) for r in range(spec.train.procs_per_node)),
         ]
     if spec.ports.metrics:
         ports.append((contract.METRICS_PORT_NAME, spec.ports.metrics))
@@ -138,6 +144,9 @@ def launch_site(manifest: PolicyGroupManifest, namespace: str) -> launch.LaunchS
     return launch.LaunchSite(
         python=PYTHON,
         master_addr=train_master_addr(manifest.metadata.name, namespace),
+        trainer_hosts=tuple(
+            train_host(manifest.metadata.name, namespace, index) for index in range(manifest.spec.train.nodes)
+        ),
         spec_path=f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}",
         run_dir=contract.DEFAULT_RUN_DIR_IN_POD,
         node_rank=NODE_RANK_FROM_JOB_INDEX,

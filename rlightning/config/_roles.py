@@ -53,7 +53,29 @@ class TrainConfig(StrictModel):
         default=500_000, ge=1, description="Stop after this many environment steps, summed over all ranks."
     )
     rollout_steps: int = Field(
-        default=128, ge=1, description="Steps per vector-env copy collected by each rank per iteration."
+        default=128,
+        ge=1,
+        description=(
+            "Steps per vector-env copy in one batch of experience: what each rank collects per iteration without "
+            "evaluators, the length of every batch the evaluators send."
+        ),
+    )
+    batches_per_update: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Evaluator batches (rolloutSteps x env.numEnvs steps each) every rank trains on per update when the "
+            "evaluators produce the data (eval.replicas >= 1)."
+        ),
+    )
+    max_policy_lag: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Oldest data trained on, in weight versions behind the newest published: 0 is strictly on-policy (every "
+            "sample of an update comes from the version published just before it); 1 or more lets evaluators "
+            "collect while trainers learn. Older batches are dropped and counted."
+        ),
     )
     target_eval_return: float | None = Field(
         default=None, description="Stop early once the evaluators' mean return reaches this value."
@@ -83,6 +105,15 @@ class EvalConfig(StrictModel):
         default=5, ge=1, description="Episodes an evaluator averages before it reports a mean return."
     )
     deterministic: bool = Field(default=True, description="Act greedily (mode of the action distribution).")
+    evaluation_interval_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "When evaluators produce the training data: the longest an evaluator collects before it plays "
+            "`episodesPerReport` evaluation episodes of the newest version it holds (it also plays them whenever "
+            "the trainers take no data). 0 evaluates every version."
+        ),
+    )
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")
 
     @model_validator(mode="after")
@@ -117,5 +148,10 @@ class WeightSyncConfig(StrictModel):
         default=60.0, gt=0, le=3600, description="Bound on forming a group, one broadcast and waiting for acks."
     )
     interval_iterations: int = Field(
-        default=1, ge=1, description="Publish weights every this many training iterations."
+        default=1,
+        ge=1,
+        description=(
+            "Publish weights every this many training iterations when the trainers collect their own data; when "
+            "the evaluators produce it, every update is published (each version produces the next data)."
+        ),
     )

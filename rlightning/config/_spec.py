@@ -22,6 +22,12 @@ class PortsConfig(StrictModel):
     weight_sync: int = Field(
         default=contract.WEIGHT_SYNC_PORT, ge=1, le=65535, description="Weight-sync store port on trainer rank 0."
     )
+    trajectories: int = Field(
+        default=contract.TRAJECTORY_PORT,
+        ge=1,
+        le=65535,
+        description="First port of the trainers' trajectory intake: local rank r of a trainer pod listens on this + r.",
+    )
     metrics: int = Field(
         default=contract.METRICS_PORT, ge=0, le=65535, description="Prometheus metrics port; 0 disables it."
     )
@@ -53,6 +59,20 @@ class PolicyGroupSpec(StrictModel):
         default_factory=WeightSyncConfig, description="Weight sync from trainers to evaluators."
     )
     ports: PortsConfig = Field(default_factory=PortsConfig, description="Ports of trainer and evaluator processes.")
+
+    @model_validator(mode="after")
+    def _trajectory_ports_free(self) -> PolicyGroupSpec:
+        # A trainer pod binds trajectories + r for each of its local ranks r, next to its other ports.
+        ports = self.ports
+        taken = range(ports.trajectories, ports.trajectories + self.train.procs_per_node)
+        clashes = sorted({ports.torchrun, ports.weight_sync, ports.metrics} & set(taken))
+        if taken.stop - 1 > 65535 or clashes:
+            raise ValueError(
+                f"ports.trajectories: ports {taken.start}..{taken.stop - 1} (one per rank of a trainer pod, "
+                f"train.procsPerNode={self.train.procs_per_node}) must be <= 65535 and not include torchrun, "
+                f"weightSync or metrics, got clashes {clashes}"
+            )
+        return self
 
 
 class ObjectMeta(StrictModel):

@@ -53,6 +53,21 @@ class TrainingStatus(StrictModel):
     )
     last_sync_seconds: float | None = Field(default=None, ge=0, description="Duration of the last sync in seconds.")
     last_sync_bytes: int | None = Field(default=None, ge=0, description="Bytes sent by the last sync.")
+    env_steps_per_second: float | None = Field(
+        default=None, ge=0, description="Env steps trained on per second in the last iteration."
+    )
+    policy_lag_mean: float | None = Field(
+        default=None, ge=0, description="Mean policy lag (weight versions) of the evaluator batches trained on last."
+    )
+    policy_lag_max: int | None = Field(default=None, ge=0, description="Largest policy lag trained on last.")
+    dropped_batches: int = Field(
+        default=0, ge=0, description="Evaluator batches dropped since start (older than maxPolicyLag, or invalid)."
+    )
+    waiting_for_data_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds the trainers have been waiting for the evaluators' batches (training paused); null when not.",
+    )
     updated_at: str | None = Field(default=None, description="RFC 3339 time of this report.")
 
 

@@ -27,6 +27,9 @@ connection time; it ends early once the expected evaluators registered (`Fleet.s
 the version they hold, so the first publish already goes above it (`WeightSender.publish`); one that registers
 later with a newer version makes the next publish go above that.
 """
+REPUBLISH_AFTER_SECONDS = 3.0
+"""While the trainers wait for the fleet's data: how long before, and how often at most, rank 0 publishes again for
+evaluators that registered after the newest publish (they produce nothing until they hold a version)."""
 MEMBERSHIP_SETTLE_SECONDS = 2.0
 """In pods (no `ENV_EXPECTED_EVALUATORS`), the evaluators registered with the sender count as the fleet once
 the membership has not changed for this long (`Fleet.settle`)."""
@@ -67,6 +70,7 @@ class Fleet:
         self.expected = expected
         self.live: list[int] = []
         self.published_iteration = -1
+        self._published_at = time.monotonic()
 
     @property
     def version(self) -> int:
@@ -143,8 +147,19 @@ class Fleet:
             log.warning("weight sync of version %d failed for (group: ordinals) %s; training on without them",
                         stats.version, stats.failed)
         self.published_iteration = iteration
+        self._published_at = time.monotonic()
         self.live = list(stats.receivers_acked)
         return stats
+
+    def starving(self, waited: float) -> bool:
+        """Whether to publish again while the trainers have waited `waited` seconds for data: evaluators registered
+        after the newest publish hold no current version, and `REPUBLISH_AFTER_SECONDS` passed since then."""
+        if waited < REPUBLISH_AFTER_SECONDS or time.monotonic() - self._published_at < REPUBLISH_AFTER_SECONDS:
+            return False
+        newcomers = set(self.sender.members) - set(self.live)
+        if newcomers:
+            log.info("evaluators %s registered after version %d; publishing again", sorted(newcomers), self.version)
+        return bool(newcomers)
 
     def live_reports(self) -> dict[int, weights.ReceiverReport]:
         """Reports of the evaluators that acknowledged the newest publish."""

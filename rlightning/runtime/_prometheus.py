@@ -45,6 +45,22 @@ class TrainerMetrics(_Metrics):
         self.sync_seconds = self._counter("rlightning_weight_sync_seconds", "Seconds spent publishing.")
         self.sync_bytes = self._counter("rlightning_weight_sync_bytes", "Bytes published.")
         self.sync_failures = self._counter("rlightning_weight_sync_failures", "Publishes that failed.")
+        self.env_steps_per_second = self._gauge(
+            "rlightning_train_env_steps_per_second", "Env steps trained on per second in the last iteration."
+        )
+        self.idle_fraction = self._gauge(
+            "rlightning_train_idle_fraction", "Fraction of the last iteration the trainers waited for data."
+        )
+        self.policy_lag_mean = self._gauge(
+            "rlightning_policy_lag_mean", "Mean policy lag (weight versions) of the last iteration's batches."
+        )
+        self.policy_lag_max = self._gauge("rlightning_policy_lag_max", "Largest policy lag of the last iteration.")
+        self.dropped_batches = self._gauge(
+            "rlightning_dropped_batches", "Evaluator batches dropped since start (too old or invalid)."
+        )
+        self.waiting_for_data = self._gauge(
+            "rlightning_train_waiting_for_data_seconds", "Seconds the trainers have waited for the fleet's data now."
+        )
 
 
 class EvaluatorMetrics(_Metrics):
@@ -58,3 +74,5 @@ class EvaluatorMetrics(_Metrics):
         self.eval_return = self._gauge("rlightning_eval_return", "Mean return of the last report.")
         self.weight_version = self._gauge("rlightning_weight_version", "Weight version applied.")
         self.episodes = self._counter("rlightning_eval_episodes", "Evaluation episodes finished.")
+        self.env_steps = self._counter("rlightning_eval_env_steps", "Env steps of training batches produced.")
+        self.batches = self._counter("rlightning_eval_batches_sent", "Training batches sent to the trainers.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +22,31 @@ from rlightning.runtime.rundir import RunDir, append_jsonl, write_json_atomic
 from rlightning.runtime.settings import ProcessSettings
 
 log = logging.getLogger("rlightning.train")
+
+WAITING_LOG_SECONDS = 30.0
+"""How often rank 0 logs that the trainers still wait for the fleet's data."""
+
+
+@dataclass(frozen=True)
+class DataFigures:
+    """Where one iteration's data came from and how fast, over all ranks.
+
+    Attributes:
+        env_steps_per_second (float): Env steps trained on in the iteration / its wall time (s).
+        trainer_idle_fraction (float): Fraction of the iteration the ranks spent waiting for data (0..1).
+        policy_lag_mean (float | None): Mean lag of the fleet batches trained on, in weight versions; None
+            when the trainers collected their own data.
+        policy_lag_max (int | None): Their largest lag.
+        dropped_batches (int): Fleet batches dropped since start (too old, or invalid).
+        update_seconds (float): Seconds rank 0 spent in `update_dataset` and `train` (the learner's own cost).
+    """
+
+    env_steps_per_second: float
+    trainer_idle_fraction: float
+    policy_lag_mean: float | None
+    policy_lag_max: int | None
+    dropped_batches: int
+    update_seconds: float
 
 
 class Recorder:
@@ -45,6 +71,11 @@ class Recorder:
             else None
         )
         self.started = time.monotonic()
+        self._lags: list[float] = []
+        self._lag_max: int | None = None
+        self._dropped = 0
+        self._last_waiting_log = 0.0
+        self._last_row: dict[str, Any] | None = None
 
     def publish(self, stats: weights.SyncStats) -> None:
         """Count one publish: a failure when a group failed; bytes and seconds when any evaluator applied it."""
@@ -68,6 +99,7 @@ class Recorder:
         consistent: bool | None,
         evaluators: list[int],
         train_stats: dict[str, float],
+        data: DataFigures,
     ) -> dict[str, Any]:
         """Append one metrics.jsonl row and export it (Prometheus; status.training at most every few seconds).
 
@@ -82,6 +114,7 @@ class Recorder:
             consistent (bool | None): Whether the evaluators' reports match what was sent.
             evaluators (list[int]): Ordinals holding the newest publish.
             train_stats (dict[str, float]): The policy's `train()` statistics, written as `train/<key>`.
+            data (DataFigures): Throughput, idle time, policy lag and drops of the iteration's data.
 
         Returns:
             dict[str, Any]: The row.
@@ -100,8 +133,14 @@ class Recorder:
             "sync_bytes": self.sync.last_bytes,
             "sync_seconds": self.sync.last_seconds,
             "sync_failures": self.sync.failures,
+            **asdict(data),
             **{f"train/{k}": v for k, v in train_stats.items()},
         }
+        if data.policy_lag_mean is not None:
+            self._lags.append(data.policy_lag_mean)
+            self._lag_max = max(self._lag_max or 0, data.policy_lag_max or 0)
+        self._dropped = data.dropped_batches
+        self._last_row = row
         append_jsonl(self.run_dir.metrics_path, row)
         self._export(row, force=False)
         return row
@@ -117,12 +156,28 @@ class Recorder:
             RunSummary: What was written.
         """
         summary = RunSummary(
-            name=self.name, wall_seconds=round(time.monotonic() - self.started, 3), sync=self.sync, **fields
+            name=self.name,
+            wall_seconds=round(time.monotonic() - self.started, 3),
+            sync=self.sync,
+            dropped_batches=self._dropped,
+            policy_lag_mean=sum(self._lags) / len(self._lags) if self._lags else None,
+            policy_lag_max=self._lag_max,
+            **fields,
         )
         write_json_atomic(self.run_dir.summary_path, summary.to_dict())
         self._export({**last_row, "weight_version": summary.weight_version, "consistent": summary.consistent}, True)
         log.info("summary: %s", summary.to_dict())
         return summary
+
+    def waiting_for_data(self, seconds: float) -> None:
+        """The ranks have waited `seconds` for the fleet's batches of this iteration: logged every
+        `WAITING_LOG_SECONDS` and shown in status.training (`waitingForDataSeconds`) while it lasts."""
+        if seconds - self._last_waiting_log >= WAITING_LOG_SECONDS or seconds < self._last_waiting_log:
+            if seconds >= WAITING_LOG_SECONDS:
+                log.warning("trainers have waited %.0f s for the evaluators' batches; training is paused", seconds)
+            self._last_waiting_log = seconds
+        if self._last_row is not None and seconds >= 1.0:
+            self._export({**self._last_row, "waiting_for_data_seconds": round(seconds, 1)}, force=False)
 
     def _export(self, row: dict[str, Any], force: bool) -> None:
         m = self.metrics
@@ -134,6 +189,16 @@ class Recorder:
                 gauge.set(row[key])
         if row.get("consistent") is not None:
             m.consistent.set(1 if row["consistent"] else 0)
+        for gauge, key in (
+            (m.env_steps_per_second, "env_steps_per_second"),
+            (m.policy_lag_mean, "policy_lag_mean"),
+            (m.policy_lag_max, "policy_lag_max"),
+            (m.dropped_batches, "dropped_batches"),
+            (m.idle_fraction, "trainer_idle_fraction"),
+        ):
+            if row.get(key) is not None:
+                gauge.set(row[key])
+        m.waiting_for_data.set(row.get("waiting_for_data_seconds") or 0)
         if self.status is not None:
             self.status.report(
                 TrainingStatus(
@@ -145,7 +210,16 @@ class Recorder:
                     consistent=row.get("consistent"),
                     last_sync_seconds=self.sync.last_seconds,
                     last_sync_bytes=self.sync.last_bytes,
+                    env_steps_per_second=_rounded(row.get("env_steps_per_second")),
+                    policy_lag_mean=_rounded(row.get("policy_lag_mean")),
+                    policy_lag_max=row.get("policy_lag_max"),
+                    dropped_batches=row.get("dropped_batches", 0),
+                    waiting_for_data_seconds=row.get("waiting_for_data_seconds"),
                     updated_at=row["time"],
                 ),
                 force=force,
             )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

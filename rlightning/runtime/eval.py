@@ -1,22 +1,33 @@
 """Evaluator entrypoint: `python -m rlightning.runtime.eval`, one process per evaluator (a pod, or a local process).
 
-The evaluator plays evaluation episodes without pause, always with the newest weights it holds. A background
-thread receives versions from the trainer (`rlightning.weights.WeightReceiver`, which waits with backoff for
-the trainer's store), stages them in the policy's buffer and asks the policy's update thread to apply them
-between forward passes; once applied it reports the version with its fingerprint and digest, so the trainer
-can check them. After every `eval.episodesPerReport` episodes the main thread reports:
+An evaluator is the rollout side of the loop. A background thread receives versions from the trainer
+(`rlightning.weights.WeightReceiver`, which waits with backoff for the trainer's store), stages them in the
+policy's buffer and asks the policy's update thread to apply them between forward passes; once applied it reports
+the version with its fingerprint and digest, so the trainer can check them. The evaluator does nothing before it
+holds its first version.
+
+When the evaluators produce the training data (`ENV_FLEET_DATA`, eval.replicas >= 1), the main thread steps
+`env.numEnvs` env copies with the newest weights it holds and sends `[train.rolloutSteps, env.numEnvs]` batches
+to the trainer ranks (`rlightning.trajectories.TrajectorySender`, at most `BATCH_CREDITS` unacknowledged), each
+stamped with the version applied at its first step, the ordinal and the episodes that finished in it. A batch
+during which a new version was applied is not sent under `train.maxPolicyLag: 0` (it could not be trained on).
+Between batches it plays deterministic evaluation episodes of the version it holds when
+`eval.evaluationIntervalSeconds` passed since its last complete evaluation, or when it has had no credit (the
+trainers take no data) for `IDLE_EVALUATION_SECONDS`. Otherwise it only plays evaluation episodes, without pause.
+
+After every `eval.episodesPerReport` evaluation episodes it reports:
 
 - `eval_return`: mean return of the last `episodesPerReport` episodes (whatever weights played them);
 - `return_version` and `version_return`: when the last `episodesPerReport` episodes were each played
   entirely with the version now applied, that version and their mean (what the trainer's target check uses);
-- `episodes`: episodes finished since start.
+- `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent.
 
 With `policy.weightBuffer.bufferStrategy: none` there is no update thread: `BasePolicy.push_weights`
 applies the version at once, still never during a forward pass (it waits for running rollouts to drain).
 
-SIGTERM (pod deletion, `rlightning run` stopping) ends the current episode, waits at most
-`SHUTDOWN_JOIN_SECONDS` for the receiving thread, leaves the weight-sync group and exits 0: well within the
-pod's terminationGracePeriodSeconds (weightSync.timeoutSeconds + 15 s, set by the operator).
+SIGTERM (pod deletion, `rlightning run` stopping) ends the current episode or batch (a batch cut short is not
+sent), waits at most `SHUTDOWN_JOIN_SECONDS` for the receiving thread, leaves the weight-sync group and exits 0:
+well within the pod's terminationGracePeriodSeconds (weightSync.timeoutSeconds + 15 s, set by the operator).
 """
 
 from __future__ import annotations
@@ -26,8 +37,9 @@ import logging
 import os
 import sys
 import threading
+import time
 
-from rlightning import contract, weights
+from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import EnvMeta, PolicyRole, build_policy
 from rlightning.runtime import collector
@@ -46,7 +58,54 @@ SHUTDOWN_JOIN_SECONDS = 3.0
 """Bound on waiting for the receiving thread at shutdown; a receive still running past it is abandoned (the
 thread is a daemon) so the clean `leave` is posted within the pod's grace period."""
 SEED_STRIDE = 1_000_003
-"""Evaluator `o` plays episode `i` with seed `train.seed + SEED_STRIDE * (o + 1) + i`."""
+"""Evaluator `o` plays evaluation episode `i` with seed `train.seed + SEED_STRIDE * (o + 1) + i`, and seeds its
+training env copies with `train.seed + SEED_STRIDE * (o + 1) + TRAINING_SEED_OFFSET`."""
+TRAINING_SEED_OFFSET = 500_000
+BATCH_CREDITS = 2
+"""Batches an evaluator may have sent and not yet had acknowledged: one in flight while it collects the next."""
+IDLE_EVALUATION_SECONDS = 0.5
+"""An evaluator without credit for this long (the trainers take no data: training, or confirming the target on
+the newest version) plays evaluation episodes meanwhile."""
+CREDIT_POLL_SECONDS = 0.05
+
+
+class EvaluationRecord:
+    """Returns of an evaluator's evaluation episodes, and the reports they make (module docstring).
+
+    Args:
+        episodes_per_report (int): `eval.episodesPerReport`.
+    """
+
+    def __init__(self, episodes_per_report: int) -> None:
+        self.n = episodes_per_report
+        self.recent: collections.deque[float] = collections.deque(maxlen=episodes_per_report)
+        self.pure: list[float] = []  # returns of episodes played entirely with `pure_version`
+        self.pure_version = -1
+        self.episodes = 0
+
+    def add(self, episode_return: float, before: int, after: int) -> dict[str, float] | None:
+        """Count one episode played from version `before` to version `after`.
+
+        Returns:
+            dict[str, float] | None: The report due after it (`eval_return`, `episodes`, and `return_version` with
+                `version_return` when the last `n` episodes were played with `after` alone), or None.
+        """
+        self.episodes += 1
+        self.recent.append(episode_return)
+        if after != self.pure_version:
+            self.pure_version, self.pure = after, []
+        if before == after:
+            self.pure.append(episode_return)
+        if self.episodes % self.n and len(self.pure) != self.n:
+            return None
+        report = {"eval_return": sum(self.recent) / len(self.recent), "episodes": float(self.episodes)}
+        if len(self.pure) >= self.n:
+            report.update(return_version=float(self.pure_version), version_return=sum(self.pure[-self.n :]) / self.n)
+        return report
+
+    def complete(self, version: int) -> bool:
+        """Whether `n` episodes were played entirely with `version`."""
+        return self.pure_version == version and len(self.pure) >= self.n
 
 
 class Evaluator:
@@ -68,6 +127,18 @@ class Evaluator:
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, ordinal
         )
         self.metrics = EvaluatorMetrics(settings.metrics_port)
+        self.data_sender = (
+            trajectories.TrajectorySender(
+                settings.trajectory_endpoints,
+                ordinal,
+                credits=BATCH_CREDITS,
+                ack_timeout=spec.weight_sync.timeout_seconds,
+            )
+            if settings.fleet_data
+            else None
+        )
+        self.record = EvaluationRecord(spec.eval.episodes_per_report)
+        self._env_steps = 0
         self._lock = threading.Lock()
         self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
         self._report: dict[str, float] = {}
@@ -105,7 +176,7 @@ class Evaluator:
 
     # -- main loop --------------------------------------------------------------------------------------------
     def run(self) -> int:
-        """Receive in the background and evaluate until SIGTERM.
+        """Receive in the background; produce training data and evaluate (or only evaluate) until SIGTERM.
 
         Returns:
             int: The exit code (0).
@@ -115,40 +186,93 @@ class Evaluator:
         log.info("evaluator %d waiting for the first weights", self.ordinal)
         while not self.stop.requested and not self._applied.wait(0.5):
             pass
-        n = self.spec.eval.episodes_per_report
-        recent: collections.deque[float] = collections.deque(maxlen=n)
-        pure: list[float] = []  # returns of episodes played entirely with `pure_version`
-        pure_version, episode = -1, 0
-        base_seed = self.spec.train.seed + SEED_STRIDE * (self.ordinal + 1)
-        while not self.stop.requested:
-            before = self.policy.weight_version
-            (ret,) = collector.evaluate_episodes(
-                self.policy, self.spec.env, 1, deterministic=self.spec.eval.deterministic, seed=base_seed + episode
-            )
-            after = self.policy.weight_version
-            episode += 1
-            self.metrics.episodes.inc()
-            recent.append(ret)
-            if after != pure_version:
-                pure_version, pure = after, []
-            if before == after:
-                pure.append(ret)
-            if episode % n == 0 or len(pure) == n:
-                report = {"eval_return": sum(recent) / len(recent), "episodes": float(episode)}
-                if len(pure) >= n:
-                    report.update(return_version=float(pure_version), version_return=sum(pure[-n:]) / n)
-                with self._lock:
-                    self._report = report
-                self.metrics.eval_return.set(report["eval_return"])
-                self._post()
-        log.info("evaluator %d stopping on %s after %d episodes", self.ordinal, self.stop.signal_name, episode)
-        thread.join(SHUTDOWN_JOIN_SECONDS)
-        if thread.is_alive():
-            log.warning("evaluator %d: a weight receive still runs after %.0f s; leaving without it",
-                        self.ordinal, SHUTDOWN_JOIN_SECONDS)
-        self.receiver.close()
-        self.policy.close()
+        try:
+            if self.data_sender is None:
+                while not self.stop.requested:
+                    self._evaluate_one()
+            else:
+                self._produce(self.data_sender)
+        finally:
+            log.info("evaluator %d stopping on %s after %d evaluation episodes and %d env steps of data",
+                     self.ordinal, self.stop.signal_name, self.record.episodes, self._env_steps)
+            thread.join(SHUTDOWN_JOIN_SECONDS)
+            if thread.is_alive():
+                log.warning("evaluator %d: a weight receive still runs after %.0f s; leaving without it",
+                            self.ordinal, SHUTDOWN_JOIN_SECONDS)
+            if self.data_sender is not None:
+                self.data_sender.close()
+            self.receiver.close()
+            self.policy.close()
         return 0
+
+    def _evaluate_one(self) -> None:
+        """Play one deterministic evaluation episode with the newest weights; report when a report is due."""
+        episode = self.record.episodes
+        before = self.policy.weight_version
+        (ret,) = collector.evaluate_episodes(
+            self.policy,
+            self.spec.env,
+            1,
+            deterministic=self.spec.eval.deterministic,
+            seed=self.spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + episode,
+        )
+        self.metrics.episodes.inc()
+        report = self.record.add(ret, before, self.policy.weight_version)
+        if report is not None:
+            report["env_steps"] = float(self._env_steps)
+            with self._lock:
+                self._report = report
+            self.metrics.eval_return.set(report["eval_return"])
+            self._post()
+
+    def _produce(self, sender: trajectories.TrajectorySender) -> None:
+        """Send training batches, evaluating between them when due (module docstring)."""
+        spec = self.spec
+        rollouts = collector.RolloutCollector(
+            spec.env, self.policy, seed=spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + TRAINING_SEED_OFFSET
+        )
+        next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
+        idle_since: float | None = None
+        sequence = 0
+        try:
+            while not self.stop.requested:
+                version = self.policy.weight_version
+                credit = sender.wait_for_credit(0.0)
+                now = time.monotonic()
+                idle_since = None if credit else (idle_since or now)
+                idle = idle_since is not None and now - idle_since >= IDLE_EVALUATION_SECONDS
+                if not self.record.complete(version) and (idle or now >= next_evaluation):
+                    self._evaluate_one()
+                    if self.record.complete(self.policy.weight_version):
+                        next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
+                    continue
+                if not credit:
+                    sender.wait_for_credit(CREDIT_POLL_SECONDS)
+                    continue
+                finished = rollouts.episodes_finished
+                batch = rollouts.collect(spec.train.rollout_steps)
+                if self.stop.requested:
+                    break  # the batch may be cut short by the signal's episode end; never sent
+                if self.policy.weight_version != version and spec.train.max_policy_lag == 0:
+                    continue  # a new version came mid-batch: too old on arrival
+                new = min(rollouts.episodes_finished - finished, len(rollouts.recent_returns))
+                sequence += 1
+                stamp = trajectories.BatchStamp(
+                    version=version,
+                    ordinal=self.ordinal,
+                    sequence=sequence,
+                    env_steps=batch.numel(),
+                    episode_returns=tuple(list(rollouts.recent_returns)[len(rollouts.recent_returns) - new :]),
+                    episode_lengths=tuple(list(rollouts.recent_lengths)[len(rollouts.recent_lengths) - new :]),
+                )
+                sender.send(batch, stamp)
+                self._env_steps += stamp.env_steps
+                with self._lock:  # posted with the next acknowledgement of a version
+                    self._report = {**self._report, "env_steps": float(self._env_steps)}
+                self.metrics.env_steps.inc(stamp.env_steps)
+                self.metrics.batches.inc()
+        finally:
+            rollouts.close()
 
 
 def main() -> int:

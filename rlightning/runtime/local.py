@@ -172,6 +172,7 @@ class LocalRun:
         return launch.LaunchSite(
             python=self.python,
             master_addr=MASTER_ADDR,
+            trainer_hosts=(MASTER_ADDR,),
             spec_path=str(self.run_dir.spec_path.resolve()),
             run_dir=str(self.run_dir.root.resolve()),
             node_rank=None,

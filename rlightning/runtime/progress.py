@@ -43,7 +43,18 @@ def format_row(row: dict[str, Any], total_env_steps: int) -> str:
         f"({100 * steps / max(total_env_steps, 1):.0f}%)"
         f"  train {_num(row.get('train_return'))}  eval {_num(row.get('eval_return'))}{eval_at}"
         f"  version {row.get('weight_version', 0)}  consistent {_consistent(row.get('consistent'))}"
+        f"  {_num(row.get('env_steps_per_second'), '{:.0f}')} steps/s{_lag(row)}"
         f"  elapsed {_num(row.get('elapsed_seconds'), '{:.0f}s')}"
+    )
+
+
+def _lag(row: dict[str, Any]) -> str:
+    """`  lag 0.4 (max 1)  dropped 3` for fleet data; empty when the trainers collected their own."""
+    if row.get("policy_lag_mean") is None:
+        return ""
+    return (
+        f"  lag {row['policy_lag_mean']:.1f} (max {row.get('policy_lag_max')})"
+        f"  dropped {row.get('dropped_batches', 0)}"
     )
 
 
@@ -154,6 +165,11 @@ class LiveProgress:
         table.add_row("progress", bar)
         table.add_row("env steps", f"{steps:,} / {self.total_env_steps:,}   iteration {row.get('iteration', 0)}")
         table.add_row("train return", _num(row.get("train_return")))
+        idle = row.get("trainer_idle_fraction")
+        data = f"{_num(row.get('env_steps_per_second'), '{:.0f}')} env steps/s{_lag(row)}"
+        if idle is not None:
+            data += f"   trainers idle {100 * idle:.0f}%"
+        table.add_row("data", data)
         target = f"   (target {self.target_eval_return:g})" if self.target_eval_return is not None else ""
         eval_version = row.get("eval_version")
         at = f" on version {eval_version}" if eval_version is not None else ""

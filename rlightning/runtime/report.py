@@ -61,6 +61,13 @@ class RunSummary:
         evaluators (dict[str, dict[str, Any]]): Last report per evaluator ordinal.
         sync (SyncTotals): Weight-sync statistics.
         resumed_from (str | None): The checkpoint this run resumed from.
+        env_steps_by_evaluator (dict[str, int] | None): Env steps trained on per evaluator ordinal when the
+            evaluators produced the data; None when the trainers collected their own.
+        env_steps_by_rank (list[int] | None): Env steps of evaluator batches each trainer rank received and trained
+            on, by rank.
+        dropped_batches (int): Evaluator batches dropped (older than train.maxPolicyLag, or invalid).
+        policy_lag_mean (float | None): Mean policy lag of the batches trained on, in weight versions.
+        policy_lag_max (int | None): Largest policy lag trained on.
     """
 
     name: str
@@ -78,6 +85,11 @@ class RunSummary:
     evaluators: dict[str, dict[str, Any]] = field(default_factory=dict)
     sync: SyncTotals = field(default_factory=SyncTotals)
     resumed_from: str | None = None
+    env_steps_by_evaluator: dict[str, int] | None = None
+    env_steps_by_rank: list[int] | None = None
+    dropped_batches: int = 0
+    policy_lag_mean: float | None = None
+    policy_lag_max: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (sync statistics nested under `sync`)."""

@@ -74,6 +74,9 @@ class ProcessSettings:
             hand).
         expected_evaluators (int | None): Evaluators the local launcher started (`ENV_EXPECTED_EVALUATORS`);
             None in pods, where the trainer counts the evaluators registered with its weight sender.
+        trajectory_endpoints (tuple[str, ...]): `host:port` of every trainer rank's trajectory intake
+            (`ENV_TRAJECTORY_ENDPOINTS`, evaluators only); empty when unset.
+        fleet_data (bool): Whether the evaluators produce the training data (`ENV_FLEET_DATA` = `1`).
     """
 
     group_name: str
@@ -86,6 +89,8 @@ class ProcessSettings:
     report_status: bool
     role: str | None = None
     expected_evaluators: int | None = None
+    trajectory_endpoints: tuple[str, ...] = ()
+    fleet_data: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -109,6 +114,10 @@ class ProcessSettings:
         expected_evaluators = None if expected == "" else _int(environ, contract.ENV_EXPECTED_EVALUATORS)
         if expected_evaluators is not None and expected_evaluators < 0:
             raise SettingsError(f"{contract.ENV_EXPECTED_EVALUATORS}: must be >= 0, got {expected_evaluators}")
+        endpoints = tuple(e for e in environ.get(contract.ENV_TRAJECTORY_ENDPOINTS, "").split(",") if e)
+        malformed = [e for e in endpoints if not re.fullmatch(r"[^\s:,]+:\d{1,5}", e)]
+        if malformed:
+            raise SettingsError(f"{contract.ENV_TRAJECTORY_ENDPOINTS}: expected comma-separated host:port, got {malformed}")
         spec_path = environ.get(contract.ENV_SPEC_PATH, "")
         if not spec_path:
             raise SettingsError(f"{contract.ENV_SPEC_PATH}: required environment variable is not set")
@@ -123,6 +132,8 @@ class ProcessSettings:
             report_status=environ.get(contract.ENV_REPORT_STATUS, "") == "1",
             role=role,
             expected_evaluators=expected_evaluators,
+            trajectory_endpoints=endpoints,
+            fleet_data=environ.get(contract.ENV_FLEET_DATA, "") == "1",
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:

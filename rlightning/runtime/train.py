@@ -32,16 +32,17 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from rlightning import contract, weights
+from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
-from rlightning.runtime import _fleet, _records, _resume, _signals, _stop
-from rlightning.runtime import collector as collector_mod
+from rlightning.runtime import _datasets, _fleet, _records, _resume, _signals, _stop
+from rlightning.runtime._collective import all_reduce
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
 from rlightning.runtime.validate import validate_file
@@ -61,14 +62,6 @@ def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec) 
 
 def _device_backend(policy_device: torch.device) -> str:
     return "nccl" if policy_device.type == "cuda" else "gloo"
-
-
-def _all_reduce(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=op)
-    return tensor.cpu().tolist()
 
 
 def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
@@ -97,7 +90,16 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     policy.init_train(env_meta, spec.train, seed=seed)
     # Rank 0 picks and loads the checkpoint and broadcasts its training state: the ranks stay identical.
     resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume)
-    collector = collector_mod.RolloutCollector(spec.env, policy, seed=seed + world * policy.iteration)
+    source: _datasets.OwnExperience | _datasets.FleetExperience
+    if settings.fleet_data:
+        port = spec.ports.trajectories + int(os.environ.get("LOCAL_RANK", "0"))
+        try:
+            source = _datasets.FleetExperience(spec, policy, port)
+        except trajectories.IntakeError as error:
+            log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
+            return 1
+    else:
+        source = _datasets.OwnExperience(spec, policy, seed=seed + world * policy.iteration)
     fleet: _fleet.Fleet | None = None
     recorder: _records.Recorder | None = None
     if rank == 0:
@@ -108,65 +110,115 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         except dist.DistNetworkError as error:
             log.error("cannot host the weight-sync store on port %d (spec.ports.weightSync): %s",
                       settings.weight_sync_port, error)
+            source.close()
             return 1
         fleet = _fleet.Fleet(PolicyGroup(policy, sender=sender), settings.expected_evaluators)
         recorder = _records.Recorder(settings, run_dir)
         fleet.await_rejoin()
+        if settings.fleet_data:  # the evaluators need weights before they can produce the first data
+            recorder.publish(fleet.publish(policy.iteration))
+
+    def on_wait(waited: float) -> int:
+        if fleet is not None and recorder is not None:
+            recorder.waiting_for_data(waited)
+            if fleet.starving(waited):
+                recorder.publish(fleet.publish(policy.iteration))
+        return policy.weight_version
+
     reason: _stop.StopReason | None = None
     row: dict = {}
     last_return: float | None = None
     last_shortfall: int | None = None
     try:
         while reason is None:
-            finished = collector.episodes_finished
-            policy.update_dataset(collector.collect(spec.train.rollout_steps))
+            started = time.monotonic()
+            dataset = source.next(policy.weight_version, stop, on_wait)
+            if dataset is None:  # a rank was asked to stop while the ranks waited for the fleet
+                reason = _stop.StopReason.INTERRUPTED
+                break
+            policy.weight_version = dataset.version
+            update_started = time.monotonic()
+            policy.update_dataset(dataset.batch)
             stats = policy.train()
-            new = min(collector.episodes_finished - finished, len(collector.recent_returns))
-            returns = list(collector.recent_returns)[len(collector.recent_returns) - new :]
-            total, count = _all_reduce([sum(returns), len(returns)])
+            update_seconds = time.monotonic() - update_started
+            returns = dataset.episode_returns
+            total, count, lag_sum, lags, waited, dropped = all_reduce(
+                [sum(returns), len(returns), sum(dataset.lags), len(dataset.lags), dataset.wait_seconds,
+                 source.dropped_batches()]
+            )  # fmt: skip
+            (lag_max,) = all_reduce([max(dataset.lags, default=0)], dist.ReduceOp.MAX)
             if count:
                 last_return = total / count
+            elapsed = max(time.monotonic() - started, 1e-9)
+            data = _records.DataFigures(
+                env_steps_per_second=dataset.batch.numel() * world / elapsed,
+                trainer_idle_fraction=min(1.0, waited / world / elapsed),
+                policy_lag_mean=lag_sum / lags if lags else None,
+                policy_lag_max=int(lag_max) if lags else None,
+                dropped_batches=int(dropped),
+                update_seconds=update_seconds,
+            )
             local = _stop.StopReason.INTERRUPTED if stop.requested else None
             if fleet is not None and recorder is not None:
                 local, row, last_shortfall = after_iteration(
-                    spec, fleet, recorder, policy, last_return, stats, stop.requested, last_shortfall
+                    spec, settings, fleet, recorder, policy, last_return, stats, data, stop.requested, last_shortfall
                 )
                 if local is None and policy.iteration % spec.train.checkpoint.interval_iterations == 0:
                     save_checkpoint(policy, run_dir, spec)
             # one MAX all-reduce: the most urgent stop reason of any rank, and rank 0's weight version for all
-            code, version = _all_reduce([local or 0, policy.weight_version], dist.ReduceOp.MAX)
+            code, version = all_reduce([local or 0, policy.weight_version], dist.ReduceOp.MAX)
             reason, policy.weight_version = (_stop.StopReason(int(code)) if code else None), int(version)
         if reason is _stop.StopReason.INTERRUPTED:
             log.info("stopping on %s", stop.signal_name or "a signal to another rank")
+        fleet_steps = _fleet_env_steps(source)
         if fleet is not None and recorder is not None:
-            finish(spec, fleet, recorder, policy, run_dir, reason, row, resumed_from)
+            finish(spec, fleet, recorder, policy, run_dir, reason, row, resumed_from, fleet_steps)
     finally:
         if fleet is not None:
             fleet.close()
-        collector.close()
+        source.close()
         policy.close()
         dist.destroy_process_group()
     return 0
 
 
+def _fleet_env_steps(
+    source: _datasets.OwnExperience | _datasets.FleetExperience,
+) -> tuple[dict[int, int], list[int]] | None:
+    """Env steps trained on per evaluator ordinal (summed over ranks) and per rank, gathered from every rank (each
+    calls it); None when the trainers collected their own data."""
+    if not isinstance(source, _datasets.FleetExperience):
+        return None
+    gathered: list[dict[int, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, source.env_steps_by_evaluator())
+    by_evaluator: dict[int, int] = {}
+    for steps in gathered:
+        for ordinal, count in (steps or {}).items():
+            by_evaluator[ordinal] = by_evaluator.get(ordinal, 0) + count
+    return dict(sorted(by_evaluator.items())), [sum((steps or {}).values()) for steps in gathered]
+
+
 def after_iteration(
     spec: PolicyGroupSpec,
+    settings: ProcessSettings,
     fleet: _fleet.Fleet,
     recorder: _records.Recorder,
     policy: BasePolicy,
     train_return: float | None,
     train_stats: dict[str, float],
+    data: _records.DataFigures,
     interrupted: bool,
     last_shortfall: int | None,
 ) -> tuple[_stop.StopReason | None, dict, int | None]:
-    """Rank 0 after an iteration: publish when due, check the evaluators, decide the stop, record a row.
+    """Rank 0 after an iteration: publish when due (after every update when the fleet produces the data), check
+    the evaluators, decide the stop, record a row.
 
     Returns:
         tuple[StopReason | None, dict, int | None]: This rank's stop reason (None to go on), the metrics row,
             and the iteration of the last target confirmation that fell short.
     """
     iteration = policy.iteration
-    if iteration % spec.weight_sync.interval_iterations == 0:
+    if settings.fleet_data or iteration % spec.weight_sync.interval_iterations == 0:
         recorder.publish(fleet.publish(iteration))
     reports = fleet.live_reports()
     inputs = _stop.StopInputs(
@@ -202,6 +254,7 @@ def after_iteration(
         consistent=consistency.consistent,
         evaluators=fleet.live,
         train_stats=train_stats,
+        data=data,
     )
     return _stop.decide(inputs), row, last_shortfall
 
@@ -215,8 +268,12 @@ def finish(
     reason: _stop.StopReason,
     last_row: dict,
     resumed_from: str | None,
+    fleet_steps: tuple[dict[int, int], list[int]] | None,
 ) -> None:
-    """Rank 0 at the end: give the evaluators the final weights, check them bit for bit, checkpoint, summarise."""
+    """Rank 0 at the end: give the evaluators the final weights, check them bit for bit, checkpoint, summarise.
+
+    `fleet_steps` (env steps trained on per evaluator ordinal and per rank; None when the trainers collected their
+    own data) goes into summary.json."""
     iteration = policy.iteration
     final_return, final_version = last_row.get("eval_return"), last_row.get("eval_version")
     if reason is not _stop.StopReason.INTERRUPTED:
@@ -251,6 +308,8 @@ def finish(
             str(o): {"applied_version": r.applied.version, **r.metrics} for o, r in sorted(reports.items())
         },
         resumed_from=resumed_from,
+        env_steps_by_evaluator=None if fleet_steps is None else {str(o): n for o, n in fleet_steps[0].items()},
+        env_steps_by_rank=None if fleet_steps is None else fleet_steps[1],
     )
 
 

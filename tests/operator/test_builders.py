@@ -86,7 +86,8 @@ def test_trainer_job_and_headless_service(example):
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "train"}
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weight-sync": 29600,
-                                                                      "metrics": 9400}
+                                                                      "trajectories": 29700,
+                                                                      "trajectories-1": 29701, "metrics": 9400}
     spec = job["spec"]
     counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"])
     assert counts == ("Indexed", 1, 1, 3)
@@ -151,7 +152,8 @@ def test_template_hash_ignores_scaling_only(example, edit, train_changes, eval_c
 # (edit, check on the built children)
 SPEC_CASES = [
     ({"spec.ports": {"metrics": 0}},
-     lambda c: [p["name"] for p in c["Service/cartpole-train"]["spec"]["ports"]] == ["torchrun", "weight-sync"]
+     lambda c: [p["name"] for p in c["Service/cartpole-train"]["spec"]["ports"]]
+     == ["torchrun", "weight-sync", "trajectories", "trajectories-1"]
      and "ports" not in c["Service/cartpole-eval"]["spec"]),
     ({"spec.ports": {"torchrun": 1234}}, lambda c: "--master-port=1234" in _container(c["Job"])["command"]),
     ({"spec.train.nodes": 3},

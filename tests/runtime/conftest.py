@@ -17,13 +17,15 @@ from tests._ports import RUNTIME_RUNS
 
 REPO = Path(__file__).resolve().parents[2]
 _MANIFESTS = itertools.count()
-"""Index of the next manifest in this session; manifest i gets ports 2i, 2i+1 of RUNTIME_RUNS."""
+PORTS_PER_MANIFEST = 4
+"""torchrun, weightSync and the two trainer ranks' trajectory intakes: manifest i gets ports 4i..4i+3 of RUNTIME_RUNS."""
 
 
 def tiny_manifest(name: str = "tiny", total_env_steps: int = 3000, **spec_overrides: dict) -> dict:
-    """A CartPole manifest that trains for seconds: 2 trainer ranks, 2 evaluators, its own two ports of RUNTIME_RUNS."""
-    index = next(_MANIFESTS)
-    torchrun, weight_sync = RUNTIME_RUNS.port(2 * index), RUNTIME_RUNS.port(2 * index + 1)
+    """A CartPole manifest that trains for seconds: 2 trainer ranks, 2 evaluators producing the data, its own four
+    ports of RUNTIME_RUNS."""
+    first = PORTS_PER_MANIFEST * next(_MANIFESTS)
+    torchrun, weight_sync, trajectories = (RUNTIME_RUNS.port(first + i) for i in range(3))
     spec = {
         "env": {"id": "CartPole-v1", "numEnvs": 4},
         "policy": {"policyClass": "rlightning.policy.ppo:PPOPolicy", "policyKwargs": {"hiddenSizes": [16, 16]}},
@@ -36,7 +38,7 @@ def tiny_manifest(name: str = "tiny", total_env_steps: int = 3000, **spec_overri
         },
         "eval": {"replicas": 2, "episodesPerReport": 2},
         "weightSync": {"timeoutSeconds": 10},
-        "ports": {"torchrun": torchrun, "weightSync": weight_sync, "metrics": 0},
+        "ports": {"torchrun": torchrun, "weightSync": weight_sync, "trajectories": trajectories, "metrics": 0},
     }
     for key, value in spec_overrides.items():
         spec[key] = {**spec.get(key, {}), **value}

@@ -88,6 +88,10 @@ def test_killed_evaluator_is_dropped_then_rejoins(tmp_path: Path, write_manifest
     assert summary["consistent"] is True, summary  # the restarted evaluator caught up with the final version
     assert summary["evaluators"]["0"]["applied_version"] == summary["weight_version"]
     assert _pid(run, "eval-0") != victim
+    # Killed mid-batch (it sends batches without pause): nothing partial was trained on, and once restarted it
+    # produced data again.
+    assert summary["evaluators"]["0"].get("env_steps", 0) > 0, summary["evaluators"]
+    assert all(n % (64 * 4) == 0 for n in summary["env_steps_by_evaluator"].values()), summary
     # The publish that met the dead evaluator failed (for its group only) and training went on: no iteration
     # waited longer than the sync timeout (10 s in the tiny manifest) plus slack for a loaded machine.
     assert summary["sync"]["failures"] >= 1, summary["sync"]

@@ -29,12 +29,13 @@ def _manifest(**spec):
 
 
 def _site(**fields) -> launch.LaunchSite:
-    local_site = {"python": "py", "master_addr": "127.0.0.1", "spec_path": "/r/policygroup.yaml", "run_dir": "/r",
-                  "node_rank": None, "metrics": False, "expected_evaluators": 2, "in_pod": False}  # fmt: skip
+    local_site = {"python": "py", "master_addr": "127.0.0.1", "trainer_hosts": ("127.0.0.1",),
+                  "spec_path": "/r/policygroup.yaml", "run_dir": "/r", "node_rank": None, "metrics": False, "expected_evaluators": 2, "in_pod": False}  # fmt: skip
     return launch.LaunchSite(**{**local_site, **fields})
 
 
-POD = {"python": "python", "master_addr": POD_MASTER, "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
+POD_TRAINER_1 = "cartpole-train-1.cartpole-train.team-a.svc"
+POD = {"python": "python", "master_addr": POD_MASTER, "trainer_hosts": (POD_MASTER, POD_TRAINER_1), "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
        "expected_evaluators": None, "in_pod": True}  # fmt: skip
 TORCHRUN = ("-m", "torch.distributed.run")
 TRAIN_TAIL = ("--max-restarts=0", "--monitor-interval=0.5", "-m", "rlightning.runtime.train")
@@ -48,9 +49,10 @@ PLAN_CASES = {
         {contract.ENV_EXPECTED_EVALUATORS: "2", contract.ENV_METRICS_PORT: "0", contract.ENV_ROLE: "train"},
         (),
     ),
-    "local evaluator: its ordinal in the environment": (
+    "local evaluator: its ordinal in the environment, every rank's intake on this host": (
         {}, {}, "eval", 1, ("py", "-m", "rlightning.runtime.eval"),
-        {contract.ENV_EVAL_ORDINAL: "1", contract.ENV_ROLE: "eval", contract.ENV_RUN_DIR: "/r"},
+        {contract.ENV_EVAL_ORDINAL: "1", contract.ENV_ROLE: "eval", contract.ENV_RUN_DIR: "/r",
+         contract.ENV_TRAJECTORY_ENDPOINTS: "127.0.0.1:29700,127.0.0.1:29701"},
         (),
     ),
     "pod trainer: node rank from the Job, reports status": (
@@ -61,9 +63,12 @@ PLAN_CASES = {
          contract.ENV_TRAIN_MASTER_ADDR: POD_MASTER},
         (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
     ),
-    "pod evaluator: ordinal from the pod name": (
-        {"ports": {"weightSync": 30000}}, POD, "eval", None, ("python", "-m", "rlightning.runtime.eval"),
-        {contract.ENV_WEIGHT_SYNC_PORT: "30000", contract.ENV_GROUP_NAME: "cartpole"},
+    "pod evaluator: ordinal from the pod name, each trainer pod's ranks' intakes": (
+        {"ports": {"weightSync": 30000, "trajectories": 31000}, "train": {"nodes": 2, "procsPerNode": 2}}, POD, "eval",
+        None, ("python", "-m", "rlightning.runtime.eval"),
+        {contract.ENV_WEIGHT_SYNC_PORT: "30000", contract.ENV_GROUP_NAME: "cartpole",
+         contract.ENV_TRAJECTORY_ENDPOINTS: f"{POD_MASTER}:31000,{POD_MASTER}:31001,{POD_TRAINER_1}:31000,"
+                                            f"{POD_TRAINER_1}:31001"},
         (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
     ),
 }
@@ -127,6 +132,8 @@ def test_the_pods_environment_gives_valid_settings_for_each_role():
         assert settings.spec_path == Path(contract.SPEC_MOUNT_DIR) / contract.SPEC_FILE_NAME
         assert settings.run_dir == Path(contract.DEFAULT_RUN_DIR_IN_POD)
         assert settings.report_status is (role == "train") and settings.expected_evaluators is None
+        intakes = (f"{POD_MASTER}:29700", f"{POD_MASTER}:29701")  # the example: 1 trainer pod, 2 ranks
+        assert settings.trajectory_endpoints == (intakes if role == "eval" else ())
     assert eval_ordinal(environs["eval"]) == 3
 
 

@@ -1,0 +1,148 @@
+"""Where each training iteration's dataset comes from: the rank's own vector env, or the evaluators' batches.
+
+Both sources give every rank a `[T, N']` TensorDict of the same shape each iteration (DDP's ranks must run the
+same number of minibatch steps): `[rolloutSteps, env.numEnvs]` collected by the rank itself, or
+`train.batchesPerUpdate` evaluator batches of `[rolloutSteps, env.numEnvs]` joined along the env dimension.
+
+With the fleet, the ranks wait for their batches together: each rank fills its own intake for at most
+`FLEET_POLL_SECONDS`, then one MAX all-reduce tells every rank whether any is still short, whether any was asked to
+stop, and the newest weight version (rank 0 may publish again while the ranks wait, for evaluators that joined after
+the last publish). So a rank never sits in a DDP collective while another waits for data, a fleet with no live
+evaluator pauses training without a hang, and SIGTERM is honoured within one poll.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from rlightning import trajectories
+from rlightning.config import PolicyGroupSpec
+from rlightning.policy import BasePolicy
+from rlightning.policy._experience import check_batch
+from rlightning.runtime import collector as collector_mod
+from rlightning.runtime._collective import all_reduce
+from rlightning.runtime._signals import StopRequest
+
+FLEET_POLL_SECONDS = 1.0
+"""Longest a rank fills its intake before the ranks compare notes (and a stop request is seen)."""
+
+
+@dataclass
+class Dataset:
+    """One rank's data for one update.
+
+    Attributes:
+        batch (TensorDict): `[T, N']` experience with the policy's `experience_fields()`.
+        episode_returns (list[float]): Returns of the episodes that finished inside it.
+        lags (list[int]): Policy lag of each fleet batch in it, in weight versions (empty without the fleet).
+        wait_seconds (float): Seconds this rank waited for it (collecting, or waiting for the fleet).
+        version (int): The newest weight version when the dataset was complete (rank 0's, on every rank).
+    """
+
+    batch: TensorDict
+    episode_returns: list[float]
+    lags: list[int] = field(default_factory=list)
+    wait_seconds: float = 0.0
+    version: int = 0
+
+
+class OwnExperience:
+    """The rank steps its own `env.numEnvs` env copies (no evaluators produce data).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        policy (BasePolicy): The rank's initialised policy.
+        seed (int): Seeds the env copies.
+    """
+
+    def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, seed: int) -> None:
+        self.steps = spec.train.rollout_steps
+        self.collector = collector_mod.RolloutCollector(spec.env, policy, seed=seed)
+
+    def next(self, version: int, stop: StopRequest, on_wait: Callable[[float], int]) -> Dataset | None:
+        """Collect `[rolloutSteps, env.numEnvs]` with the rank's current weights (`stop` and `on_wait` unused)."""
+        started, finished = time.monotonic(), self.collector.episodes_finished
+        batch = self.collector.collect(self.steps)
+        recent = self.collector.recent_returns
+        new = min(self.collector.episodes_finished - finished, len(recent))
+        returns = list(recent)[len(recent) - new :]
+        return Dataset(batch, returns, wait_seconds=time.monotonic() - started, version=version)
+
+    def dropped_batches(self) -> int:
+        """Batches dropped since start: none, the rank collects what it trains on."""
+        return 0
+
+    def close(self) -> None:
+        """Close the env copies."""
+        self.collector.close()
+
+
+class FleetExperience:
+    """The rank trains on the evaluators' batches, received by its `trajectories.TrajectoryIntake`.
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        policy (BasePolicy): The rank's initialised policy (its `experience_fields()` judge every batch).
+        port (int): This rank's intake port (`ports.trajectories` + local rank).
+
+    Raises:
+        trajectories.IntakeError: The port cannot be bound.
+    """
+
+    def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, port: int) -> None:
+        self.count = spec.train.batches_per_update
+        self.max_policy_lag = spec.train.max_policy_lag
+        fields = policy.experience_fields()
+        size = (spec.train.rollout_steps, spec.env.num_envs)
+        self.intake = trajectories.TrajectoryIntake(port, validate=lambda batch: check_batch(batch, fields, size))
+
+    def next(self, version: int, stop: StopRequest, on_wait: Callable[[float], int]) -> Dataset | None:
+        """Wait, with the other ranks, until every rank holds `train.batchesPerUpdate` batches young enough.
+
+        Every rank must call this at the same time (it runs all-reduces on the default group).
+
+        Args:
+            version (int): The newest weight version published.
+            stop (StopRequest): This process's stop request.
+            on_wait (Callable[[float], int]): Called on every poll with the seconds waited so far; returns the
+                newest weight version (rank 0 may publish again; other ranks return `version` unchanged).
+
+        Returns:
+            Dataset | None: This rank's dataset, or None when any rank was asked to stop.
+        """
+        started = time.monotonic()
+        while True:
+            held = self.intake.fill(self.count, version, self.max_policy_lag, FLEET_POLL_SECONDS)
+            latest = on_wait(time.monotonic() - started)
+            missing, interrupted, version_now = all_reduce(
+                [0.0 if held else 1.0, 1.0 if stop.requested else 0.0, float(latest)], dist.ReduceOp.MAX
+            )
+            version = int(version_now)
+            if interrupted:
+                return None
+            if not missing:
+                break
+        batches = self.intake.drain()
+        returns = [r for _, stamp in batches for r in stamp.episode_returns]
+        lags = [max(0, version - stamp.version) for _, stamp in batches]
+        joined = torch.cat([batch for batch, _ in batches], dim=1)
+        return Dataset(joined, returns, lags, time.monotonic() - started, version)
+
+    def dropped_batches(self) -> int:
+        """Batches this rank's intake dropped since start (too old for `train.maxPolicyLag`, or invalid)."""
+        return self.intake.stats.stale + self.intake.stats.invalid
+
+    def env_steps_by_evaluator(self) -> dict[int, int]:
+        """Env steps of accepted batches per evaluator ordinal, on this rank, since start."""
+        return dict(collections.Counter(self.intake.stats.env_steps_by_ordinal))
+
+    def close(self) -> None:
+        """Close the intake."""
+        self.intake.close()

@@ -1,0 +1,69 @@
+"""The fleet produces the training data (issue 15): on-policy and lagged intake, both ranks fed, no fleet.
+
+`rlightning run` end to end with real processes: 2 DDP ranks under torchrun, evaluators sending their batches over
+the trajectory transport. A killed evaluator is in tests/runtime/test_failures.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlightning.runtime.rundir import RunDir, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+BATCH_STEPS = 64 * 4
+"""Env steps of one evaluator batch of the tiny manifest: rolloutSteps x numEnvs."""
+
+
+def _run(tmp_path: Path, write_manifest, run_helpers, **spec) -> tuple[dict, list[dict], RunDir]:
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    code, out = finish(start_run(write_manifest(tiny_manifest(**spec)), run.root))
+    assert code == 0, out
+    return json.loads(run.summary_path.read_text()), read_jsonl(run.metrics_path), run
+
+
+def test_on_policy_every_sample_comes_from_the_version_before_the_update(
+    tmp_path: Path, write_manifest, run_helpers
+) -> None:
+    summary, rows, _ = _run(tmp_path, write_manifest, run_helpers, total_env_steps=4000, eval={"replicas": 3})
+    assert summary["consistent"] is True, summary
+    # Every sample trained on came from the fleet, in whole batches, from each evaluator and into each rank.
+    by_evaluator = summary["env_steps_by_evaluator"]
+    assert set(by_evaluator) == {"0", "1", "2"} and all(n > 0 for n in by_evaluator.values()), by_evaluator
+    assert all(n % BATCH_STEPS == 0 for n in by_evaluator.values()), by_evaluator
+    assert sum(by_evaluator.values()) == summary["env_steps"]
+    ranks = summary["env_steps_by_rank"]
+    assert len(ranks) == 2 and ranks[0] == ranks[1] > 0, ranks  # DDP: both ranks train on as much each update
+    # maxPolicyLag 0: no batch older than the version published just before its update.
+    assert all(r["policy_lag_max"] == 0 and r["policy_lag_mean"] == 0 for r in rows), rows
+    assert summary["policy_lag_max"] == 0
+    # Three evaluators feed two batches per update: what was collected on a superseded version was dropped.
+    assert summary["dropped_batches"] > 0 and rows[-1]["dropped_batches"] == summary["dropped_batches"]
+    assert all(r["env_steps_per_second"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1 for r in rows)
+    assert all(e.get("env_steps", 0) > 0 for e in summary["evaluators"].values()), summary["evaluators"]
+
+
+def test_max_policy_lag_bounds_the_age_of_every_batch(tmp_path: Path, write_manifest, run_helpers) -> None:
+    summary, rows, _ = _run(
+        tmp_path, write_manifest, run_helpers, total_env_steps=4000,
+        train={"maxPolicyLag": 2, "procsPerNode": 1}, eval={"replicas": 4},
+    )  # fmt: skip
+    assert summary["consistent"] is True, summary
+    lags = [r["policy_lag_max"] for r in rows]
+    assert all(lag is not None and lag <= 2 for lag in lags), lags
+    assert summary["policy_lag_max"] <= 2
+    assert sum(summary["env_steps_by_evaluator"].values()) == summary["env_steps"]
+
+
+def test_without_evaluators_the_trainers_collect_their_own_data(tmp_path: Path, write_manifest, run_helpers) -> None:
+    summary, rows, run = _run(tmp_path, write_manifest, run_helpers, total_env_steps=2000, eval={"replicas": 0})
+    assert summary["stop_reason"] == "total_env_steps" and summary["env_steps"] >= 2000
+    assert summary["env_steps_by_evaluator"] is None and summary["policy_lag_max"] is None
+    assert all(r["policy_lag_mean"] is None and r["dropped_batches"] == 0 for r in rows)
+    assert rows[-1]["train_return"] is not None
+    assert not list(run.logs_dir.glob("eval-*.log"))
