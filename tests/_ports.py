@@ -19,6 +19,7 @@ POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
 OPERATOR                27600-27619  tests/operator/operator_cluster.py: health, metrics (2 per devcluster slot)
 BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (2)
+TRAJECTORIES            27800-27819  tests/trajectories/ (one or two per test, numbered in each file)
 BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
 (devcluster)            28700-28799  devcluster/_ports.py: 10 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
 (defaults)              29500 29600  rlightning.contract torchrun, weight sync, trajectory intakes (29700,
@@ -97,11 +98,12 @@ POLICY = PortBlock("POLICY", 27400, 10)
 BENCH_WEIGHT_SYNC = PortBlock("BENCH_WEIGHT_SYNC", 27500, 100)
 OPERATOR = PortBlock("OPERATOR", 27600, 2 * (devcluster_ports.MAX_SLOT + 1))
 BENCH_NCCL = PortBlock("BENCH_NCCL", 27700, 10)
+TRAJECTORIES = PortBlock("TRAJECTORIES", 27800, 20)
 BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
 
 BLOCKS = (
     RUNTIME_RUNS, RUNTIME_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR, WEIGHTS_TORCHRUN, POLICY,
-    BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, BENCH_FLEET,
+    BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
 )
 """Every block of the table above."""
 

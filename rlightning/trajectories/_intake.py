@@ -1,0 +1,201 @@
+"""A trainer rank's side: one zmq ROUTER that evaluators connect to, judged and acknowledged batch by batch.
+
+The socket is read only inside `fill`, so a rank busy training reads nothing: the batches in flight stay queued
+(bounded by `QUEUE_MESSAGES` per evaluator and by each sender's credits), acknowledgements stop, and the
+evaluators' credits run out (backpressure, never unbounded memory). Every batch read is judged at once (stale,
+invalid or accepted) and acknowledged to its sender with that outcome. Accepted batches are held until `drain`;
+those that became stale for a newer version by the next `fill` are dropped and counted then. Use an intake from
+one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+from tensordict import TensorDict
+
+from rlightning.trajectories import _codec, _messages
+from rlightning.trajectories._stamp import BatchStamp
+
+log = logging.getLogger(__name__)
+
+QUEUE_MESSAGES = 8
+"""Receive high-water mark per connected evaluator, in batches; above a sender's credits, so it never binds in
+normal operation and only caps a misbehaving sender."""
+
+ACK_QUEUE_MESSAGES = 1000
+"""Send high-water mark for acknowledgements per evaluator (a few bytes each); past it zmq drops them."""
+
+
+@dataclasses.dataclass
+class IntakeStats:
+    """Cumulative counts of one `TrajectoryIntake`.
+
+    Attributes:
+        accepted (int): Batches handed out by `drain`.
+        stale (int): Batches dropped for policy lag, on arrival or while held for a newer version.
+        invalid (int): Batches dropped as malformed or rejected by `validate`.
+        env_steps (dict[int, int]): Evaluator ordinal -> env steps of its batches handed out by `drain`.
+        lag_sum (int): Sum over batches handed out of their policy lag, in versions (the `fill` version minus the
+            stamp's, at least 0).
+        lag_max (int): Largest such lag.
+        wait_seconds (float): Seconds spent inside `fill`.
+    """
+
+    accepted: int = 0
+    stale: int = 0
+    invalid: int = 0
+    env_steps: dict[int, int] = dataclasses.field(default_factory=dict)
+    lag_sum: int = 0
+    lag_max: int = 0
+    wait_seconds: float = 0.0
+
+    @property
+    def lag_mean(self) -> float:
+        """Mean policy lag of the batches handed out, in versions (0.0 before any)."""
+        return self.lag_sum / self.accepted if self.accepted else 0.0
+
+
+class TrajectoryIntake:
+    """Receive trajectory batches from the evaluators on one port, keeping those fresh and valid enough to train on.
+
+    Args:
+        port (int): TCP port to bind.
+        validate (Callable[[TensorDict], str | None] | None, optional): The trainer's check of a decoded batch:
+            None when it can train on it, else the reason it cannot (keys, shapes, dtypes). Defaults to None (any
+            well-formed batch).
+        bind_host (str, optional): Interface to bind; `"*"` for all. Defaults to "*".
+
+    Raises:
+        OSError: Naming the port, when it is taken (`errno.EADDRINUSE`) or cannot be bound.
+
+    Attributes:
+        stats (IntakeStats): Cumulative counts.
+
+    Examples:
+        >>> intake = TrajectoryIntake(29700)
+        >>> if intake.fill(count=4, version=7, max_policy_lag=0, timeout=30.0):
+        ...     batches = intake.drain()  # 4 x (TensorDict [T, N], BatchStamp with version >= 7)
+    """
+
+    def __init__(
+        self,
+        port: int,
+        validate: Callable[[TensorDict], str | None] | None = None,
+        bind_host: str = "*",
+    ) -> None:
+        self.port = port
+        self.stats = IntakeStats()
+        self._validate = validate
+        self._held: list[tuple[TensorDict, BatchStamp]] = []
+        self._version = 0
+        self._logged_invalid: set[str] = set()
+        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.RCVHWM, QUEUE_MESSAGES)
+        self._socket.setsockopt(zmq.SNDHWM, ACK_QUEUE_MESSAGES)
+        try:
+            self._socket.bind(f"tcp://{bind_host}:{port}")
+        except zmq.ZMQError as err:
+            self._socket.close()
+            if err.errno == errno.EADDRINUSE:
+                raise OSError(errno.EADDRINUSE, f"trajectory intake: port {port} is already in use") from err
+            raise OSError(err.errno, f"trajectory intake: cannot bind {bind_host}:{port} ({err})") from err
+
+    @property
+    def held(self) -> int:
+        """Accepted batches held for the next `drain`."""
+        return len(self._held)
+
+    def fill(self, count: int, version: int, max_policy_lag: int, timeout: float) -> bool:
+        """Read, judge and acknowledge batches until `count` accepted ones are held, or `timeout` passes.
+
+        A batch is accepted when `version - stamp.version <= max_policy_lag` (a stamp newer than `version` counts as
+        lag 0) and `validate` returns None; otherwise it is dropped, counted as stale or invalid (an invalid one
+        logged once per evaluator with the reason). Held batches that are stale for `version` are dropped first.
+
+        Args:
+            count (int): Accepted batches wanted (>= 1).
+            version (int): The weight version the next update starts from.
+            max_policy_lag (int): `spec.train.maxPolicyLag`, in versions (>= 0).
+            timeout (float): Seconds to read at most.
+
+        Returns:
+            bool: True when `count` batches are held (more may arrive later); False on timeout, keeping what is held
+            for the next call.
+        """
+        started = time.monotonic()
+        deadline = started + timeout
+        self._version = version
+        fresh = [(batch, stamp) for batch, stamp in self._held if version - stamp.version <= max_policy_lag]
+        self.stats.stale += len(self._held) - len(fresh)
+        self._held = fresh
+        try:
+            while len(self._held) < count:
+                wait = deadline - time.monotonic()
+                if wait <= 0 or not self._socket.poll(max(1, int(wait * 1000)), zmq.POLLIN):
+                    return len(self._held) >= count
+                self._judge(self._socket.recv_multipart(), version, max_policy_lag)
+            return True
+        finally:
+            self.stats.wait_seconds += time.monotonic() - started
+
+    def drain(self) -> list[tuple[TensorDict, BatchStamp]]:
+        """Hand out the held batches, oldest first, and count them as accepted.
+
+        Returns:
+            list[tuple[TensorDict, BatchStamp]]: Each batch (CPU, `[*B]` as sent) with its stamp.
+        """
+        held, self._held = self._held, []
+        for _, stamp in held:
+            lag = max(0, self._version - stamp.version)
+            self.stats.accepted += 1
+            self.stats.env_steps[stamp.ordinal] = self.stats.env_steps.get(stamp.ordinal, 0) + stamp.env_steps
+            self.stats.lag_sum += lag
+            self.stats.lag_max = max(self.stats.lag_max, lag)
+        return held
+
+    def close(self) -> None:
+        """Close the socket; evaluators route their next batches to the other ranks."""
+        self._socket.close(linger=0)
+
+    def _judge(self, frames: list[bytes], version: int, max_policy_lag: int) -> None:
+        identity, body = frames[0], frames[1:]
+        sequence = body[0] if body else b""
+        if len(body) != 2:
+            self._reject(identity, sequence, f"peer {identity.hex()}", f"{len(body)} frames, expected 2")
+            return
+        try:
+            batch, stamp = _codec.decode_batch(body[1])
+        except _codec.BatchError as err:
+            self._reject(identity, sequence, f"peer {identity.hex()}", str(err))
+            return
+        if version - stamp.version > max_policy_lag:
+            self.stats.stale += 1
+            self._ack(identity, sequence, _messages.Outcome.STALE)
+            return
+        reason = self._validate(batch) if self._validate is not None else None
+        if reason is not None:
+            self._reject(identity, sequence, f"evaluator {stamp.ordinal}", reason)
+            return
+        self._held.append((batch, stamp))
+        self._ack(identity, sequence, _messages.Outcome.ACCEPTED)
+
+    def _reject(self, identity: bytes, sequence: bytes, source: str, reason: str) -> None:
+        self.stats.invalid += 1
+        if source not in self._logged_invalid:
+            self._logged_invalid.add(source)
+            log.warning("trajectory intake %d: invalid batch from %s dropped (logged once per source): %s",
+                        self.port, source, reason)
+        self._ack(identity, sequence, _messages.Outcome.INVALID)
+
+    def _ack(self, identity: bytes, sequence: bytes, outcome: _messages.Outcome) -> None:
+        try:
+            self._socket.send_multipart([identity, *_messages.ack_frames(sequence, outcome)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the sender is gone or its queue is full: it counts the batch lost after its ack_timeout
