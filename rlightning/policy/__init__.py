@@ -2,12 +2,15 @@
 
 Belongs here: what a policy is and does (build, act, learn, receive weights, checkpoint) and the handle that
 keeps evaluators in step with the trainer. `base_policy` holds the seed's API; the private modules behind it
-each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`). Not here: moving
-bytes between processes (`rlightning.weights`), env stepping loops and process entrypoints (`rlightning.runtime`).
+each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`); `_experience` is
+the layout of experience batches (keys, per-step shapes, dtypes) that collectors write and trainers check. Not
+here: moving bytes between processes (`rlightning.weights`), env stepping loops and process entrypoints
+(`rlightning.runtime`).
 """
 
 from rlightning.policy._ddp import infer_train_dp_world_size, set_nested_attr
 from rlightning.policy._env_meta import EnvMeta, make_env
+from rlightning.policy._experience import ExperienceField, check_batch, env_fields
 from rlightning.policy._loader import build_policy, load_policy_class
 from rlightning.policy._rng import seed_everything
 from rlightning.policy._training_state import clone_checkpoint_value
@@ -18,12 +21,15 @@ from rlightning.policy.ppo import PPOKwargs, PPOPolicy
 __all__ = [
     "BasePolicy",
     "EnvMeta",
+    "ExperienceField",
     "PPOKwargs",
     "PPOPolicy",
     "PolicyGroup",
     "PolicyRole",
     "build_policy",
+    "check_batch",
     "clone_checkpoint_value",
+    "env_fields",
     "infer_train_dp_world_size",
     "load_policy_class",
     "make_env",

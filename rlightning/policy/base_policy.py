@@ -1,13 +1,14 @@
 """`BasePolicy`: the seed's policy API (an `nn.Module` that rolls out, trains and receives weights), defects fixed.
 
-A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess` and learns in
-`update_dataset`/`train`. The base class keeps the seed's API, mostly as short delegations to private modules
-with one job each: rollouts and weight updates are mutually exclusive (`_gate`; a rollout that raises still
-releases it); update requests are counted by generation so none is lost (`_weight_updates`); the device and
-DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints and resumes (`_training_state`,
-`_rng`); phase durations as bounded running aggregates (`_timing`). Weights are named by
-`rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and checkpointed
-like any other tensor.
+A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess`, declares which rollout
+outputs it learns from in `rollout_fields` (the dataset layout is `experience_fields`: those plus the env keys of
+`_experience`) and learns in `update_dataset`/`train`. The base class keeps the seed's API, mostly as short
+delegations to private modules with one job each: rollouts and weight updates are mutually exclusive (`_gate`; a
+rollout that raises still releases it); update requests are counted by generation so none is lost
+(`_weight_updates`); the device and DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints
+and resumes (`_training_state`, `_rng`); phase durations as bounded running aggregates (`_timing`). Weights are
+named by `rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and
+checkpointed like any other tensor.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import nn
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
 from rlightning.contract import PolicyRole
-from rlightning.policy import _ddp, _gate, _rng, _timing, _training_state, _weight_updates
+from rlightning.policy import _ddp, _experience, _gate, _rng, _timing, _training_state, _weight_updates
 from rlightning.policy._env_meta import EnvMeta
 
 # The seed's module functions keep their import path here (`from rlightning.policy.base_policy import ...`).
@@ -138,6 +139,56 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         Returns:
             Any: The rollout result.
         """
+
+    def rollout_fields(self) -> dict[str, _experience.ExperienceField]:
+        """The keys of the rollout output that collectors keep per step, with their shapes and dtypes.
+
+        A subclass declares them (after init, when the spaces are known). Collectors read the env action from
+        the rollout output's `action` (`[N, *A]`) whether or not it is declared, and store exactly these keys
+        beside the env keys of `env_fields`; nothing else of the output is kept.
+
+        Returns:
+            dict[str, ExperienceField]: Per-step fields by key, for example PPO's `action` and `log_prob`.
+
+        Raises:
+            NotImplementedError: In the base class: a policy that learns from collected experience must say
+                which of its outputs it needs (`{}` for none), rather than have a collector guess.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not declare rollout_fields(): return the keys of its rollout output to "
+            "keep per step ({} for none)"
+        )
+
+    def _require_env_meta(self) -> EnvMeta:
+        """The env's spaces the network was built for, for subclass methods that need them.
+
+        Returns:
+            EnvMeta: `env_meta`.
+
+        Raises:
+            RuntimeError: When the policy is not initialised.
+        """
+        if self.env_meta is None:
+            raise RuntimeError(f"{type(self).__name__} is not initialised: call init_eval or init_train first")
+        return self.env_meta
+
+    def experience_fields(self) -> dict[str, _experience.ExperienceField]:
+        """The full layout of this policy's `[T, N]` dataset: `env_fields` plus `rollout_fields()`.
+
+        Returns:
+            dict[str, ExperienceField]: Per-step fields by key.
+
+        Raises:
+            RuntimeError: When the policy is not initialised (the spaces are unknown).
+            ValueError: When `rollout_fields()` redeclares an env key.
+            NotImplementedError: When the subclass does not declare `rollout_fields`.
+        """
+        fields = _experience.env_fields(self._require_env_meta())
+        rollout = self.rollout_fields()
+        clash = sorted(set(fields) & set(rollout))
+        if clash:
+            raise ValueError(f"{type(self).__name__}.rollout_fields() redeclares env keys {clash}")
+        return {**fields, **rollout}
 
     @abc.abstractmethod
     def update_dataset(self, dataset: TensorDict) -> None:

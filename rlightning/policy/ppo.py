@@ -7,17 +7,20 @@ head), per-minibatch advantage normalisation, clipped value loss and linear lear
 CleanRL's ppo.py and ppo_continuous_action.py (https://github.com/vwxyzjn/cleanrl). Continuous actions use a
 Gaussian with a state-independent log standard deviation (an `nn.Parameter` on the network itself).
 
-Experience batches are TensorDicts of shape `[T, N]` (time first, N vector-env copies) with keys:
+Experience batches are TensorDicts of shape `[T, N]` (time first, N vector-env copies) with the keys of
+`PPOPolicy.experience_fields()`: the env keys every collector writes (`rlightning.policy.env_fields`) and the
+rollout outputs PPO declares in `rollout_fields()`:
 
-    observation  [T, N, *O] float32   what the policy saw
-    action       [T, N] int64 (Discrete) or [T, N, A] float32 (Box; unclipped sample)
-    log_prob     [T, N] float32       log-probability of `action` when it was taken
-    value        [T, N] float32       value estimate of `observation`
-    reward       [T, N] float32
-    terminated   [T, N] bool          the episode ended in a terminal state
-    truncated    [T, N] bool          the episode was cut (time limit); bootstrapped with `next_value`
-    next_value   [T, N] float32       value estimate of the true next state (the final observation on
-                                      truncation; ignored on termination)
+    observation       [T, N, *O] float32   what the policy saw
+    next_observation  [T, N, *O] float32   the true next state (the final observation when the episode ended)
+    reward            [T, N] float32
+    terminated        [T, N] bool          the episode ended in a terminal state (no bootstrap)
+    truncated         [T, N] bool          the episode was cut (time limit); bootstrapped from next_observation
+    action            [T, N] int64 (Discrete) or [T, N, A] float32 (Box; unclipped sample)
+    log_prob          [T, N] float32       log-probability of `action` when it was taken
+
+`train` computes the value estimates itself, once per update and before its epochs: `value` of `observation`
+and `next_value` of `next_observation`, with the critic it is about to update.
 """
 
 from __future__ import annotations
@@ -35,20 +38,8 @@ from torch import nn
 
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig
-from rlightning.policy import base_policy
+from rlightning.policy import _experience, base_policy
 from rlightning.policy._env_meta import EnvMeta
-
-DATASET_KEYS = (
-    "observation",
-    "action",
-    "log_prob",
-    "value",
-    "reward",
-    "terminated",
-    "truncated",
-    "next_value",
-)
-"""Keys `PPOPolicy.update_dataset` requires (see the module docstring for shapes and dtypes)."""
 
 
 class PPOKwargs(BaseModel):
@@ -148,6 +139,21 @@ class PPONetwork(nn.Module):
             log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
         return action, log_prob, entropy, self.critic(obs).squeeze(-1)
 
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample (or take the mode of) actions, without running the critic.
+
+        Args:
+            obs (torch.Tensor): `[B, obs_dim]` float32.
+            deterministic (bool, optional): Take the distribution's mode instead of sampling. Defaults to False.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: action `[B]` int64 or `[B, A]` float32, log_prob `[B]` float32.
+        """
+        dist = self.distribution(obs)
+        action = dist.mode if deterministic else dist.sample()
+        log_prob = dist.log_prob(action)
+        return action, log_prob.sum(-1) if self.continuous else log_prob
+
 
 def compute_gae(data: TensorDict, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimates (arXiv:1506.02438, eq. 16) over a `[T, N]` batch.
@@ -216,42 +222,60 @@ class PPOPolicy(base_policy.BasePolicy):
         obs = torch.as_tensor(raw, device=self.device, dtype=torch.float32)
         return obs.reshape(obs.shape[0], -1)
 
-    def rollout_step(self, env_ret: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rollout_step(self, env_ret: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample (or, with `env_ret["deterministic"]`, take the mode of) actions for `env_ret["observation"]`.
 
         Args:
             env_ret (Mapping[str, Any]): `observation` `[N, *O]` (array or tensor); optional `deterministic`.
 
         Returns:
-            tuple[torch.Tensor, torch.Tensor, torch.Tensor]: action, log_prob `[N]`, value `[N]`.
+            tuple[torch.Tensor, torch.Tensor]: action `[N]` or `[N, A]`, log_prob `[N]`.
         """
         obs = self._observation(env_ret["observation"])
-        action, log_prob, _, value = self.network(obs, deterministic=bool(env_ret.get("deterministic", False)))
-        return action, log_prob, value
+        return self.network.act(obs, deterministic=bool(env_ret.get("deterministic", False)))
 
     def postprocess(self, env_ret: Mapping[str, Any], policy_resp: Any) -> TensorDict:
-        """Pack the response as a TensorDict `[N]`: `action`, `log_prob`, `value` (on the policy's device)."""
-        action, log_prob, value = policy_resp
-        return TensorDict(
-            {"action": action, "log_prob": log_prob, "value": value}, batch_size=[action.shape[0]]
-        )
+        """Pack the response as a TensorDict `[N]`: `action`, `log_prob` (on the policy's device)."""
+        action, log_prob = policy_resp
+        return TensorDict({"action": action, "log_prob": log_prob}, batch_size=[action.shape[0]])
 
-    def update_dataset(self, dataset: TensorDict) -> None:
-        """Keep a `[T, N]` batch for the next `train` call.
-
-        Args:
-            dataset (TensorDict): `[T, N]` with the keys in `DATASET_KEYS`.
+    def rollout_fields(self) -> dict[str, _experience.ExperienceField]:
+        """`action` (`[]` int64 for Discrete, `[A]` float32 for Box) and `log_prob` (`[]` float32).
 
         Raises:
-            ValueError: When keys are missing or the batch is not 2-D.
+            RuntimeError: When the policy is not initialised (the action space is unknown).
         """
-        missing = [key for key in DATASET_KEYS if key not in dataset.keys()]  # noqa: SIM118 (TensorDict refuses `in`)
-        if missing or dataset.batch_dims != 2:
-            raise ValueError(
-                f"PPO dataset must be a [T, N] TensorDict with keys {list(DATASET_KEYS)}; "
-                f"missing {missing}, batch_size {list(dataset.batch_size)}"
-            )
+        space = self._require_env_meta().action_space
+        if isinstance(space, gymnasium.spaces.Box):
+            action = _experience.ExperienceField(tuple(space.shape), torch.float32)
+        else:
+            action = _experience.ExperienceField((), torch.int64)
+        return {"action": action, "log_prob": _experience.ExperienceField((), torch.float32)}
+
+    def update_dataset(self, dataset: TensorDict) -> None:
+        """Keep a `[T, N]` batch for the next `train` call; keys beyond `experience_fields()` are ignored.
+
+        Args:
+            dataset (TensorDict): `[T, N]` with the keys, per-step shapes and dtypes of `experience_fields()`
+                (see the module docstring).
+
+        Raises:
+            ValueError: When the batch is not 2-D, or a key is missing or has the wrong shape or dtype.
+        """
+        fields = self.experience_fields()
+        if dataset.batch_dims != 2:
+            raise ValueError(f"PPO dataset: batch_size {list(dataset.batch_size)} is not [T, N]")
+        steps, envs = dataset.batch_size
+        dataset = dataset.select(*fields, strict=False)
+        reason = _experience.check_batch(dataset, fields, (steps, envs))
+        if reason is not None:
+            raise ValueError(f"PPO dataset: {reason}")
         self._dataset = dataset.to(self.device)
+
+    def _state_values(self, observation: torch.Tensor) -> torch.Tensor:
+        # [T, N, *O] -> [T, N], with the unwrapped critic (a forward without gradients needs no DDP sync).
+        steps, envs = observation.shape[:2]
+        return self.network.critic(observation.reshape(steps * envs, -1).float()).reshape(steps, envs)
 
     def current_lr(self) -> float:
         """The learning rate of the next update: linearly annealed over `train.total_env_steps` when
@@ -269,7 +293,7 @@ class PPOPolicy(base_policy.BasePolicy):
 
         Returns:
             dict[str, float]: `policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`,
-                `explained_variance` (of the batch's value estimates), `lr`.
+                `explained_variance` (of the value estimates made before the epochs), `lr`.
 
         Raises:
             RuntimeError: Without `init_train` or without a dataset.
@@ -279,7 +303,9 @@ class PPOPolicy(base_policy.BasePolicy):
         data, self._dataset = self._dataset, None
         kw = self.kwargs
         steps, envs = data.batch_size
-        with torch.no_grad():
+        with torch.no_grad():  # the batch is our own selection (update_dataset), so adding keys is safe
+            data["value"] = self._state_values(data["observation"])
+            data["next_value"] = self._state_values(data["next_observation"])
             advantages, returns = compute_gae(data, kw.gamma, kw.gae_lambda)
         flat = data.select("observation", "action", "log_prob", "value").reshape(-1)
         flat["advantage"], flat["return"] = advantages.reshape(-1), returns.reshape(-1)

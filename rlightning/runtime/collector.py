@@ -1,9 +1,11 @@
 """Rollout collection on a gymnasium vector env into `[T, N]` TensorDicts, and evaluation episodes.
 
 Actions come from the policy's gated rollout path (`BasePolicy.rollout`), so a weight update never runs in
-the middle of one. The vector env resets finished copies in the same step (gymnasium's
-`AutoresetMode.SAME_STEP`): the step returns the new episode's first observation and the finished episode's
-last one in `info["final_obs"]`, which is what a truncated episode is bootstrapped from.
+the middle of one. The batch layout is the policy's (`BasePolicy.experience_fields`): the env keys every
+collector writes plus the rollout outputs the policy declares; the collector knows no algorithm's keys. The
+vector env resets finished copies in the same step (gymnasium's `AutoresetMode.SAME_STEP`): the step returns the
+new episode's first observation and the finished episode's last one in `info["final_obs"]`, which is what
+`next_observation` holds for that step.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from rlightning.config import EnvConfig
-from rlightning.policy import BasePolicy, make_env
+from rlightning.policy import BasePolicy, check_batch, make_env
 
 RECENT_EPISODES = 100
 """Finished episodes remembered for `RolloutCollector.recent_returns` / `recent_lengths`."""
@@ -43,17 +45,21 @@ def to_env_action(action: torch.Tensor, space: gymnasium.Space) -> np.ndarray:
 class RolloutCollector:
     """Steps `env_config.num_envs` env copies with a policy and returns `[T, N]` experience.
 
-    The TensorDict keys and dtypes are those of `rlightning.policy.ppo` (`observation`, `action`, `log_prob`,
-    `value`, `reward`, `terminated`, `truncated`, `next_value`); the policy's rollout result must hold
-    `action`, `log_prob` and `value` (`[N]` each, `action` `[N, *A]`).
+    The TensorDict has exactly the keys of `policy.experience_fields()`: `observation`, `next_observation`,
+    `reward`, `terminated`, `truncated` (see `rlightning.policy.env_fields`) and the policy's `rollout_fields()`,
+    taken from each rollout output (a mapping of `[N, ...]` tensors whose `action` `[N, *A]` goes to the env).
 
     Args:
         env_config (EnvConfig): `spec.env`.
-        policy (BasePolicy): An initialised policy.
+        policy (BasePolicy): An initialised policy that declares `rollout_fields`.
         seed (int): Seeds the env copies (copy i gets seed + i) on the first reset.
         device (str | torch.device, optional): Where the returned TensorDicts live. Defaults to "cpu".
 
+    Raises:
+        NotImplementedError: When the policy does not declare `rollout_fields`.
+
     Attributes:
+        fields (dict[str, ExperienceField]): The layout of every batch, `policy.experience_fields()`.
         recent_returns (collections.deque[float]): Returns of the last finished episodes, newest last.
         recent_lengths (collections.deque[int]): Their lengths in steps.
         episodes_finished (int): Episodes finished since construction.
@@ -64,6 +70,8 @@ class RolloutCollector:
         self, env_config: EnvConfig, policy: BasePolicy, seed: int, device: str | torch.device = "cpu"
     ) -> None:
         self.policy = policy
+        self.fields = policy.experience_fields()
+        self._rollout_keys = list(policy.rollout_fields())
         self.device = torch.device(device)
         self.num_envs = env_config.num_envs
         self.envs = gymnasium.vector.SyncVectorEnv(
@@ -79,11 +87,6 @@ class RolloutCollector:
         self.episodes_finished = 0
         self.env_steps = 0
 
-    def _value(self, obs: np.ndarray) -> torch.Tensor:
-        # The mode is taken so bootstrapping draws no random numbers.
-        observation = torch.as_tensor(obs, dtype=torch.float32)
-        return self.policy.rollout({"observation": observation, "deterministic": True})["value"].float().cpu()
-
     def collect(self, num_steps: int) -> TensorDict:
         """Step every env copy `num_steps` times.
 
@@ -91,35 +94,38 @@ class RolloutCollector:
             num_steps (int): T, steps per copy (>= 1).
 
         Returns:
-            TensorDict: `[T, N]` experience on `device` (keys in the class docstring).
+            TensorDict: `[T, N]` experience on `device` with the keys, per-step shapes and dtypes of `fields`.
+
+        Raises:
+            ValueError: When the policy's rollout outputs do not match its `rollout_fields()`.
         """
         rows: dict[str, list[torch.Tensor]] = collections.defaultdict(list)
-        final_values: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
-        for t in range(num_steps):
+        for _ in range(num_steps):
             observation = torch.as_tensor(self._obs, dtype=torch.float32)
             out = self.policy.rollout({"observation": observation, "deterministic": False})
             action = to_env_action(out["action"], self.action_space)
             next_obs, reward, terminated, truncated, info = self.envs.step(action)
-            # Truncated copies are bootstrapped from their final observation (before the auto-reset).
-            cut = np.flatnonzero(truncated & ~terminated)
-            if cut.size:
-                final = np.stack([info["final_obs"][i] for i in cut])
-                final_values[t] = (cut, self._value(final))
-            for key in ("action", "log_prob", "value"):
-                rows[key].append(out[key].cpu())
+            done = terminated | truncated
+            # A copy (not a view of next_obs): finished copies get their final observation, not the reset one.
+            next_observation = torch.tensor(next_obs, dtype=torch.float32)
+            for i in np.flatnonzero(done):
+                next_observation[i] = torch.as_tensor(info["final_obs"][i], dtype=torch.float32)
+            for key in self._rollout_keys:
+                value = out.get(key, None)
+                if value is not None:  # a missing key is reported by the layout check below
+                    rows[key].append(value.cpu())
             rows["observation"].append(observation)
+            rows["next_observation"].append(next_observation)
             rows["reward"].append(torch.as_tensor(reward, dtype=torch.float32))
             rows["terminated"].append(torch.as_tensor(terminated, dtype=torch.bool))
             rows["truncated"].append(torch.as_tensor(truncated, dtype=torch.bool))
-            self._track_episodes(reward, terminated | truncated)
+            self._track_episodes(reward, done)
             self._obs = next_obs
         stacked = {key: torch.stack(items) for key, items in rows.items()}
         data = TensorDict(stacked, batch_size=[num_steps, self.num_envs])
-        next_value = torch.cat([data["value"][1:].float(), self._value(self._obs)[None]])
-        next_value = next_value.masked_fill(data["terminated"] | data["truncated"], 0.0)
-        for t, (cut, values) in final_values.items():
-            next_value[t, torch.as_tensor(cut)] = values
-        data["next_value"] = next_value
+        reason = check_batch(data, self.fields, (num_steps, self.num_envs))
+        if reason is not None:
+            raise ValueError(f"{type(self.policy).__name__}'s rollout outputs do not match rollout_fields(): {reason}")
         self.env_steps += num_steps * self.num_envs
         return data.to(self.device)
 

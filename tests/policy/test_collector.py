@@ -1,17 +1,22 @@
-"""The collector: same-step autoreset, truncation bootstrapping, episode tracking, evaluation episodes."""
+"""The collector: the policy's layout, same-step autoreset, next observations, episode tracking, evaluation."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
 from policy_helpers import counter_env_config
+from tensordict import TensorDict
+from torch import nn
 
-from rlightning.config import PolicyConfig
-from rlightning.policy import EnvMeta, PPOPolicy
+from rlightning import weights
+from rlightning.config import OptimConfig, PolicyConfig
+from rlightning.policy import BasePolicy, EnvMeta, ExperienceField, PPOPolicy, check_batch
 from rlightning.runtime.collector import RolloutCollector, evaluate_episodes, to_env_action
 
 torch.set_num_threads(1)
@@ -24,36 +29,111 @@ def policy() -> PPOPolicy:
     return policy
 
 
-def _value(policy: PPOPolicy, count: float) -> float:
-    with torch.no_grad():
-        return float(policy.network.critic(torch.tensor([[count]])))
-
-
-def test_collect_layout_and_truncation_bootstrap(policy: PPOPolicy) -> None:
+def test_collect_layout_and_next_observation_across_autoresets(policy: PPOPolicy) -> None:
     collector = RolloutCollector(counter_env_config(num_envs=2), policy, seed=0)
     rollouts_before = policy.timings.stats("rollout").count
     data = collector.collect(7)
     assert data.batch_size == torch.Size([7, 2])
-    expected_dtypes = {"observation": torch.float32, "action": torch.int64, "log_prob": torch.float32,
-                       "value": torch.float32, "reward": torch.float32, "terminated": torch.bool,
-                       "truncated": torch.bool, "next_value": torch.float32}
-    assert {key: data[key].dtype for key in expected_dtypes} == expected_dtypes
-    assert data["observation"].shape == (7, 2, 1)
+    expected_dtypes = {"observation": torch.float32, "next_observation": torch.float32, "reward": torch.float32,
+                       "terminated": torch.bool, "truncated": torch.bool, "action": torch.int64,
+                       "log_prob": torch.float32}
+    assert {key: value.dtype for key, value in data.items()} == expected_dtypes  # exactly these keys
+    assert data["observation"].shape == data["next_observation"].shape == (7, 2, 1)
     # Counter env truncated after 3 steps: observations 0,1,2,0,1,2,0 (the auto-reset happens in the same step).
     assert data["observation"][:, 0, 0].tolist() == [0, 1, 2, 0, 1, 2, 0]
     assert data["truncated"][:, 0].tolist() == [False, False, True, False, False, True, False]
     assert not data["terminated"].any()
-    next_value = data["next_value"][:, 0]
-    # the final observation, not the reset one
-    assert next_value[2].item() == pytest.approx(_value(policy, 3.0), abs=1e-6)
-    assert next_value[5].item() == pytest.approx(_value(policy, 3.0), abs=1e-6)
-    assert next_value[6].item() == pytest.approx(_value(policy, 1.0), abs=1e-6)  # after the last step
-    assert torch.equal(next_value[[0, 1, 3, 4]], data["value"][[1, 2, 4, 5], 0])
-    # every action went through the gated rollout path: 7 steps + 2 truncation bootstraps + 1 final value
-    assert policy.timings.stats("rollout").count - rollouts_before == 10
+    # the final observation (3), not the reset one (0), where the episode was cut; the next one after the last step
+    assert data["next_observation"][:, 0, 0].tolist() == [1, 2, 3, 1, 2, 3, 1]
+    # one gated rollout per step and nothing else: the collector computes no values
+    assert policy.timings.stats("rollout").count - rollouts_before == 7
     assert list(collector.recent_returns) == [3.0] * 4 and list(collector.recent_lengths) == [3] * 4
     assert collector.episodes_finished == 4 and collector.env_steps == 14
     collector.close()
+
+
+class LogitsPolicy(BasePolicy):
+    """Acts greedily on a linear layer's logits; keeps what `declared` says of its output (action, logits, scratch)."""
+
+    def __init__(self, declared: dict[str, ExperienceField]) -> None:
+        super().__init__(PolicyConfig(device="cpu"), "train")
+        self.declared = declared
+
+    def construct_network(self, env_meta: EnvMeta) -> None:
+        self.linear = nn.Linear(1, 2)
+
+    def setup_optimizer(self, optim_cfg: OptimConfig) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=optim_cfg.lr)
+
+    def rollout_step(self, env_ret: Mapping[str, Any]) -> torch.Tensor:
+        return self.linear(env_ret["observation"])
+
+    def postprocess(self, env_ret: Mapping[str, Any], policy_resp: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": policy_resp.argmax(-1), "logits": policy_resp, "scratch": torch.zeros(len(policy_resp))}
+
+    def rollout_fields(self) -> dict[str, ExperienceField]:
+        return dict(self.declared)
+
+    def update_dataset(self, dataset: TensorDict) -> None:
+        raise NotImplementedError  # the collector never trains
+
+    def train(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"linear": weights.named_state(self.linear)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        weights.load_named_state(self, self.clean_state_dict(state_dict))
+
+
+def _logits_policy(declared: dict[str, ExperienceField]) -> LogitsPolicy:
+    policy = LogitsPolicy(declared)
+    policy.init_train(EnvMeta.from_env_config(counter_env_config()), seed=0)
+    return policy
+
+
+def test_the_policy_declares_what_the_collector_keeps() -> None:
+    policy = _logits_policy({"logits": ExperienceField((2,), torch.float32)})
+    collector = RolloutCollector(counter_env_config(num_envs=2), policy, seed=0)
+    data = collector.collect(4)
+    assert set(data.keys()) == {"observation", "next_observation", "reward", "terminated", "truncated", "logits"}
+    assert set(data.keys()) == set(collector.fields) == set(policy.experience_fields())
+    assert check_batch(data, policy.experience_fields(), (4, 2)) is None
+    with torch.no_grad():
+        assert torch.allclose(data["logits"], policy.linear(data["observation"]))
+    collector.close()
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        ({"logits": ExperienceField((2,), torch.float64)}, r"'logits' has dtype torch.float32, expected torch.float64"),
+        ({"logits": ExperienceField((), torch.float32)}, r"'logits' has shape \[3, 2, 2\], expected \[3, 2\]"),
+        ({"value": ExperienceField((), torch.float32)}, r"missing keys \['value'\]"),
+    ],
+)
+def test_rollout_outputs_that_break_the_declaration_are_rejected(
+    declared: dict[str, ExperienceField], message: str
+) -> None:
+    collector = RolloutCollector(counter_env_config(num_envs=2), _logits_policy(declared), seed=0)
+    with pytest.raises(ValueError, match=r"LogitsPolicy's rollout outputs do not match rollout_fields\(\): " + message):
+        collector.collect(3)
+    collector.close()
+
+
+def test_a_policy_must_declare_its_rollout_fields_and_not_redeclare_env_keys() -> None:
+    class Undeclared(LogitsPolicy):
+        rollout_fields = BasePolicy.rollout_fields
+
+    undeclared = Undeclared({})
+    undeclared.init_train(EnvMeta.from_env_config(counter_env_config()), seed=0)
+    with pytest.raises(NotImplementedError, match=r"Undeclared does not declare rollout_fields\(\)"):
+        RolloutCollector(counter_env_config(), undeclared, seed=0)
+    with pytest.raises(ValueError, match=r"redeclares env keys \['reward'\]"):
+        _logits_policy({"reward": ExperienceField((), torch.float32)}).experience_fields()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        LogitsPolicy({}).experience_fields()
 
 
 def test_episodes_straddle_collect_calls(policy: PPOPolicy) -> None:

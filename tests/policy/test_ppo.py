@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from tensordict import TensorDict
 
 from rlightning.config import EnvConfig, PolicyConfig, TrainConfig, format_validation_error
-from rlightning.policy import EnvMeta, PPOKwargs, PPOPolicy
+from rlightning.policy import EnvMeta, ExperienceField, PPOKwargs, PPOPolicy
 from rlightning.policy.ppo import compute_gae
 from rlightning.runtime.collector import RolloutCollector, evaluate_episodes
 
@@ -78,7 +78,9 @@ def test_deterministic_discrete_rollouts_take_the_mode_and_draw_no_random_number
         second = policy.rollout({"observation": observation, "deterministic": True})
         assert torch.equal(torch.get_rng_state(), state)
         assert torch.equal(first["action"], second["action"]) and first["action"].dtype == torch.int64
-        assert first.batch_size == torch.Size([5]) and first["log_prob"].shape == (5,) and first["value"].shape == (5,)
+        assert first.batch_size == torch.Size([5]) and first["log_prob"].shape == (5,)
+        assert set(first.keys()) == set(policy.rollout_fields()) == {"action", "log_prob"}
+        assert policy.rollout_fields()["action"] == ExperienceField((), torch.int64)
     finally:
         policy.close()
 
@@ -89,6 +91,9 @@ def test_pendulum_update_trains_the_log_std_and_fingerprints_it() -> None:
     policy = PPOPolicy(PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [16], "entropyCoef": 0.01}), "train")
     policy.init_train(EnvMeta.from_env_config(env), TrainConfig(total_env_steps=1000), seed=0)
     assert [name for name, _ in policy.model_list] == ["agent"]
+    assert policy.rollout_fields() == {
+        "action": ExperienceField((1,), torch.float32), "log_prob": ExperienceField((), torch.float32)
+    }
     collector = RolloutCollector(env, policy, seed=0)
     batch = collector.collect(64)
     assert batch["action"].shape == (64, 2, 1) and batch["action"].dtype == torch.float32
@@ -103,12 +108,71 @@ def test_pendulum_update_trains_the_log_std_and_fingerprints_it() -> None:
     collector.close()
 
 
-def test_update_dataset_names_missing_keys() -> None:
-    policy = PPOPolicy(PolicyConfig(device="cpu"), "train")
-    policy.init_train(EnvMeta.from_env_config(EnvConfig(id="CartPole-v1")), seed=0)
-    with pytest.raises(ValueError, match=r"missing \['next_value'\]"):
-        keys = ("observation", "action", "log_prob", "value", "reward", "terminated", "truncated")
-        policy.update_dataset(TensorDict({k: torch.zeros(2, 2) for k in keys}, batch_size=[2, 2]))
+def _cartpole_policy(seed: int = 0) -> PPOPolicy:
+    policy = PPOPolicy(PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [8]}), "train")
+    policy.init_train(EnvMeta.from_env_config(EnvConfig(id="CartPole-v1")), seed=seed)
+    return policy
+
+
+def _zeros_batch(policy: PPOPolicy, steps: int = 3, envs: int = 2) -> TensorDict:
+    fields = policy.experience_fields()
+    return TensorDict(
+        {key: torch.zeros(steps, envs, *field.shape, dtype=field.dtype) for key, field in fields.items()},
+        batch_size=[steps, envs],
+    )
+
+
+def test_update_dataset_checks_the_layout_and_ignores_extra_keys() -> None:
+    policy = _cartpole_policy()
+    assert set(policy.experience_fields()) == {
+        "observation", "next_observation", "reward", "terminated", "truncated", "action", "log_prob"
+    }  # no value estimates: PPO makes them in train
+    with pytest.raises(ValueError, match=r"PPO dataset: missing keys \['next_observation'\]"):
+        policy.update_dataset(_zeros_batch(policy).exclude("next_observation"))
+    wrong = _zeros_batch(policy)
+    wrong["action"] = wrong["action"].float()
+    with pytest.raises(ValueError, match=r"PPO dataset: 'action' has dtype torch.float32, expected torch.int64"):
+        policy.update_dataset(wrong)
+    with pytest.raises(ValueError, match=r"PPO dataset: batch_size \[6\] is not \[T, N\]"):
+        policy.update_dataset(_zeros_batch(policy).reshape(-1))
+    extra = _zeros_batch(policy)
+    extra["weight_version"] = torch.ones(3, 2, dtype=torch.int64)
+    policy.update_dataset(extra)
+    policy.train()
+    assert policy.iteration == 1
+    assert set(extra.keys()) == {*policy.experience_fields(), "weight_version"}  # the caller's batch is untouched
+
+
+def _update_digests(batch: TensorDict) -> dict[str, str]:
+    policy = _cartpole_policy(seed=0)
+    torch.manual_seed(1)  # same minibatch order for every call
+    policy.update_dataset(batch.clone())
+    policy.train()
+    return policy.get_param_digests()
+
+
+def test_train_bootstraps_truncation_from_next_observation_and_never_termination() -> None:
+    # One env, 3 steps: terminated at t=0, truncated at t=1. Only the truncated step's next state counts.
+    gen = torch.Generator().manual_seed(0)
+    batch = TensorDict(
+        {
+            "observation": torch.randn(3, 1, 4, generator=gen),
+            "next_observation": torch.randn(3, 1, 4, generator=gen),
+            "reward": torch.ones(3, 1),
+            "terminated": torch.tensor([[True], [False], [False]]),
+            "truncated": torch.tensor([[False], [True], [False]]),
+            "action": torch.tensor([[0], [1], [0]]),
+            "log_prob": torch.full((3, 1), math.log(0.5)),
+        },
+        batch_size=[3, 1],
+    )
+    baseline = _update_digests(batch)
+    after_terminal = batch.clone()
+    after_terminal["next_observation"][0] = 5.0
+    assert _update_digests(after_terminal) == baseline
+    after_cut = batch.clone()
+    after_cut["next_observation"][1] = 5.0
+    assert _update_digests(after_cut) != baseline
 
 
 @pytest.mark.slow
