@@ -57,6 +57,8 @@ class RolloutCollector:
 
     Raises:
         NotImplementedError: When the policy does not declare `rollout_fields`.
+        RuntimeError: When the policy is not initialised.
+        ValueError: When the policy's `rollout_fields()` redeclares an env key.
 
     Attributes:
         fields (dict[str, ExperienceField]): The layout of every batch, `policy.experience_fields()`.
