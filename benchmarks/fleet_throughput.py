@@ -113,7 +113,8 @@ def main() -> int:
     for index, count in enumerate(counts):
         row = run_once(count, args.step_latency_ms, args.seconds, args.warmup, index)
         rows.append(row)
-        speedup = row["env_steps_per_second"] / rows[0]["env_steps_per_second"] if rows[0]["env_steps_per_second"] else 0
+        base = rows[0]["env_steps_per_second"]
+        speedup = row["env_steps_per_second"] / base if base else 0.0
         lag = "-" if row["mean_policy_lag"] is None else f"{row['mean_policy_lag']:.2f}"
         ceiling = row["trainer_ceiling_steps_per_second"]
         print(f"{count:>10} {row['env_steps_per_second']:>9.0f} {speedup:>6.2f} {lag:>9} {row['max_policy_lag']!s:>8} "

@@ -46,7 +46,8 @@ METRICS_PORT_NAME = "metrics"
 
 def trajectory_port_name(local_rank: int) -> str:
     """Name of a trainer container's trajectory port for `local_rank` (at most 15 characters, as Kubernetes
-    requires of port names): `trajectories`, then `trajectories-1`, ..."""
+    requires of port names): `trajectories`, then `trajectories-1`, ...
+    """
     return "trajectories" if local_rank == 0 else f"trajectories-{local_rank}"
 
 # -- Roles (values of LABEL_ROLE and of ENV_ROLE) ---------------------------------------------------------

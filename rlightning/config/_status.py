@@ -66,7 +66,9 @@ class TrainingStatus(StrictModel):
     waiting_for_data_seconds: float | None = Field(
         default=None,
         ge=0,
-        description="Seconds the trainers have been waiting for the evaluators' batches (training paused); null when not.",
+        description=(
+            "Seconds the trainers have been waiting for the evaluators' batches (training paused); null when not."
+        ),
     )
     updated_at: str | None = Field(default=None, description="RFC 3339 time of this report.")
 

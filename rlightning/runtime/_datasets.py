@@ -93,7 +93,7 @@ class FleetExperience:
         port (int): This rank's intake port (`ports.trajectories` + local rank).
 
     Raises:
-        trajectories.IntakeError: The port cannot be bound.
+        OSError: The port cannot be bound (naming it).
     """
 
     def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, port: int) -> None:
@@ -141,7 +141,7 @@ class FleetExperience:
 
     def env_steps_by_evaluator(self) -> dict[int, int]:
         """Env steps of accepted batches per evaluator ordinal, on this rank, since start."""
-        return dict(collections.Counter(self.intake.stats.env_steps_by_ordinal))
+        return dict(collections.Counter(self.intake.stats.env_steps))
 
     def close(self) -> None:
         """Close the intake."""

@@ -153,7 +153,8 @@ class Fleet:
 
     def starving(self, waited: float) -> bool:
         """Whether to publish again while the trainers have waited `waited` seconds for data: evaluators registered
-        after the newest publish hold no current version, and `REPUBLISH_AFTER_SECONDS` passed since then."""
+        after the newest publish hold no current version, and `REPUBLISH_AFTER_SECONDS` passed since then.
+        """
         if waited < REPUBLISH_AFTER_SECONDS or time.monotonic() - self._published_at < REPUBLISH_AFTER_SECONDS:
             return False
         newcomers = set(self.sender.members) - set(self.live)

@@ -171,7 +171,8 @@ class Recorder:
 
     def waiting_for_data(self, seconds: float) -> None:
         """The ranks have waited `seconds` for the fleet's batches of this iteration: logged every
-        `WAITING_LOG_SECONDS` and shown in status.training (`waitingForDataSeconds`) while it lasts."""
+        `WAITING_LOG_SECONDS` and shown in status.training (`waitingForDataSeconds`) while it lasts.
+        """
         if seconds - self._last_waiting_log >= WAITING_LOG_SECONDS or seconds < self._last_waiting_log:
             if seconds >= WAITING_LOG_SECONDS:
                 log.warning("trainers have waited %.0f s for the evaluators' batches; training is paused", seconds)

@@ -61,8 +61,10 @@ SEED_STRIDE = 1_000_003
 """Evaluator `o` plays evaluation episode `i` with seed `train.seed + SEED_STRIDE * (o + 1) + i`, and seeds its
 training env copies with `train.seed + SEED_STRIDE * (o + 1) + TRAINING_SEED_OFFSET`."""
 TRAINING_SEED_OFFSET = 500_000
-BATCH_CREDITS = 2
-"""Batches an evaluator may have sent and not yet had acknowledged: one in flight while it collects the next."""
+BATCH_CREDITS = {0: 1, 1: 2}
+"""Batches an evaluator may have sent and not yet had acknowledged, by whether `train.maxPolicyLag` is 0 or more:
+on-policy, one (a batch collected while the trainers learn from the last ones would be too old once they publish);
+with lag allowed, two (one in flight while it collects the next)."""
 IDLE_EVALUATION_SECONDS = 0.5
 """An evaluator without credit for this long (the trainers take no data: training, or confirming the target on
 the newest version) plays evaluation episodes meanwhile."""
@@ -131,7 +133,7 @@ class Evaluator:
             trajectories.TrajectorySender(
                 settings.trajectory_endpoints,
                 ordinal,
-                credits=BATCH_CREDITS,
+                credits=BATCH_CREDITS[min(spec.train.max_policy_lag, 1)],
                 ack_timeout=spec.weight_sync.timeout_seconds,
             )
             if settings.fleet_data

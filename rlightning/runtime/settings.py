@@ -117,7 +117,9 @@ class ProcessSettings:
         endpoints = tuple(e for e in environ.get(contract.ENV_TRAJECTORY_ENDPOINTS, "").split(",") if e)
         malformed = [e for e in endpoints if not re.fullmatch(r"[^\s:,]+:\d{1,5}", e)]
         if malformed:
-            raise SettingsError(f"{contract.ENV_TRAJECTORY_ENDPOINTS}: expected comma-separated host:port, got {malformed}")
+            raise SettingsError(
+                f"{contract.ENV_TRAJECTORY_ENDPOINTS}: expected comma-separated host:port, got {malformed}"
+            )
         spec_path = environ.get(contract.ENV_SPEC_PATH, "")
         if not spec_path:
             raise SettingsError(f"{contract.ENV_SPEC_PATH}: required environment variable is not set")

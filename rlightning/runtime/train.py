@@ -38,7 +38,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlightning import contract, trajectories, weights
+from rlightning import contract, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
 from rlightning.runtime import _datasets, _fleet, _records, _resume, _signals, _stop
@@ -95,7 +95,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         port = spec.ports.trajectories + int(os.environ.get("LOCAL_RANK", "0"))
         try:
             source = _datasets.FleetExperience(spec, policy, port)
-        except trajectories.IntakeError as error:
+        except OSError as error:
             log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
             return 1
     else:
@@ -186,7 +186,8 @@ def _fleet_env_steps(
     source: _datasets.OwnExperience | _datasets.FleetExperience,
 ) -> tuple[dict[int, int], list[int]] | None:
     """Env steps trained on per evaluator ordinal (summed over ranks) and per rank, gathered from every rank (each
-    calls it); None when the trainers collected their own data."""
+    calls it); None when the trainers collected their own data.
+    """
     if not isinstance(source, _datasets.FleetExperience):
         return None
     gathered: list[dict[int, int] | None] = [None] * dist.get_world_size()
@@ -273,7 +274,8 @@ def finish(
     """Rank 0 at the end: give the evaluators the final weights, check them bit for bit, checkpoint, summarise.
 
     `fleet_steps` (env steps trained on per evaluator ordinal and per rank; None when the trainers collected their
-    own data) goes into summary.json."""
+    own data) goes into summary.json.
+    """
     iteration = policy.iteration
     final_return, final_version = last_row.get("eval_return"), last_row.get("eval_version")
     if reason is not _stop.StopReason.INTERRUPTED:

@@ -18,7 +18,7 @@ from tests._ports import RUNTIME_RUNS
 REPO = Path(__file__).resolve().parents[2]
 _MANIFESTS = itertools.count()
 PORTS_PER_MANIFEST = 4
-"""torchrun, weightSync and the two trainer ranks' trajectory intakes: manifest i gets ports 4i..4i+3 of RUNTIME_RUNS."""
+"""torchrun, weightSync and two trainer ranks' trajectory intakes: manifest i gets ports 4i..4i+3 of RUNTIME_RUNS."""
 
 
 def tiny_manifest(name: str = "tiny", total_env_steps: int = 3000, **spec_overrides: dict) -> dict:

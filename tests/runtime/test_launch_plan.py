@@ -30,12 +30,14 @@ def _manifest(**spec):
 
 def _site(**fields) -> launch.LaunchSite:
     local_site = {"python": "py", "master_addr": "127.0.0.1", "trainer_hosts": ("127.0.0.1",),
-                  "spec_path": "/r/policygroup.yaml", "run_dir": "/r", "node_rank": None, "metrics": False, "expected_evaluators": 2, "in_pod": False}  # fmt: skip
+                  "spec_path": "/r/policygroup.yaml", "run_dir": "/r", "node_rank": None, "metrics": False,
+                  "expected_evaluators": 2, "in_pod": False}  # fmt: skip
     return launch.LaunchSite(**{**local_site, **fields})
 
 
 POD_TRAINER_1 = "cartpole-train-1.cartpole-train.team-a.svc"
-POD = {"python": "python", "master_addr": POD_MASTER, "trainer_hosts": (POD_MASTER, POD_TRAINER_1), "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
+POD = {"python": "python", "master_addr": POD_MASTER, "trainer_hosts": (POD_MASTER, POD_TRAINER_1),
+       "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
        "expected_evaluators": None, "in_pod": True}  # fmt: skip
 TORCHRUN = ("-m", "torch.distributed.run")
 TRAIN_TAIL = ("--max-restarts=0", "--monitor-interval=0.5", "-m", "rlightning.runtime.train")
