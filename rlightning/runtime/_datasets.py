@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
@@ -132,7 +131,7 @@ class FleetExperience:
         batches = self.intake.drain()
         returns = [r for _, stamp in batches for r in stamp.episode_returns]
         lags = [max(0, version - stamp.version) for _, stamp in batches]
-        joined = torch.cat([batch for batch, _ in batches], dim=1)
+        joined = TensorDict.cat([batch for batch, _ in batches], dim=1)  # along the env dimension
         return Dataset(joined, returns, lags, time.monotonic() - started, version)
 
     def dropped_batches(self) -> int:
