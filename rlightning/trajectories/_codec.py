@@ -47,7 +47,8 @@ def encode_batch(batch: TensorDictBase, stamp: BatchStamp) -> bytes:
         bytes: The payload; `decode_batch` inverts it.
 
     Raises:
-        ValueError: When a key contains `KEY_SEPARATOR` (it could not be split back) or a leaf is not a tensor.
+        ValueError: When a key is empty or contains `KEY_SEPARATOR` (it could not be split back), or a leaf is not
+            a tensor.
 
     Examples:
         >>> td = TensorDict({"obs": torch.zeros(4, 2, 3)}, batch_size=[4, 2])
@@ -58,8 +59,9 @@ def encode_batch(batch: TensorDictBase, stamp: BatchStamp) -> bytes:
     tensors: dict[str, torch.Tensor] = {}
     for key, leaf in batch.items(include_nested=True, leaves_only=True):
         path = (key,) if isinstance(key, str) else key
-        if any(KEY_SEPARATOR in part for part in path):
-            raise ValueError(f"batch key {path!r}: must not contain {KEY_SEPARATOR!r} (nested keys are joined by it)")
+        if any(KEY_SEPARATOR in part or not part for part in path):
+            raise ValueError(f"batch key {path!r}: must be non-empty and not contain {KEY_SEPARATOR!r} (nested keys "
+                             "are joined by it)")
         if not isinstance(leaf, torch.Tensor):
             raise ValueError(f"batch key {path!r}: must be a tensor, got {type(leaf).__name__}")
         tensors[KEY_SEPARATOR.join(path)] = leaf.detach().to("cpu").contiguous()
@@ -81,7 +83,8 @@ def decode_batch(payload: bytes) -> tuple[TensorDict, BatchStamp]:
 
     Raises:
         BatchError: When the payload is not safetensors, its metadata lacks or garbles the batch size or the stamp,
-            or a leaf's leading dimensions differ from the batch size.
+            a leaf's leading dimensions differ from the batch size, or its names do not form nested keys (an empty
+            part, or a leaf that is also another's prefix).
     """
     try:
         flat = safetensors.torch.load(payload)
@@ -95,10 +98,18 @@ def decode_batch(payload: bytes) -> tuple[TensorDict, BatchStamp]:
             raise BatchError(
                 f"leaf {name!r}: shape {list(leaf.shape)} does not start with the batch size {list(batch_size)}"
             )
-    batch = TensorDict(
-        {tuple(name.split(KEY_SEPARATOR)): leaf for name, leaf in flat.items()}, batch_size=batch_size
-    )
-    return batch, stamp
+    return TensorDict({_key(name, flat): leaf for name, leaf in flat.items()}, batch_size=batch_size), stamp
+
+
+def _key(name: str, flat: dict[str, torch.Tensor]) -> tuple[str, ...]:
+    path = tuple(name.split(KEY_SEPARATOR))
+    if not all(path):
+        raise BatchError(f"leaf {name!r}: a nested key part is empty")
+    for depth in range(1, len(path)):
+        prefix = KEY_SEPARATOR.join(path[:depth])
+        if prefix in flat:
+            raise BatchError(f"leaf {name!r}: {prefix!r} is a leaf too, so it cannot also hold nested keys")
+    return path
 
 
 def _metadata(payload: bytes) -> dict[str, str]:

@@ -95,14 +95,16 @@ class TrajectoryIntake:
         self._held: list[tuple[TensorDict, BatchStamp]] = []
         self._version = 0
         self._logged_invalid: set[str] = set()
-        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        # A context of its own, so that close() can wait for libzmq to release the port (Context.term).
+        self._context = zmq.Context()
+        self._socket: zmq.Socket[bytes] = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVHWM, QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDHWM, ACK_QUEUE_MESSAGES)
         try:
             self._socket.bind(f"tcp://{bind_host}:{port}")
         except zmq.ZMQError as err:
-            self._socket.close()
+            self.close()
             if err.errno == errno.EADDRINUSE:
                 raise OSError(errno.EADDRINUSE, f"trajectory intake: port {port} is already in use") from err
             raise OSError(err.errno, f"trajectory intake: cannot bind {bind_host}:{port} ({err})") from err
@@ -161,8 +163,9 @@ class TrajectoryIntake:
         return held
 
     def close(self) -> None:
-        """Close the socket; evaluators route their next batches to the other ranks."""
+        """Close the socket, releasing the port before returning; evaluators send their next batches to other ranks."""
         self._socket.close(linger=0)
+        self._context.term()
 
     def _judge(self, frames: list[bytes], version: int, max_policy_lag: int) -> None:
         identity, body = frames[0], frames[1:]

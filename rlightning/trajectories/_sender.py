@@ -104,7 +104,8 @@ class TrajectorySender:
         self.ack_timeout = ack_timeout
         self.counts = SenderCounts()
         self._in_flight: dict[int, float] = {}  # sequence -> monotonic time sent, oldest first
-        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        self._context = zmq.Context()  # its own, so close() ends every connection before returning
+        self._socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, credits)
@@ -114,12 +115,12 @@ class TrajectorySender:
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_SECONDS * 1000))
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(ack_timeout * 1000))
         for endpoint in endpoints:
-            # libzmq >= 4.x defers name resolution to the connect attempt, retried on failure; it raises here only
-            # for a malformed address.
+            # libzmq 4.3 (checked: 4.3.5) defers name resolution to each connect attempt, retried on failure; it
+            # raises only for a malformed address.
             try:
                 self._socket.connect(f"tcp://{endpoint}")
             except zmq.ZMQError as err:
-                self._socket.close()
+                self.close()
                 raise ValueError(f"endpoints: {endpoint!r} is not a valid tcp address ({err})") from err
 
     @property
@@ -189,8 +190,9 @@ class TrajectorySender:
         self.counts.sent += 1
 
     def close(self) -> None:
-        """Close the socket at once; batches still queued in zmq are discarded (`LINGER` 0)."""
+        """Close the socket and its connections at once; batches still queued in zmq are discarded (`LINGER` 0)."""
         self._socket.close(linger=0)
+        self._context.term()
 
     def _writable(self) -> bool:
         # With IMMEDIATE, POLLOUT means a connected rank has room for a message.

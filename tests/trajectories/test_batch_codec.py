@@ -52,8 +52,10 @@ def test_empty_episode_lists_and_zero_rows_round_trip():
 
 
 def test_encode_rejects_keys_that_cannot_be_split_back():
-    with pytest.raises(ValueError, match="must not contain '.'"):
+    with pytest.raises(ValueError, match="not contain '.'"):
         encode_batch(TensorDict({"a.b": torch.zeros(2)}, batch_size=[2]), STAMP)
+    with pytest.raises(ValueError, match="must be non-empty"):
+        encode_batch(TensorDict({"": torch.zeros(2)}, batch_size=[2]), STAMP)
 
 
 def safetensors_payload(metadata: dict[str, str] | None, tensors: dict | None = None) -> bytes:
@@ -87,10 +89,14 @@ GOOD_STAMP = json.dumps({"version": 1, "ordinal": 0, "sequence": 1, "env_steps":
          r"metadata.stamp.episode_lengths: must have one entry per episode return"),
         (safetensors_payload({"batch_size": "[5]", "stamp": GOOD_STAMP}),
          r"leaf 'x': shape \[4, 2\] does not start with the batch size \[5\]"),
+        (safetensors_payload({"batch_size": "[4]", "stamp": GOOD_STAMP}, {"a.b": torch.zeros(4), "a": torch.zeros(4)}),
+         r"leaf 'a.b': 'a' is a leaf too"),
+        (safetensors_payload({"batch_size": "[4]", "stamp": GOOD_STAMP}, {"a..b": torch.zeros(4)}),
+         r"leaf 'a..b': a nested key part is empty"),
     ],
     ids=["empty", "short", "garbage", "truncated", "no-metadata", "no-batch-size", "batch-size-not-json",
          "negative-batch-size", "no-stamp", "stamp-not-json", "stamp-missing-fields", "sequence-0", "bool-version",
-         "episode-lists-differ", "leaf-not-batch-size"],
+         "episode-lists-differ", "leaf-not-batch-size", "leaf-and-prefix", "empty-key-part"],
 )
 def test_malformed_payloads_raise_batch_error_saying_why(payload, message):
     with pytest.raises(BatchError, match=message):

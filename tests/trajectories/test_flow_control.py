@@ -24,6 +24,8 @@ def test_an_intake_that_does_not_read_runs_the_senders_credits_out(senders, inta
                            "--credit-wait", "0.5")
     senders.append(sender)
     # The trainer is "training" (not in fill): the sender sends its 2 credits' worth, then wait_for_credit fails.
+    while sender.next_event(EVENT_SECONDS, "sent")["sequence"] < 2:
+        pass
     starved = sender.next_event(EVENT_SECONDS, "no_credit")
     assert starved["in_flight"] == 2
     assert [e["sequence"] for e in sender.seen if e["event"] == "sent"] == [1, 2]

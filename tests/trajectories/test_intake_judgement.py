@@ -1,6 +1,6 @@
 """A trainer rank's intake judges each batch from a real sender process: accepted, stale or invalid, and says so.
 
-Ports: TRAJECTORIES 0-4 (one per test).
+Ports: TRAJECTORIES 0-4 and 14 (one per test).
 """
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ def test_a_taken_port_is_a_clear_error_naming_it(intakes):
         with pytest.raises(OSError, match=f"port {port} is already in use") as caught:
             TrajectoryIntake(port, bind_host="127.0.0.1")
     assert caught.value.errno == errno.EADDRINUSE
+
+
+def test_close_releases_the_port_at_once():
+    port = TRAJECTORIES.port(14)
+    for _ in range(3):  # a rank that restarts its intake in-process binds again at once
+        TrajectoryIntake(port, bind_host="127.0.0.1").close()
 
 
 def test_stamps_break_no_rule_silently():

@@ -74,14 +74,15 @@ class WorkerProcess:
         for line in self.proc.stdout:
             self.events.put(json.loads(line))
 
-    def poll_event(self, kind: str) -> dict | None:
-        """The first event of `kind` seen so far, reading what has arrived without waiting; None when none yet."""
+    def poll_event(self, kind: str, since: int = 0) -> dict | None:
+        """The first event of `kind` among those seen from index `since` on, reading what has arrived without
+        waiting; None when none yet."""
         while True:
             try:
                 self.seen.append(self.events.get_nowait())
             except queue.Empty:
                 break
-        return next((event for event in self.seen if event["event"] == kind), None)
+        return next((event for event in self.seen[since:] if event["event"] == kind), None)
 
     def next_event(self, timeout: float, kind: str | None = None) -> dict:
         """The next event (of `kind`, skipping others), waiting at most `timeout` seconds in all."""
