@@ -197,6 +197,18 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.training.consistent",
             "description": "Whether every evaluator holds the trainer's weights.",
         },
+        {
+            "name": "Steps/s",
+            "type": "number",
+            "jsonPath": ".status.training.envStepsPerSecond",
+            "description": "Env steps trained on per second in the last iteration.",
+        },
+        {
+            "name": "Lag",
+            "type": "number",
+            "jsonPath": ".status.training.policyLagMean",
+            "description": "Mean policy lag (weight versions) of the evaluator batches trained on last.",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -65,6 +65,8 @@ def test_subresources_and_printer_columns(version):
         "Evaluators": ".status.eval.summary",
         "Weights": ".status.training.weightVersion",
         "Consistent": ".status.training.consistent",
+        "Steps/s": ".status.training.envStepsPerSecond",
+        "Lag": ".status.training.policyLagMean",
         "Age": ".metadata.creationTimestamp",
     }
 
