@@ -61,7 +61,10 @@ class StatusReporter:
         if not force and now - self._last < self.min_interval:
             return False
         self._last = now
-        body = {"status": {"training": status.model_dump(by_alias=True, exclude_none=True, mode="json")}}
+        training = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        # A merge patch keeps what it omits: an explicit null ends the wait once data flows again.
+        training["waitingForDataSeconds"] = status.waiting_for_data_seconds
+        body = {"status": {"training": training}}
         try:
             self._client().patch_namespaced_custom_object_status(
                 contract.API_GROUP,

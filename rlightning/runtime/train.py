@@ -2,16 +2,19 @@
 
 Every rank: joins the DDP default group (gloo on CPU, nccl on CUDA; used for gradients and the all-reduces
 below, never for weight sync), builds the policy, resumes when `train.checkpoint.resume` (rank 0 loads the
-newest checkpoint of its run directory and broadcasts its training state, `_resume`), then loops collect ->
-update_dataset -> train. After each iteration the ranks all-reduce their episode returns and agree on whether to
-stop and on the weight version (one MAX all-reduce: the most urgent `_stop.StopReason` of any rank, and rank
-0's version, which every rank mirrors).
+newest checkpoint of its run directory and broadcasts its training state, `_resume`), then loops dataset ->
+update_dataset -> train. The dataset comes from the evaluators when they produce the data (`ENV_FLEET_DATA`:
+each rank's trajectory intake on `ports.trajectories` + local rank, batches no older than `train.maxPolicyLag`
+versions) or from the rank's own env copies (`_datasets`, docs/fleet.md). After each iteration the ranks
+all-reduce their episode returns and data figures and agree on whether to stop and on the weight version (one MAX
+all-reduce: the most urgent `_stop.StopReason` of any rank, and rank 0's version, which every rank mirrors).
 
 Rank 0 also hosts the `rlightning.weights.WeightSender` (store on ENV_TRAIN_MASTER_ADDR:ENV_WEIGHT_SYNC_PORT),
 which owns the weight version: it starts from the checkpoint's and assigns every publish the next one, above
 whatever the evaluators hold (so a trainer replaced without its run directory continues above the fleet; at start
-rank 0 waits up to `_fleet.FLEET_REJOIN_SECONDS` for the evaluators to re-register). Each iteration rank 0
-publishes every `weightSync.intervalIterations` and checks the evaluators (`_fleet`), decides the stop
+rank 0 waits up to `_fleet.FLEET_REJOIN_SECONDS` for the evaluators to re-register, and publishes once when they
+produce the data). Each iteration rank 0 publishes (every `weightSync.intervalIterations` when the trainers
+collect their own data, else after every update) and checks the evaluators (`_fleet`), decides the stop
 (`_stop`, pure) and writes the records (`_records`: metrics.jsonl, Prometheus, status.training, summary.json);
 it writes the checkpoints, which hold the version published.
 
