@@ -149,3 +149,28 @@ def test_dead_trainer_stops_the_evaluators(tmp_path: Path, write_manifest, run_h
     while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_running(pid) for pid in ranks), f"orphaned ranks still running: {ranks}"
+
+
+def test_a_silent_fleet_pauses_training_without_a_hang(tmp_path: Path, write_manifest, run_helpers) -> None:
+    """Both evaluators frozen (SIGSTOP: alive, sending nothing): the ranks wait for data together, rank 0 says so,
+    and Ctrl-C still stops the run cleanly."""
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6)), run.root)
+    _wait_for(proc, lambda: _version(run) >= 2, 180, "weight version 2")
+    evals = [_pid(run, "eval-0"), _pid(run, "eval-1")]
+    for pid in evals:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        paused_at = _last(run)["iteration"]
+        log = run.logs_dir / "trainer.log"
+        _wait_for(proc, lambda: "training is paused" in log.read_text(), 90, "rank 0 to report the pause")
+        assert _last(run)["iteration"] <= paused_at + 1  # at most the iteration whose data was in flight
+    finally:
+        for pid in evals:
+            os.kill(pid, signal.SIGCONT)
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout=120)
+    assert code == 130, out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["stop_reason"] == "interrupted"
