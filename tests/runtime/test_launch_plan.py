@@ -48,7 +48,15 @@ PLAN_CASES = {
         {"train": {"nodes": 2, "procsPerNode": 3}}, {}, "train", None,
         ("py", *TORCHRUN, "--nnodes=1", "--nproc-per-node=6", "--master-addr=127.0.0.1", "--master-port=29500",
          *TRAIN_TAIL),
-        {contract.ENV_EXPECTED_EVALUATORS: "2", contract.ENV_METRICS_PORT: "0", contract.ENV_ROLE: "train"},
+        {contract.ENV_EXPECTED_EVALUATORS: "2", contract.ENV_METRICS_PORT: "0", contract.ENV_ROLE: "train",
+         contract.ENV_FLEET_DATA: "1"},
+        (),
+    ),
+    "local trainer without evaluators: it collects its own data": (
+        {"eval": {"replicas": 0}}, {}, "train", None,
+        ("py", *TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29500",
+         *TRAIN_TAIL),
+        {contract.ENV_FLEET_DATA: "0"},
         (),
     ),
     "local evaluator: its ordinal in the environment, every rank's intake on this host": (

@@ -37,6 +37,20 @@ def test_role_and_expected_evaluators_are_read_and_checked() -> None:
         ProcessSettings.from_env({**base, contract.ENV_EXPECTED_EVALUATORS: "-1"})
 
 
+def test_fleet_data_and_trajectory_endpoints_are_read_and_checked() -> None:
+    base = {contract.ENV_SPEC_PATH: "/x.yaml"}
+    settings = ProcessSettings.from_env(base)
+    assert settings.fleet_data is False and settings.trajectory_endpoints == ()
+    settings = ProcessSettings.from_env(
+        {**base, contract.ENV_FLEET_DATA: "1", contract.ENV_TRAJECTORY_ENDPOINTS: "a-0.a.ns.svc:29700,10.0.0.2:29701"}
+    )
+    assert settings.fleet_data is True
+    assert settings.trajectory_endpoints == ("a-0.a.ns.svc:29700", "10.0.0.2:29701")
+    for bad in ("a-0:x", "no-port", "a:1,,b c:2"):
+        with pytest.raises(SettingsError, match=contract.ENV_TRAJECTORY_ENDPOINTS):
+            ProcessSettings.from_env({**base, contract.ENV_TRAJECTORY_ENDPOINTS: bad})
+
+
 @pytest.mark.timeout(120)
 def test_an_entrypoint_started_as_the_other_role_exits_with_a_clear_error(tmp_path: Path, run_helpers) -> None:
     tiny_manifest = run_helpers[0]
