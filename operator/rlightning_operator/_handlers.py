@@ -70,6 +70,13 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     # crds/ first), so it needs no list/watch of Namespaces and CRDs; the chart grants neither, and with
     # scanning on kopf retries those forbidden listings for about a minute before it serves anything.
     settings.scanning.disabled = True
+    # Every watch ends server-side after watch_server_timeout_seconds and is cut client-side after
+    # watch_client_timeout_seconds, so a connection dropped without a reset cannot leave a watch quiet for long;
+    # short requests (patches, Events) are bounded like the reconciler's.
+    settings.watching.server_timeout = memo.settings.watch_server_timeout_seconds
+    settings.watching.client_timeout = memo.settings.watch_client_timeout_seconds
+    settings.watching.connect_timeout = memo.settings.api_timeout_seconds
+    settings.networking.request_timeout = memo.settings.api_timeout_seconds
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
     memo.refresher = refresher.Refresher(

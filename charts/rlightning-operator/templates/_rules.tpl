@@ -1,7 +1,8 @@
 {{/*
 The RBAC rules of the operator, the same for the ClusterRole (all namespaces) and for each namespace's Role.
 Only what rlightning_operator calls (its docstring lists the same table) and what kopf does on its behalf;
-no Secrets, no pods, no wildcards. kopf runs standalone, so no peering objects; it finds the PolicyGroup
+no Secrets, no pods, no wildcards. kopf runs standalone, so no peering objects (leader election uses one Lease
+in the release namespace, granted by leader-election.yaml); it finds the PolicyGroup
 resource through API discovery, which every authenticated user may read (system:discovery), and is given no
 access to CustomResourceDefinitions or Namespaces (cluster-scoped, so a per-namespace install could not grant
 them anyway): the operator sets kopf's `settings.scanning.disabled`, so it asks for neither and serves the CRD
