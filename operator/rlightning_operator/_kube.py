@@ -88,6 +88,9 @@ def load_api_client(pool_size: int = 32) -> kubernetes.client.ApiClient:
         # Read $KUBECONFIG now: the client's default path was fixed when it was imported.
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    # One attempt per request, so that its timeout is its bound (urllib3 would retry a read timeout 3 times);
+    # callers retry with backoff.
+    configuration.retries = 0
     return kubernetes.client.ApiClient(configuration)
 
 
