@@ -49,11 +49,13 @@ class JsonFormatter(logging.Formatter):
 
 
 class QuietChildEvents(logging.Filter):
-    """Drops kopf's per-event success line of the child watch (one per Job/StatefulSet status change)."""
+    """Drops kopf's per-event success line of the child and pod watches (one per Job, StatefulSet or pod change)."""
+
+    QUIET = ("Handler 'child_changed' succeeded.", "Handler 'pod_changed' succeeded.")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for "Handler 'child_changed' succeeded." records."""
-        return not (record.name == "kopf.objects" and record.getMessage() == "Handler 'child_changed' succeeded.")
+        """False for "Handler 'child_changed' succeeded." and "Handler 'pod_changed' succeeded." records."""
+        return not (record.name == "kopf.objects" and record.getMessage() in self.QUIET)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ KINDS: dict[str, Kind] = {
     "Job": Kind("/apis/batch/v1", "jobs"),
     "Lease": Kind("/apis/coordination.k8s.io/v1", "leases"),
     contract.KIND: Kind(f"/apis/{contract.GROUP_VERSION}", contract.PLURAL),
+    "Pod": Kind("/api/v1", "pods"),
     "Role": Kind("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Service": Kind("/api/v1", "services"),
@@ -183,6 +185,24 @@ class KubeClient:
             if error.status == 404:
                 return None
             raise
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """GET the objects of a kind in a namespace that match a label selector (read-only; pods, for status).
+
+        Args:
+            kind (str): A key of `KINDS`.
+            namespace (str): Namespace.
+            label_selector (str): For example "rlightning.io/policy-group=cartpole".
+
+        Returns:
+            list[dict[str, Any]]: The items.
+
+        Raises:
+            TransientApiError: Retry later.
+            PermanentApiError: For example 403 Forbidden.
+        """
+        query = urllib.parse.urlencode({"labelSelector": label_selector})
+        return self._request("list", "GET", kind, f"{self._path(kind, namespace)}?{query}")[1].get("items") or []
 
     def create(self, manifest: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """POST a new object.

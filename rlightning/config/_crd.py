@@ -197,6 +197,12 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.training.consistent",
             "description": "Whether every evaluator holds the trainer's weights.",
         },
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "description": "Why the group is or is not Ready: AllReady, Waiting, CrashLoopBackOff, Unschedulable, ...",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

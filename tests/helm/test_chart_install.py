@@ -43,6 +43,7 @@ ALLOWED = [
     ("delete", "jobs.batch", ()),
     ("patch", "statefulsets.apps", ()),
     ("create", "events", ()),
+    ("watch", "pods", ()),
     ("create", "leases.coordination.k8s.io", ()),
     ("update", f"leases.coordination.k8s.io/{RELEASE}-rlightning-operator", ()),
 ]
@@ -53,6 +54,8 @@ DENIED = [
     ("list", "secrets", ("--all-namespaces",)),
     ("create", "pods", ()),
     ("create", "pods", ("--subresource=exec",)),
+    ("delete", "pods", ()),
+    ("patch", "pods", ("--subresource=status",)),
     ("create", "deployments.apps", ()),
     ("delete", "statefulsets.apps", ()),
     ("list", "configmaps", ()),

@@ -182,7 +182,8 @@ def test_rules_are_least_privilege(offline_helm):
     for (group, resource), verbs in granted.items():
         assert "*" not in (group, resource) and "*" not in verbs
         assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
-    assert not _granted(rules, {"secrets", "pods", "pods/exec", "nodes", "namespaces",
+    assert granted[("", "pods")] == {"get", "list", "watch"}, "pods are only read (status reports what they do)"
+    assert not _granted(rules, {"secrets", "pods/exec", "pods/log", "nodes", "namespaces",
                                      "customresourcedefinitions", "clusterroles", "clusterrolebindings",
                                      "kopfpeerings", "clusterkopfpeerings", "leases"})
     assert granted[("", "events")] == {"create"}

@@ -65,6 +65,7 @@ def test_subresources_and_printer_columns(version):
         "Evaluators": ".status.eval.summary",
         "Weights": ".status.training.weightVersion",
         "Consistent": ".status.training.consistent",
+        "Reason": '.status.conditions[?(@.type=="Ready")].reason',
         "Age": ".metadata.creationTimestamp",
     }
 
