@@ -51,7 +51,7 @@ class OperatorSettings(BaseModel):
         default=contract.OPERATOR_HEALTH_PORT,
         ge=0,
         le=65535,
-        description="Port of kopf's liveness endpoint /healthz on 0.0.0.0; 0 disables it.",
+        description="Port of the liveness endpoint /healthz on 0.0.0.0 (`_health`); 0 disables it.",
     )
     metrics_port: int = Field(
         default=contract.OPERATOR_METRICS_PORT,
