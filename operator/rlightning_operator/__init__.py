@@ -1,9 +1,10 @@
 """The PolicyGroup operator (kopf): PolicyGroup -> ConfigMap, RBAC, trainer Job, evaluator StatefulSet, status.
 
 What belongs here: pure builders (`_builders`), the pure planner (`_planner`) and status function
-(`_status`), the one module that calls the API (`_kube`), the reconcile that ties them (`_reconcile`), thin
-kopf handlers (`_handlers`, `_refresher`), settings, metrics and the `rlightning-operator` entry point. From
-`rlightning` it imports only `rlightning.config`, `rlightning.contract` and `rlightning.launch` (no torch).
+(`_status`, with the pods' diagnosis `_pods`), the one module that calls the API (`_kube`), the reconcile
+that ties them (`_reconcile`), thin kopf handlers (`_handlers`, `_refresher`), leader election over a Lease
+(`_leader`), the liveness endpoint (`_health`), settings, metrics and the `rlightning-operator` entry point.
+From `rlightning` it imports only `rlightning.config`, `rlightning.contract` and `rlightning.launch` (no torch).
 Design notes and the user's flow: docs/operator.md.
 
 RBAC the operator needs (Role per served namespace, or ClusterRole with --all-namespaces):
@@ -31,11 +32,17 @@ rbac.authorization.k8s.io rolebindings  get, create, patch                      
 batch jobs                              get, list, watch, create, patch, delete     trainers (recreated on a
                                                                                     template change)
 apps statefulsets                       get, list, watch, create, patch             evaluators
+"" pods                                 get, list, watch                            status: crash loops,
+                                                                                    unschedulable pods, stuck
+                                                                                    rollouts (read only)
 "" events                               create                                      Events (kopf posts core/v1)
+coordination.k8s.io leases              create; get, update (one name)              leader election, in the
+                                                                                    Lease's namespace only
 ======================================  ==========================================  ===============================
 
-Nothing on pods, secrets, nodes, namespaces or CRDs: kopf's scanning is off, so it serves the PolicyGroup CRD
-present at start. kopf runs standalone (no peering objects).
+Nothing on secrets, nodes, namespaces or CRDs, nothing but reading on pods: kopf's scanning is off, so it
+serves the PolicyGroup CRD present at start. kopf runs standalone (no peering objects): with --leader-elect
+the process starts kopf only while it holds the Lease.
 """
 
 from rlightning_operator._builders import build_children, owner_reference, with_owner

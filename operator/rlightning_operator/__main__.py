@@ -8,10 +8,13 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
+import socket
 import sys
+import uuid
 
 import kopf
 import prometheus_client
@@ -19,9 +22,14 @@ import pydantic
 
 from rlightning.config import format_validation_error
 from rlightning_operator import _handlers as handlers
+from rlightning_operator import _health as health
 from rlightning_operator import _kube as kube
+from rlightning_operator import _leader as leader
 from rlightning_operator import _reconcile as reconcile
 from rlightning_operator import _settings
+
+
+logger = logging.getLogger("rlightning_operator")
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,11 +49,13 @@ class JsonFormatter(logging.Formatter):
 
 
 class QuietChildEvents(logging.Filter):
-    """Drops kopf's per-event success line of the child watch (one per Job/StatefulSet status change)."""
+    """Drops kopf's per-event success line of the child and pod watches (one per Job, StatefulSet or pod change)."""
+
+    QUIET = ("Handler 'child_changed' succeeded.", "Handler 'pod_changed' succeeded.")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for "Handler 'child_changed' succeeded." records."""
-        return not (record.name == "kopf.objects" and record.getMessage() == "Handler 'child_changed' succeeded.")
+        """False for "Handler 'child_changed' succeeded." and "Handler 'pod_changed' succeeded." records."""
+        return not (record.name == "kopf.objects" and record.getMessage() in self.QUIET)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, then $KUBECONFIG)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
-    parser.add_argument("--health-port", type=int, help="kopf liveness endpoint port (0 disables)")
+    parser.add_argument("--health-port", type=int, help="liveness endpoint /healthz port (0 disables)")
+    parser.add_argument("--leader-elect", action="store_true", default=None, dest="leader_election", help=(
+        "act only while holding the leader-election Lease; env RLIGHTNING_OPERATOR_LEADER_ELECTION=true"))
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0 disables)")
     return parser
 
@@ -77,13 +89,16 @@ def _configure_logging(settings: _settings.OperatorSettings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, configure logging and metrics, and run kopf until SIGINT/SIGTERM.
+    """Parse flags, configure logging, liveness and metrics, and run kopf until SIGINT/SIGTERM.
+
+    With leader election the process first waits as a standby until it holds the Lease.
 
     Args:
         argv (list[str] | None, optional): Arguments without the program name. Defaults to sys.argv[1:].
 
     Returns:
-        int: 0 after a clean stop, 2 for invalid settings.
+        int: 0 after a clean stop, 2 for invalid settings or a taken health port; the process exits with 1 when
+            it loses the Lease.
     """
     args = _parser().parse_args(argv)
     if args.kubeconfig:
@@ -95,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_format": args.log_format,
         "health_port": args.health_port,
         "metrics_port": args.metrics_port,
+        "leader_election": args.leader_election,
     }
     if args.namespaces:
         overrides["all_namespaces"] = False
@@ -110,18 +126,63 @@ def main(argv: list[str] | None = None) -> int:
     # kopf's handler threads and the refresher's threads share the client: one connection for each.
     client = kube.KubeClient(kube.load_api_client(pool_size=2 * settings.workers), settings.api_timeout_seconds)
     context = handlers.Context(settings=settings, reconciler=reconcile.Reconciler(client, handlers.post_event))
+    elector = None
+    if settings.leader_election:
+        identity = f"{os.environ.get('POD_ID') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        elector = leader.LeaseElector(
+            client, settings.lease_namespace, settings.lease_name, identity, settings.lease_duration_seconds,
+            settings.renew_deadline_seconds, settings.retry_period_seconds,
+        )
+
+    def role() -> str:
+        if elector is None:
+            return "single"
+        return "leader" if elector.leading else "standby"
+
+    if settings.health_port:
+        try:
+            health.HealthServer(settings.health_port, client, settings.api_silence_limit_seconds, role).start()
+        except OSError as error:
+            print(f"rlightning-operator: settings.health_port: {error}", file=sys.stderr)
+            return 2
     if settings.metrics_port:
         prometheus_client.start_http_server(settings.metrics_port)
-    kopf.run(
+    return asyncio.run(_serve(settings, client, context, elector))
+
+
+async def _serve(
+    settings: _settings.OperatorSettings,
+    client: kube.KubeClient,
+    context: handlers.Context,
+    elector: leader.LeaseElector | None,
+) -> int:
+    """Keep hearing from the API server; as a standby wait for the Lease; then run kopf until a signal (0) or
+    until the Lease is lost (1: the process exits at once, as controller-runtime's managers do, so that it never
+    acts beside the new leader).
+    """
+    heartbeat = asyncio.create_task(health.keep_hearing(client, settings.heartbeat_seconds))
+    if elector is not None:
+        await elector.acquire()
+    kopf_task = asyncio.create_task(kopf.operator(
         registry=handlers.REGISTRY,
         clusterwide=settings.all_namespaces,
         namespaces=settings.served_namespaces,
         standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
         memo=context,
-    )
+    ))
+    tasks: set[asyncio.Task[None]] = {kopf_task}
+    if elector is not None:
+        tasks.add(asyncio.create_task(elector.hold()))
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    if kopf_task not in done:  # the Lease is lost: a standby may act from lease_duration_seconds on
+        logger.error("lost the Lease %s/%s: exiting", settings.lease_namespace, settings.lease_name)
+        logging.shutdown()
+        os._exit(1)
+    heartbeat.cancel()
+    if elector is not None:
+        await asyncio.to_thread(elector.release)
+    kopf_task.result()  # re-raise what stopped kopf, if it failed
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

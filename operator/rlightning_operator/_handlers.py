@@ -6,6 +6,8 @@
 - events of the Jobs and StatefulSets the operator manages (server-side label selector): a debounced
   reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
   change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped.
+- events of their pods (same selector; read-only): a debounced status refresh, so that status says when pods
+  crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest).
 
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
 """
@@ -70,8 +72,16 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     # crds/ first), so it needs no list/watch of Namespaces and CRDs; the chart grants neither, and with
     # scanning on kopf retries those forbidden listings for about a minute before it serves anything.
     settings.scanning.disabled = True
+    # Every watch ends server-side after watch_server_timeout_seconds and is cut client-side after
+    # watch_client_timeout_seconds, so a connection dropped without a reset cannot leave a watch quiet for long;
+    # short requests (patches, Events) are bounded like the reconciler's.
+    settings.watching.server_timeout = memo.settings.watch_server_timeout_seconds
+    settings.watching.client_timeout = memo.settings.watch_client_timeout_seconds
+    settings.watching.connect_timeout = memo.settings.api_timeout_seconds
+    settings.networking.request_timeout = memo.settings.api_timeout_seconds
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
+    settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
     memo.refresher = refresher.Refresher(
         memo.reconciler,
         delay=memo.settings.refresh_delay_seconds,
@@ -141,6 +151,17 @@ async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
         fingerprint = status.child_fingerprint(_plain(body))
         memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
                               deleted=type == "DELETED")
+
+
+@kopf.on.event("v1", "pods", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}, registry=REGISTRY)
+async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's name)
+    """A pod of a managed Job or StatefulSet changed (crash loop, scheduling, readiness): refresh its PolicyGroup's
+    status soon, unless nothing `_pods` reads from it changed. Pods are only read, never written.
+    """
+    group = body.metadata.labels.get(contract.LABEL_GROUP)
+    if group and memo.refresher is not None and body.metadata.namespace:
+        memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
+                              status.pod_fingerprint(_plain(body)), deleted=type == "DELETED", child=False)
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

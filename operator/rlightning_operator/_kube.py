@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +34,9 @@ class Kind:
 KINDS: dict[str, Kind] = {
     "ConfigMap": Kind("/api/v1", "configmaps"),
     "Job": Kind("/apis/batch/v1", "jobs"),
+    "Lease": Kind("/apis/coordination.k8s.io/v1", "leases"),
     contract.KIND: Kind(f"/apis/{contract.GROUP_VERSION}", contract.PLURAL),
+    "Pod": Kind("/api/v1", "pods"),
     "Role": Kind("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Service": Kind("/api/v1", "services"),
@@ -87,20 +90,28 @@ def load_api_client(pool_size: int = 32) -> kubernetes.client.ApiClient:
         # Read $KUBECONFIG now: the client's default path was fixed when it was imported.
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    # One attempt per request, so that its timeout is its bound (urllib3 would retry a read timeout 3 times);
+    # callers retry with backoff.
+    configuration.retries = 0
     return kubernetes.client.ApiClient(configuration)
 
 
 class KubeClient:
-    """JSON requests for the children of PolicyGroups and for PolicyGroups' status.
+    """JSON requests for the children of PolicyGroups, PolicyGroups' status and the leader-election Lease.
 
     Args:
         api_client (kubernetes.client.ApiClient): Authenticated client (see `load_api_client`).
         timeout_seconds (float, optional): Bound on each request. Defaults to 30.0.
+
+    Attributes:
+        last_answer (float): `time.monotonic()` of the last response of the API server (any HTTP status: the
+            server answered); the time of construction before the first.
     """
 
     def __init__(self, api_client: kubernetes.client.ApiClient, timeout_seconds: float = 30.0) -> None:
         self._client = api_client
         self._timeout = timeout_seconds
+        self.last_answer = time.monotonic()
 
     def _path(self, kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         where = KINDS[kind]
@@ -119,6 +130,7 @@ class KubeClient:
         path: str,
         body: Any = None,
         content_type: str = "application/json",
+        timeout: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, body, _ = self._client.param_serialize(
@@ -127,7 +139,7 @@ class KubeClient:
         started = time.monotonic()
         try:
             response = self._client.call_api(
-                method, url, header_params=headers, body=body, _request_timeout=self._timeout
+                method, url, header_params=headers, body=body, _request_timeout=timeout or self._timeout
             )
             raw = response.read()
         except (urllib3.exceptions.HTTPError, OSError) as error:
@@ -136,6 +148,7 @@ class KubeClient:
         finally:
             metrics.API_SECONDS.labels(verb=verb).observe(time.monotonic() - started)
         status = response.status
+        self.last_answer = time.monotonic()
         metrics.API_REQUESTS.labels(verb=verb, kind=kind, code=str(status)).inc()
         try:
             data = json.loads(raw) if raw else {}
@@ -150,13 +163,14 @@ class KubeClient:
             raise TransientApiError(verb, path, status, message)
         raise PermanentApiError(verb, path, status, message)
 
-    def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def read(self, kind: str, namespace: str, name: str, timeout: float | None = None) -> dict[str, Any] | None:
         """GET one object; None when it does not exist.
 
         Args:
             kind (str): A key of `KINDS`.
             namespace (str): Namespace.
             name (str): metadata.name.
+            timeout (float | None, optional): Bound in seconds; None for the client's. Defaults to None.
 
         Returns:
             dict[str, Any] | None: The object.
@@ -166,17 +180,36 @@ class KubeClient:
             PermanentApiError: For example 403 Forbidden.
         """
         try:
-            return self._request("get", "GET", kind, self._path(kind, namespace, name))[1]
+            return self._request("get", "GET", kind, self._path(kind, namespace, name), timeout=timeout)[1]
         except PermanentApiError as error:
             if error.status == 404:
                 return None
             raise
 
-    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """GET the objects of a kind in a namespace that match a label selector (read-only; pods, for status).
+
+        Args:
+            kind (str): A key of `KINDS`.
+            namespace (str): Namespace.
+            label_selector (str): For example "rlightning.io/policy-group=cartpole".
+
+        Returns:
+            list[dict[str, Any]]: The items.
+
+        Raises:
+            TransientApiError: Retry later.
+            PermanentApiError: For example 403 Forbidden.
+        """
+        query = urllib.parse.urlencode({"labelSelector": label_selector})
+        return self._request("list", "GET", kind, f"{self._path(kind, namespace)}?{query}")[1].get("items") or []
+
+    def create(self, manifest: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """POST a new object.
 
         Args:
             manifest (Mapping[str, Any]): The object, with metadata.namespace set.
+            timeout (float | None, optional): Bound in seconds; None for the client's. Defaults to None.
 
         Returns:
             dict[str, Any]: The object as stored.
@@ -187,7 +220,39 @@ class KubeClient:
             PermanentApiError: Invalid or forbidden.
         """
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
-        return self._request("create", "POST", kind, self._path(kind, namespace), body=dict(manifest))[1]
+        return self._request(
+            "create", "POST", kind, self._path(kind, namespace), body=dict(manifest), timeout=timeout
+        )[1]
+
+    def replace(self, manifest: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """PUT an object whole; with metadata.resourceVersion set, only if nobody changed it since (optimistic
+        concurrency: the leader election's compare-and-swap).
+
+        Args:
+            manifest (Mapping[str, Any]): The object, with metadata.namespace, name and resourceVersion.
+            timeout (float | None, optional): Bound in seconds; None for the client's. Defaults to None.
+
+        Returns:
+            dict[str, Any]: The object as stored.
+
+        Raises:
+            PermanentApiError: 409 when the resourceVersion is stale, 404 when gone, or forbidden.
+            TransientApiError: Retry later.
+        """
+        kind, metadata = manifest["kind"], manifest["metadata"]
+        path = self._path(kind, metadata["namespace"], metadata["name"])
+        return self._request("replace", "PUT", kind, path, body=dict(manifest), timeout=timeout)[1]
+
+    def ping(self, timeout: float | None = None) -> None:
+        """GET /version (readable by every client): proof that the API server answers, for the liveness check.
+
+        Args:
+            timeout (float | None, optional): Bound in seconds; None for the client's. Defaults to None.
+
+        Raises:
+            ApiError: No answer, or an error status.
+        """
+        self._request("get", "GET", "Version", "/version", timeout=timeout)
 
     def patch(
         self, kind: str, namespace: str, name: str, body: Mapping[str, Any], subresource: str | None = None

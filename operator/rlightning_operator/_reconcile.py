@@ -21,6 +21,7 @@ from rlightning_operator import _builders as builders
 from rlightning_operator import _kube as kube
 from rlightning_operator import _metrics as metrics
 from rlightning_operator import _planner as planner
+from rlightning_operator import _pods as pods
 from rlightning_operator import _status as status
 
 logger = logging.getLogger(__name__)
@@ -200,17 +201,25 @@ class Reconciler:
         conflicts: list[str],
         blocked: list[str],
     ) -> Outcome:
-        """Compute the status from the observed Job and StatefulSet and write it when it changed."""
+        """Compute the status from the observed Job, StatefulSet and (while some are not ready) pods, write it
+        when it changed, and post a Warning Event when a pod problem appears (once per change of reason).
+        """
         current_status = body.get("status") or {}
+        nodes, replicas = manifest.spec.train.nodes, manifest.spec.eval.replicas
+        group_pods: list[dict[str, Any]] = []
+        if status.pods_matter(nodes, replicas, job, stateful_set):
+            group_pods = self._client.list("Pod", namespace, f"{contract.LABEL_GROUP}={name}")
+        previous = current_status.get("conditions") or []
         observation = status.Observation(
             name,
             int(body["metadata"].get("generation") or 0),
-            nodes=manifest.spec.train.nodes,
-            replicas=manifest.spec.eval.replicas,
+            nodes=nodes,
+            replicas=replicas,
             job=job,
             stateful_set=stateful_set,
+            pods=group_pods,
             conflicts=conflicts,
-            previous=current_status.get("conditions") or [],
+            previous=previous,
             now=_now(),
         )
         computed = status.compute_status(observation)
@@ -218,6 +227,13 @@ class Reconciler:
         if written and conflicts:  # once per transition, not once per retry
             logger.warning("%s/%s: children controlled by another owner: %s", namespace, name, "; ".join(conflicts))
             self._post_event(body, "Warning", "Conflict", "; ".join(conflicts)[:1000])
+        if written:
+            before = {c.get("type"): c.get("reason") for c in previous}
+            for condition in computed["conditions"]:
+                if condition["reason"] in pods.REASONS and before.get(condition["type"]) != condition["reason"] and \
+                        condition["type"] != "Ready":
+                    logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
+                    self._post_event(body, "Warning", condition["reason"], condition["message"][:1000])
         return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked)
 
     def _reconcile_locked(self, body: Mapping[str, Any], namespace: str, name: str) -> Outcome:

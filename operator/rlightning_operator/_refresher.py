@@ -1,9 +1,11 @@
-"""Debounced passes triggered by changes of children (a Job's or StatefulSet's status, a deleted child).
+"""Debounced passes triggered by changes of children (a Job's or StatefulSet's status, a deleted child) and
+of their pods.
 
 A burst of child events for one PolicyGroup (1000 evaluator pods becoming ready) coalesces into one pass after
 `delay` seconds. A pass is a status refresh (read the Job and the StatefulSet, write status) when only their
 progress moved, and a whole reconcile when a child was deleted or its shape changed (spec hash, owner, replicas,
-deletion). Each pass reads the PolicyGroup fresh, so it never acts on a stale spec.
+deletion); a pod's change never needs more than a status refresh. Each pass reads the PolicyGroup fresh, so it
+never acts on a stale spec.
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ class Refresher:
         self._seen: dict[str, tuple[Hashable, Hashable]] = {}
 
     def notify(
-        self, namespace: str, name: str, uid: str, fingerprint: tuple[Hashable, Hashable], deleted: bool
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        fingerprint: tuple[Hashable, Hashable],
+        deleted: bool,
+        child: bool = True,
     ) -> bool:
         """A child of PolicyGroup `namespace/name` changed: schedule a pass unless nothing relevant did.
 
@@ -55,6 +63,8 @@ class Refresher:
             uid (str): The child's metadata.uid.
             fingerprint (tuple[Hashable, Hashable]): (shape, progress) of the child (`status.child_fingerprint`).
             deleted (bool): The child is gone (a DELETED event).
+            child (bool, optional): A child the planner manages (Job, StatefulSet); False for a pod, whose
+                changes (even its deletion) need only a status refresh. Defaults to True.
 
         Returns:
             bool: Whether a pass was scheduled (or one was already pending).
@@ -64,7 +74,7 @@ class Refresher:
             self._seen[uid] = fingerprint
             if previous == fingerprint:
                 return False
-        full = deleted or previous is None or previous[0] != fingerprint[0]
+        full = child and (deleted or previous is None or previous[0] != fingerprint[0])
         self.schedule(namespace, name, full=full)
         return True
 

@@ -51,7 +51,7 @@ class OperatorSettings(BaseModel):
         default=contract.OPERATOR_HEALTH_PORT,
         ge=0,
         le=65535,
-        description="Port of kopf's liveness endpoint /healthz on 0.0.0.0; 0 disables it.",
+        description="Port of the liveness endpoint /healthz on 0.0.0.0 (`_health`); 0 disables it.",
     )
     metrics_port: int = Field(
         default=contract.OPERATOR_METRICS_PORT,
@@ -78,10 +78,86 @@ class OperatorSettings(BaseModel):
         description="Threads running reconciles (and API connections kept); bounds concurrent reconciles.",
     )
 
+    watch_server_timeout_seconds: int = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        description=(
+            "timeoutSeconds of every watch request: the API server ends each watch after this long and kopf "
+            "reconnects from the last resourceVersion, so no watch lives on a connection older than this. "
+            "Whole seconds: the API server parses an integer."
+        ),
+    )
+    watch_client_timeout_seconds: float = Field(
+        default=45.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Client-side bound on every watch request: a watch whose connection went quiet (dropped without a "
+            "reset) is abandoned and made again after this long. Must exceed watch_server_timeout_seconds."
+        ),
+    )
+    api_silence_limit_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description=(
+            "The liveness endpoint fails once no request to the API server has been answered for this long "
+            "(the operator asks at least every heartbeat_seconds), so the kubelet restarts an operator cut off "
+            "from the API server."
+        ),
+    )
+    heartbeat_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="Period of the operator's own light request (GET /version) when nothing else was answered.",
+    )
+    leader_election: bool = Field(
+        default=False,
+        description=(
+            "Act only while holding the coordination.k8s.io Lease `lease_name` in `lease_namespace`, so that any "
+            "number of replicas may run (the Helm chart turns it on); off, the process acts at once."
+        ),
+    )
+    lease_namespace: str = Field(default="default", description="Namespace of the leader-election Lease.")
+    lease_name: str = Field(default="rlightning-operator", description="Name of the leader-election Lease.")
+    lease_duration_seconds: float = Field(
+        default=15.0,
+        ge=1,
+        le=600,
+        description=(
+            "How long a standby waits, after the holder's last renewal it observed, before it takes the Lease "
+            "(client-go's and controller-runtime's default, 15 s)."
+        ),
+    )
+    renew_deadline_seconds: float = Field(
+        default=10.0,
+        ge=1,
+        le=600,
+        description=(
+            "The holder stops acting (exits) when it could not renew the Lease for this long (client-go's "
+            "default, 10 s); below lease_duration_seconds, so it stops before a standby may take over."
+        ),
+    )
+    retry_period_seconds: float = Field(
+        default=2.0,
+        ge=0.1,
+        le=600,
+        description="Period of renewals and of a standby's attempts (client-go's default, 2 s).",
+    )
+
     @model_validator(mode="after")
     def _scope(self) -> OperatorSettings:
         if self.all_namespaces and self.namespaces:
             raise ValueError("set either namespaces or all_namespaces, not both")
+        if self.watch_client_timeout_seconds <= self.watch_server_timeout_seconds:
+            raise ValueError("watch_client_timeout_seconds must exceed watch_server_timeout_seconds")
+        # client-go's rules: the holder gives up before a standby may take over, and retries before giving up.
+        if not self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                "retry_period_seconds < renew_deadline_seconds < lease_duration_seconds must hold"
+            )
         return self
 
     @property
@@ -113,7 +189,7 @@ class OperatorSettings(BaseModel):
                 continue
             if name == "namespaces":
                 values[name] = [item.strip() for item in raw.split(",") if item.strip()]
-            elif name == "all_namespaces":
+            elif name in ("all_namespaces", "leader_election"):
                 values[name] = raw.strip().lower() in ("1", "true", "yes")
             else:
                 values[name] = raw.strip()

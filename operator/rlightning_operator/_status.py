@@ -7,8 +7,13 @@ without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Ready
 Validity has two sources: the operator's structural validation (`Observation.problems`, reason InvalidSpec)
 and the pods' deep checks (policyClass, policyKwargs, env id; only the runtime can run them): a trainer Job
 failed by its pod failure policy on `contract.EXIT_BAD_MANIFEST` gives phase Invalid with Valid=False, reason
-InvalidSpecInPod. Evaluators that crash on the same spec are not told apart from evaluators still starting
-(EvaluatorsReady=False, Waiting): the StatefulSet's status has no pod states and the operator reads no pods.
+InvalidSpecInPod.
+
+While pods are not ready, their own status says why (`_pods`): TrainersReady or EvaluatorsReady is False with
+reason CrashLoopBackOff (the pod, container, last exit code and restarts), Unschedulable (the scheduler's
+message) or, for evaluators, RolloutStuck (a pod of the new revision holds the rolling update); Waiting when
+none of these shows. Ready takes the reason of the first condition that is not True, which `kubectl get pg`
+shows in its REASON column.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from rlightning import contract
 from rlightning_operator import _builders as builders
+from rlightning_operator import _pods as pods
 
 OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "replicas", "selector")
 POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
@@ -37,6 +43,7 @@ class Observation:
         replicas (int): Evaluators desired (spec.eval.replicas); 0 when invalid.
         job (Mapping[str, Any] | None): The trainers' Job as read, or None.
         stateful_set (Mapping[str, Any] | None): The evaluators' StatefulSet as read, or None.
+        pods (Sequence[Mapping[str, Any]]): The group's pods as read (only while `pods_matter`), or ().
         conflicts (Sequence[str]): Children that another owner controls, as `Kind/name: <reason>`.
         previous (Sequence[Mapping[str, Any]]): The conditions currently in status (for lastTransitionTime).
         now (str): RFC 3339 time used for conditions that change.
@@ -49,6 +56,7 @@ class Observation:
     replicas: int = 0
     job: Mapping[str, Any] | None = None
     stateful_set: Mapping[str, Any] | None = None
+    pods: Sequence[Mapping[str, Any]] = ()
     conflicts: Sequence[str] = ()
     previous: Sequence[Mapping[str, Any]] = ()
     now: str = ""
@@ -137,6 +145,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         train_ok, train_reason, train_message = True, "AllReady", f"{train_ready}/{obs.nodes} trainer pods ready"
     else:
         train_ok, train_reason, train_message = False, "Waiting", f"{train_ready}/{obs.nodes} trainer pods ready"
+        problem = pods.diagnose(_of_role(obs.pods, contract.PolicyRole.TRAIN), int(job_status.get("failed") or 0))
+        if problem is not None:
+            train_reason, train_message = problem.reason, f"{train_message}; {problem.message}"
     if obs.stateful_set is None:
         eval_ok, eval_reason = False, "StatefulSetMissing"
         eval_message = f"StatefulSet {contract.eval_name(obs.name)} does not exist"
@@ -144,6 +155,10 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         eval_ok = eval_ready >= obs.replicas
         eval_reason = "AllReady" if eval_ok else "Waiting"
         eval_message = f"{eval_ready}/{obs.replicas} evaluator pods ready"
+        evaluators = _of_role(obs.pods, contract.PolicyRole.EVAL)
+        problem = pods.stuck_rollout(obs.stateful_set, evaluators, obs.now) or pods.diagnose(evaluators)
+        if not eval_ok and problem is not None:
+            eval_reason, eval_message = problem.reason, f"{eval_message}; {problem.message}"
 
     conditions = [
         _condition("Valid", False, train_reason, train_message, obs)
@@ -189,6 +204,57 @@ def compute_status(observation: Observation) -> dict[str, Any]:
     }
 
 
+def _of_role(group_pods: Sequence[Mapping[str, Any]], role: contract.PolicyRole) -> list[Mapping[str, Any]]:
+    return [p for p in group_pods if ((p.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE) == role]
+
+
+def pods_matter(
+    nodes: int, replicas: int, job: Mapping[str, Any] | None, stateful_set: Mapping[str, Any] | None
+) -> bool:
+    """Whether `compute_status` needs the pods: some trainer or evaluator is not ready, or a rollout runs.
+
+    With every pod ready (the steady state) a status pass reads no pods.
+
+    Args:
+        nodes (int): Trainer pods desired.
+        replicas (int): Evaluators desired.
+        job (Mapping[str, Any] | None): The trainers' Job as read.
+        stateful_set (Mapping[str, Any] | None): The evaluators' StatefulSet as read.
+
+    Returns:
+        bool: True when pods should be read.
+    """
+    job_status = (job or {}).get("status") or {}
+    sts_status = (stateful_set or {}).get("status") or {}
+    finished = _job_condition(job, "Complete") or _job_condition(job, "Failed")
+    trainers_waiting = job is not None and not finished and int(job_status.get("ready") or 0) < nodes
+    evaluators_waiting = stateful_set is not None and int(sts_status.get("readyReplicas") or 0) < replicas
+    rolling = sts_status.get("updateRevision") not in (None, sts_status.get("currentRevision"))
+    return trainers_waiting or evaluators_waiting or rolling
+
+
+def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What `_pods` reads from a pod, as (shape, progress) like `child_fingerprint`: the shape never changes (a
+    pod's change needs a status refresh, never a reconcile of the children).
+
+    Args:
+        pod (Mapping[str, Any]): A pod as watched.
+
+    Returns:
+        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), phase, conditions, container states).
+    """
+    pod_status = pod.get("status") or {}
+    conditions = tuple(sorted((c.get("type"), c.get("status"), c.get("reason")) for c in pod_status.get("conditions")
+                              or []))
+    containers = tuple(
+        (c.get("name"), c.get("ready"), c.get("restartCount"), tuple(sorted((c.get("state") or {}).keys())),
+         ((c.get("state") or {}).get("waiting") or {}).get("reason"))
+        for c in [*(pod_status.get("initContainerStatuses") or []), *(pod_status.get("containerStatuses") or [])]
+    )
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return ("Pod",), (pod_status.get("phase"), conditions, containers, labels.get(pods.REVISION_LABEL))
+
+
 REFUSAL_REASONS = {403: "Forbidden", 422: "Invalid"}
 """Ready's reason by HTTP status when the API server refuses a request of a reconcile; others: `ApiRefused`."""
 
@@ -225,7 +291,7 @@ def child_fingerprint(child: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[
     """What the planner and `compute_status` read from a Job or StatefulSet, as comparable tuples.
 
     A child event whose fingerprint equals the previous one (for example a StatefulSet's `availableReplicas`
-    or `currentRevision` moving) cannot change the status or the plan, so it triggers nothing; one that changes
+    moving) cannot change the status or the plan, so it triggers nothing; one that changes
     only the progress part needs a status refresh, not a reconcile of every child.
 
     Args:
@@ -246,7 +312,8 @@ def child_fingerprint(child: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[
         tuple(sorted(ref.get("uid", "") for ref in metadata.get("ownerReferences") or [])),
         spec.get("replicas"),
     )
-    progress = tuple(child_status.get(field) for field in ("ready", "succeeded", "failed", "replicas", "readyReplicas"))
+    progress = tuple(child_status.get(field) for field in ("ready", "succeeded", "failed", "replicas", "readyReplicas",
+                                                            "currentRevision", "updateRevision"))
     return shape, progress + (conditions,)
 
 

@@ -209,6 +209,12 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.training.policyLagMean",
             "description": "Mean policy lag (weight versions) of the evaluator batches trained on last.",
         },
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "description": "Why the group is or is not Ready: AllReady, Waiting, CrashLoopBackOff, Unschedulable, ...",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -43,6 +43,9 @@ ALLOWED = [
     ("delete", "jobs.batch", ()),
     ("patch", "statefulsets.apps", ()),
     ("create", "events", ()),
+    ("watch", "pods", ()),
+    ("create", "leases.coordination.k8s.io", ()),
+    ("update", f"leases.coordination.k8s.io/{RELEASE}-rlightning-operator", ()),
 ]
 # What it never does, in its namespace unless the args say otherwise.
 DENIED = [
@@ -51,6 +54,8 @@ DENIED = [
     ("list", "secrets", ("--all-namespaces",)),
     ("create", "pods", ()),
     ("create", "pods", ("--subresource=exec",)),
+    ("delete", "pods", ()),
+    ("patch", "pods", ("--subresource=status",)),
     ("create", "deployments.apps", ()),
     ("delete", "statefulsets.apps", ()),
     ("list", "configmaps", ()),
@@ -63,6 +68,8 @@ DENIED = [
     ("list", "namespaces", ()),
     ("list", "customresourcedefinitions.apiextensions.k8s.io", ()),
     ("create", "clusterroles.rbac.authorization.k8s.io", ()),
+    ("list", "leases.coordination.k8s.io", ()),
+    ("update", "leases.coordination.k8s.io/someone-elses", ()),
 ]
 
 
@@ -161,6 +168,8 @@ def test_operator_reconciles_with_exactly_the_charts_rbac(helm, cluster, namespa
         events = _get_json(cluster, "events", "-n", namespace, "--field-selector",
                            f"involvedObject.kind={contract.KIND},involvedObject.name={GROUP}")
         assert events["items"], "the operator posted no Event"
+        lease = _get_json(cluster, "lease", f"{RELEASE}-rlightning-operator", "-n", namespace)
+        assert lease is not None and lease["spec"]["holderIdentity"], "the operator acted without the Lease"
 
     assert process.returncode == 0, log.read_text()
     assert not _refused(log), "\n".join(_refused(log))

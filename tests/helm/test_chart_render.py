@@ -31,7 +31,7 @@ def test_lint_strict(offline_helm, args):
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [
-        (("--set", "replicas=2"), "replicas"),
+        (("--set", "replicas=0"), "replicas"),
         (("--set", "watchNamespace=team-a"), "watchNamespace"),
         (("--set", "logFormat=xml"), "logFormat"),
         (("--set", "watchNamespaces={Team_A}"), "watchNamespaces"),
@@ -49,7 +49,6 @@ def test_deployment_is_hardened(offline_helm):
     pod = deployment["spec"]["template"]["spec"]
     container = _container(docs)
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     security = container["securityContext"]
@@ -74,7 +73,7 @@ def test_chart_user_is_the_image_user(offline_helm):
     assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (uid, gid)
 
 
-def test_probes_hit_kopfs_liveness_endpoint(offline_helm):
+def test_probes_hit_the_liveness_endpoint(offline_helm):
     container = _container(documents(offline_helm.template()))
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"health": contract.OPERATOR_HEALTH_PORT, "metrics": contract.OPERATOR_METRICS_PORT}
@@ -104,6 +103,28 @@ def test_env_configures_the_operator(offline_helm):
     assert not settings.all_namespaces and settings.served_namespaces == ["team-a", "team-b"]
 
 
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_replicas_elect_a_leader_on_a_lease_they_alone_may_update(offline_helm, replicas):
+    docs = documents(offline_helm.template("--set", f"replicas={replicas}"))
+    (deployment,) = by_kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == replicas
+    # A new pod waits as a standby until the old one releases the Lease: never none acting, never two.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    settings = _settings(_container(docs))
+    assert settings.leader_election and settings.lease_namespace == "rlightning-system"
+    lease_role = next(r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election"))
+    assert lease_role["metadata"]["namespace"] == "rlightning-system"
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [settings.lease_name],
+         "verbs": ["get", "update"]},
+    ]
+    (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["roleRef"]["name"] == lease_role["metadata"]["name"]]
+    (account,) = by_kind(docs, "ServiceAccount")
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+
+
 def test_metrics_off_removes_port_and_service(offline_helm):
     docs = documents(offline_helm.template("--set", "metrics.enabled=false"))
     container = _container(docs)
@@ -118,9 +139,14 @@ def test_metrics_off_removes_port_and_service(offline_helm):
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
+def _serving(docs: list[dict], kind: str) -> list[dict]:
+    """The Roles or RoleBindings that grant the served namespaces' rules (not the leader election's)."""
+    return [doc for doc in by_kind(docs, kind) if not doc["metadata"]["name"].endswith("-leader-election")]
+
+
 def test_all_namespaces_uses_a_cluster_role(offline_helm):
     docs = documents(offline_helm.template())
-    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    assert not _serving(docs, "Role") and not _serving(docs, "RoleBinding")
     (role,) = by_kind(docs, "ClusterRole")
     (binding,) = by_kind(docs, "ClusterRoleBinding")
     (account,) = by_kind(docs, "ServiceAccount")
@@ -135,8 +161,8 @@ def test_all_namespaces_uses_a_cluster_role(offline_helm):
 def test_watch_namespaces_use_a_role_in_each(offline_helm):
     docs = documents(offline_helm.template(*NAMESPACED))
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
-    roles = by_kind(docs, "Role")
-    bindings = by_kind(docs, "RoleBinding")
+    roles = _serving(docs, "Role")
+    bindings = _serving(docs, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
@@ -146,7 +172,7 @@ def test_watch_namespaces_use_a_role_in_each(offline_helm):
 
 def test_rules_are_least_privilege(offline_helm):
     (cluster_role,) = by_kind(documents(offline_helm.template()), "ClusterRole")
-    roles = by_kind(documents(offline_helm.template(*NAMESPACED)), "Role")
+    roles = _serving(documents(offline_helm.template(*NAMESPACED)), "Role")
     rules = cluster_role["rules"]
     assert all(role["rules"] == rules for role in roles), "both scopes grant the same rules"
     granted = {
@@ -156,7 +182,8 @@ def test_rules_are_least_privilege(offline_helm):
     for (group, resource), verbs in granted.items():
         assert "*" not in (group, resource) and "*" not in verbs
         assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
-    assert not _granted(rules, {"secrets", "pods", "pods/exec", "nodes", "namespaces",
+    assert granted[("", "pods")] == {"get", "list", "watch"}, "pods are only read (status reports what they do)"
+    assert not _granted(rules, {"secrets", "pods/exec", "pods/log", "nodes", "namespaces",
                                      "customresourcedefinitions", "clusterroles", "clusterrolebindings",
                                      "kopfpeerings", "clusterkopfpeerings", "leases"})
     assert granted[("", "events")] == {"create"}

@@ -8,6 +8,7 @@ devcluster slot, so that sessions on different slots do not collide.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -109,34 +110,57 @@ class OperatorProcess:
         cluster: The devcluster (for its admin kubeconfig).
         namespace (str): The namespace to serve.
         log_path (Path): Where stdout and stderr go (appended across restarts).
+        ports (tuple[int, int] | None, optional): (health, metrics) ports; metrics 0 disables it. Defaults to the
+            slot's two ports of the OPERATOR block.
+        args (tuple[str, ...], optional): Extra command-line arguments. Defaults to ().
+        env (dict[str, str] | None, optional): Extra environment variables. Defaults to None.
+        kubeconfig (Path | None, optional): Defaults to the cluster's admin kubeconfig.
     """
 
-    def __init__(self, cluster, namespace: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        cluster,
+        namespace: str,
+        log_path: Path,
+        ports: tuple[int, int] | None = None,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.cluster, self.namespace, self.log_path = cluster, namespace, log_path
-        self.health_port = OPERATOR.port(2 * slot_from_env())
-        self.metrics_port = OPERATOR.port(2 * slot_from_env() + 1)
+        self.health_port, self.metrics_port = ports or (OPERATOR.port(2 * slot_from_env()),
+                                                        OPERATOR.port(2 * slot_from_env() + 1))
+        self.args, self.env = args, env or {}
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.process: subprocess.Popen | None = None
 
     def start(self) -> OperatorProcess:
         """Start it and wait until its liveness endpoint answers."""
         command = [
             sys.executable, "-m", "rlightning_operator", "--namespace", self.namespace,
-            "--kubeconfig", str(self.cluster.kubeconfig), "--health-port", str(self.health_port),
-            "--metrics-port", str(self.metrics_port),
+            "--kubeconfig", str(self.kubeconfig), "--health-port", str(self.health_port),
+            "--metrics-port", str(self.metrics_port), *self.args,
         ]
         with open(self.log_path, "a") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                            env={**os.environ, **self.env})
         wait_for("the operator's liveness endpoint", self._healthy, timeout=OPERATOR_START_SECONDS)
         return self
+
+    def health(self) -> tuple[int, dict]:
+        """(HTTP status, JSON body) of its /healthz; (0, {}) when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+        except (urllib.error.URLError, OSError):
+            return 0, {}
 
     def _healthy(self) -> bool:
         if self.process.poll() is not None:
             raise AssertionError(f"operator exited with {self.process.returncode}:\n{self.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return self.health()[0] == 200
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, as when a node dies."""

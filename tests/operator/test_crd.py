@@ -67,6 +67,7 @@ def test_subresources_and_printer_columns(version):
         "Consistent": ".status.training.consistent",
         "Steps/s": ".status.training.envStepsPerSecond",
         "Lag": ".status.training.policyLagMean",
+        "Reason": '.status.conditions[?(@.type=="Ready")].reason',
         "Age": ".metadata.creationTimestamp",
     }
 

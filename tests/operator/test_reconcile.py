@@ -50,6 +50,12 @@ class FakeApi:
         found = self.objects.get((kind, namespace, name))
         return copy.deepcopy(found)
 
+    def list(self, kind, namespace, label_selector):
+        self._check("list")
+        key, value = label_selector.split("=")
+        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items())
+                if (k, ns) == (kind, namespace) and (o["metadata"].get("labels") or {}).get(key) == value]
+
     def create(self, manifest):
         self._check("create")
         key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
@@ -118,7 +124,7 @@ def test_second_reconcile_is_reads_only(api, reconciler):
     api.requests.clear()
     outcome = reconciler.reconcile(body)
     assert outcome.actions == [] and not outcome.status_written
-    assert set(api.requests) == {"get"}
+    assert set(api.requests) <= {"get", "list"}  # list: the pods, while none is ready
 
 
 def test_scale_patches_only_the_statefulset(api, reconciler):
@@ -290,3 +296,23 @@ def test_a_service_with_a_cluster_ip_is_replaced_by_a_headless_one_in_one_reconc
     assert api.objects[("Service", NS, "cartpole-train")]["spec"]["clusterIP"] == "None"
     assert "patch" not in api.requests and api.requests.count("delete") == 1
     assert events[-1][1] == "Recreating"
+
+
+def test_a_crash_loop_is_reported_in_status_and_by_one_warning(api, events, reconciler):
+    crashing = {
+        "kind": "Pod",
+        "metadata": {"name": "cartpole-eval-1", "namespace": NS,
+                     "labels": {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": "eval", "ready": False, "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}]},
+    }
+    api.objects[("Pod", NS, "cartpole-eval-1")] = crashing
+    body = group()
+    for _ in range(2):  # the second pass finds the same problem: no second Warning
+        reconciler.reconcile(body)
+        body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    ready = next(c for c in body["status"]["conditions"] if c["type"] == "EvaluatorsReady")
+    assert ready["reason"] == "CrashLoopBackOff" and "exit code 2" in ready["message"]
+    warnings = [e for e in events if e[0] == "Warning"]
+    assert [(e[1], "cartpole-eval-1" in e[2]) for e in warnings] == [("CrashLoopBackOff", True)]

@@ -30,10 +30,24 @@ def test_environment_and_overrides():
     {"RLIGHTNING_OPERATOR_LOG_FORMAT": "xml"},
     {"RLIGHTNING_OPERATOR_HEALTH_PORT": "70000"},
     {"RLIGHTNING_OPERATOR_NAMESPACES": "a", "RLIGHTNING_OPERATOR_ALL_NAMESPACES": "1"},
+    {"RLIGHTNING_OPERATOR_WATCH_SERVER_TIMEOUT_SECONDS": "60"},  # not below the client timeout (45)
+    {"RLIGHTNING_OPERATOR_WATCH_SERVER_TIMEOUT_SECONDS": "2.5"},  # the API server takes whole seconds
+    {"RLIGHTNING_OPERATOR_RENEW_DEADLINE_SECONDS": "15"},  # a standby could act before the holder gives up
+    {"RLIGHTNING_OPERATOR_RETRY_PERIOD_SECONDS": "10"},  # no retry before the holder gives up
 ])
 def test_invalid_environment(env):
     with pytest.raises(pydantic.ValidationError):
         OperatorSettings.from_env(env)
+
+
+def test_leader_election_and_bounds_from_the_environment():
+    settings = OperatorSettings.from_env({})
+    assert not settings.leader_election
+    assert settings.watch_server_timeout_seconds < settings.watch_client_timeout_seconds
+    assert settings.retry_period_seconds < settings.renew_deadline_seconds < settings.lease_duration_seconds
+    settings = OperatorSettings.from_env({"RLIGHTNING_OPERATOR_LEADER_ELECTION": "true",
+                                          "RLIGHTNING_OPERATOR_LEASE_NAMESPACE": "ops"}, leader_election=None)
+    assert settings.leader_election and settings.lease_namespace == "ops"
 
 
 def test_entry_point_rejects_bad_settings(monkeypatch, capsys):

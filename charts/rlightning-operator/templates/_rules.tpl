@@ -1,7 +1,8 @@
 {{/*
 The RBAC rules of the operator, the same for the ClusterRole (all namespaces) and for each namespace's Role.
 Only what rlightning_operator calls (its docstring lists the same table) and what kopf does on its behalf;
-no Secrets, no pods, no wildcards. kopf runs standalone, so no peering objects; it finds the PolicyGroup
+no Secrets, nothing but reading on pods, no wildcards. kopf runs standalone, so no peering objects (leader
+election uses one Lease in the release namespace, granted by leader-election.yaml); it finds the PolicyGroup
 resource through API discovery, which every authenticated user may read (system:discovery), and is given no
 access to CustomResourceDefinitions or Namespaces (cluster-scoped, so a per-namespace install could not grant
 them anyway): the operator sets kopf's `settings.scanning.disabled`, so it asks for neither and serves the CRD
@@ -44,6 +45,11 @@ present at start-up (Helm installs crds/ before the Deployment).
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Pods of the managed Jobs and StatefulSets, read only: status says when they crash-loop, cannot be scheduled or
+# hold a rollout (kopf watches them with the managed-by label selector; the operator lists a group's pods).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
 # Events about PolicyGroups (kopf posts core/v1 Events, create only).
 - apiGroups: [""]
   resources: ["events"]

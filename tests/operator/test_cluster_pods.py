@@ -1,0 +1,86 @@
+"""What the pods are doing, on the real control plane: pod status written as a kubelet would (kwok runs the pods),
+the scheduler's own verdicts; status, Events and `kubectl get pg` follow."""
+
+from __future__ import annotations
+
+import json
+
+from rlightning import contract
+
+from operator_cluster import apply, condition, get_json, items, small, wait_for
+
+TINY = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+
+
+def reason_of(cluster, namespace, type_, reason):
+    """The PolicyGroup when its condition `type_` has `reason`, else None."""
+    group = get_json(cluster, "pg", "cartpole", "-n", namespace)
+    return group if condition(group, type_).get("reason") == reason else None
+
+
+def warnings(cluster, namespace, reason):
+    return [e for e in items(cluster, "events", "-n", namespace, "--field-selector",
+                             f"involvedObject.kind={contract.KIND},type=Warning") if e["reason"] == reason]
+
+
+def ready(cluster, namespace):
+    group = get_json(cluster, "pg", "cartpole", "-n", namespace)
+    return condition(group, "Ready").get("status") == "True"
+
+
+def test_a_crash_looping_evaluator_is_reported_with_its_exit_code(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=2))
+    wait_for("Ready=True", lambda: ready(crd, namespace))
+    crashing = {"status": {
+        "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                       {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"}],
+        "containerStatuses": [{
+            "name": "eval", "image": contract.DEFAULT_IMAGE, "imageID": "", "ready": False, "started": False,
+            "restartCount": 5, "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                                     "message": "back-off 2m40s restarting failed container"}},
+            "lastState": {"terminated": {"exitCode": 2, "reason": "Error", "startedAt": "2026-12-01T07:00:00Z",
+                                         "finishedAt": "2026-12-01T07:00:01Z"}}}]}}
+    crd.kubectl("patch", "pod", "cartpole-eval-1", "-n", namespace, "--subresource=status", "--type=merge",
+                "-p", json.dumps(crashing))
+    group = wait_for("EvaluatorsReady=False, CrashLoopBackOff",
+                     lambda: reason_of(crd, namespace, "EvaluatorsReady", "CrashLoopBackOff"))
+    message = condition(group, "EvaluatorsReady")["message"]
+    for words in ("cartpole-eval-1", "container eval", "exit code 2 (Error)", "5 restarts"):
+        assert words in message, message
+    assert condition(group, "Ready")["reason"] == "CrashLoopBackOff"
+    (event,) = wait_for("one CrashLoopBackOff Warning", lambda: warnings(crd, namespace, "CrashLoopBackOff"))
+    assert "cartpole-eval-1" in event["message"] and "exit code 2" in event["message"]
+    table = crd.kubectl("get", "pg", "cartpole", "-n", namespace).stdout
+    assert "REASON" in table.splitlines()[0] and "CrashLoopBackOff" in table.splitlines()[1], table
+
+
+def test_unschedulable_evaluators_carry_the_schedulers_message(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=1, **{"spec.eval.pod": {"resources": TINY,
+                                                                 "nodeSelector": {"example.com/none": "x"}}}))
+    group = wait_for("EvaluatorsReady=False, Unschedulable",
+                     lambda: reason_of(crd, namespace, "EvaluatorsReady", "Unschedulable"))
+    message = condition(group, "EvaluatorsReady")["message"]
+    assert "cartpole-eval-0" in message and "0/4 nodes are available" in message, message
+    assert wait_for("one Unschedulable Warning", lambda: warnings(crd, namespace, "Unschedulable"))
+
+
+def test_a_rollout_stuck_on_a_revision_that_cannot_run_is_reported(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=2))
+    wait_for("Ready=True", lambda: ready(crd, namespace))
+    revision = get_json(crd, "statefulset", "cartpole-eval", "-n", namespace)["status"]["currentRevision"]
+    # An evaluator-only change whose pods can never be placed (the fake nodes are labelled type=kwok): the rolling
+    # update replaces cartpole-eval-1 and waits for it forever.
+    apply(crd, namespace, small(replicas=2, **{"spec.eval.pod": {"resources": TINY, "nodeSelector": {"type": "none"}}}))
+    group = wait_for("EvaluatorsReady=False, RolloutStuck",
+                     lambda: reason_of(crd, namespace, "EvaluatorsReady", "RolloutStuck"))
+    message = condition(group, "EvaluatorsReady")["message"]
+    update = get_json(crd, "statefulset", "cartpole-eval", "-n", namespace)["status"]["updateRevision"]
+    assert update != revision and f"revision {update}" in message and "0/4 nodes are available" in message, message
+    assert wait_for("one RolloutStuck Warning", lambda: warnings(crd, namespace, "RolloutStuck"))
+    assert "delete pod cartpole-eval-1" in message, message
+    # Fixed, and the stuck pod deleted as the message says (a StatefulSet's forced rollback): Ready again.
+    apply(crd, namespace, small(replicas=2, **{"spec.eval.pod": {"resources": TINY, "nodeSelector": {"type": "kwok"}}}))
+    wait_for("the StatefulSet off the broken revision", lambda: get_json(
+        crd, "statefulset", "cartpole-eval", "-n", namespace)["status"].get("updateRevision") != update)
+    crd.kubectl("delete", "pod", "cartpole-eval-1", "-n", namespace, "--wait=false")
+    wait_for("Ready=True again", lambda: ready(crd, namespace))

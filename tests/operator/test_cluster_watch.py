@@ -1,0 +1,95 @@
+"""Connections to the API server that go silent (no reset): the operator recovers within the bound, or its
+liveness endpoint fails, or, as the leader, it exits before a standby may act."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from operator_cluster import OperatorProcess, apply, condition, get_json, small, wait_for
+from tcp_proxy import SilencingProxy
+
+FAST = {
+    # Small bounds, so that the test takes seconds: the defaults (30, 45, 30, 60) behave the same, slower.
+    "RLIGHTNING_OPERATOR_WATCH_SERVER_TIMEOUT_SECONDS": "8",
+    "RLIGHTNING_OPERATOR_WATCH_CLIENT_TIMEOUT_SECONDS": "10",
+    "RLIGHTNING_OPERATOR_API_TIMEOUT_SECONDS": "4",
+    "RLIGHTNING_OPERATOR_API_SILENCE_LIMIT_SECONDS": "8",
+    "RLIGHTNING_OPERATOR_HEARTBEAT_SECONDS": "1",
+}
+SLACK_SECONDS = 20.0
+"""Room for a busy 2-core machine: kopf's relisting, a reconcile, kwok running pods."""
+
+
+@pytest.fixture
+def proxy(crd):
+    silencing = SilencingProxy(SilencingProxy.target_of(crd.kubeconfig))
+    yield silencing
+    silencing.close()
+
+
+def through(crd, namespace, tmp_path, proxy, *args: str, **env: str) -> OperatorProcess:
+    kubeconfig = proxy.kubeconfig(crd.kubeconfig, tmp_path / "proxied.kubeconfig")
+    return OperatorProcess(crd, namespace, tmp_path / "operator.log", args=args, env={**FAST, **env},
+                           kubeconfig=kubeconfig)
+
+
+def evaluators_ready(crd, namespace, count: int) -> bool:
+    group = get_json(crd, "pg", "cartpole", "-n", namespace)
+    return condition(group, "Ready").get("status") == "True" and group["status"]["eval"]["ready"] == count
+
+
+def test_watches_frozen_without_a_reset_are_made_again_within_the_bound(crd, namespace, tmp_path, proxy):
+    operator = through(crd, namespace, tmp_path, proxy).start()
+    try:
+        apply(crd, namespace, small(replicas=2))
+        wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
+        assert proxy.freeze_open() > 0
+        frozen = time.monotonic()
+        crd.kubectl("scale", "pg", "cartpole", "-n", namespace, "--replicas=3")  # directly, not through the proxy
+        bound = float(FAST["RLIGHTNING_OPERATOR_WATCH_CLIENT_TIMEOUT_SECONDS"]) + SLACK_SECONDS
+        wait_for("the scale to be handled through new connections", lambda: evaluators_ready(crd, namespace, 3),
+                 timeout=bound)
+        print(f"quiet watch: the scale was handled {time.monotonic() - frozen:.1f} s after the freeze")
+        assert operator.health()[0] == 200
+    finally:
+        operator.stop()
+        print(operator.log()[-8000:])
+
+
+def test_liveness_fails_while_the_api_server_is_silent_and_recovers(crd, namespace, tmp_path, proxy):
+    operator = through(crd, namespace, tmp_path, proxy).start()
+    try:
+        proxy.blackhole()
+        silenced = time.monotonic()
+        limit = float(FAST["RLIGHTNING_OPERATOR_API_SILENCE_LIMIT_SECONDS"])
+        status, body = wait_for("/healthz to fail", lambda: (lambda h: h if h[0] == 500 else None)(operator.health()),
+                                timeout=limit + SLACK_SECONDS, interval=0.2)
+        failed_after = time.monotonic() - silenced
+        print(f"silent API server: /healthz failed after {failed_after:.1f} s ({body})")
+        assert failed_after >= limit - 1.0 and body["apiSilenceSeconds"] > limit
+        proxy.restore()
+        wait_for("/healthz to pass again", lambda: operator.health()[0] == 200, timeout=SLACK_SECONDS)
+        assert operator.process.poll() is None
+    finally:
+        operator.stop()
+        print(operator.log()[-8000:])
+
+
+def test_a_leader_cut_off_exits_before_a_standby_may_act(crd, namespace, tmp_path, proxy):
+    operator = through(crd, namespace, tmp_path, proxy, "--leader-elect",
+                       RLIGHTNING_OPERATOR_LEASE_NAMESPACE=namespace).start()
+    try:
+        wait_for("the operator to lead", lambda: operator.health()[1].get("role") == "leader")
+        proxy.blackhole()
+        silenced = time.monotonic()
+        code = wait_for("the leader to exit", lambda: operator.process.poll(), timeout=15.0 + SLACK_SECONDS,
+                        interval=0.2)
+        exited_after = time.monotonic() - silenced
+        print(f"leader cut off: exited with {code} after {exited_after:.1f} s")
+        assert code == 1 and exited_after < 15.0  # the default lease duration: no standby acted yet
+        assert "lost the Lease" in operator.log()
+    finally:
+        operator.stop()
+        print(operator.log()[-8000:])
