@@ -1,7 +1,8 @@
 """Trajectories: the fleet-to-trainer data path, from an evaluator's batch to a trainer rank's held dataset.
 
 Belongs here: the batch stamp (`BatchStamp`), the no-pickle codec (`encode_batch`, `decode_batch`: safetensors),
-the transport over zmq (`TrajectorySender` on evaluators: a DEALER with credit-based flow control;
+the transport over zmq (`TrajectorySender` on evaluators: a DEALER per rank, each batch routed to the rank that
+reports the most room, with credit-based flow control;
 `TrajectoryIntake` on each trainer rank: a ROUTER read only when the trainer wants data) and the intake's judgement
 and lag accounting (`maxPolicyLag`). Not here: collecting rollouts, training, weights (`rlightning.runtime`,
 `rlightning.policy`, `rlightning.weights`, which this package never imports). Why zmq: docs/trajectories.md.

@@ -3,7 +3,8 @@
 The socket is read only inside `fill`, so a rank busy training reads nothing: the batches in flight stay queued
 (bounded by `QUEUE_MESSAGES` per evaluator and by each sender's credits), acknowledgements stop, and the
 evaluators' credits run out (backpressure, never unbounded memory). Every batch read is judged at once (stale,
-invalid or accepted) and acknowledged to its sender with that outcome. Accepted batches are held until `drain`;
+invalid or accepted) and acknowledged to its sender with that outcome and the fill's room (how many more batches it
+still wants), by which senders route their next batches. Accepted batches are held until `drain`;
 those that became stale for a newer version by the next `fill` are dropped and counted then. Use an intake from
 one thread.
 """
@@ -94,6 +95,7 @@ class TrajectoryIntake:
         self._validate = validate
         self._held: list[tuple[TensorDict, BatchStamp]] = []
         self._version = 0
+        self._count = 0  # the current (or last) fill's count, for the room acknowledged
         self._logged_invalid: set[str] = set()
         # A context of its own, so that close() can wait for libzmq to release the port (Context.term).
         self._context = zmq.Context()
@@ -120,6 +122,7 @@ class TrajectoryIntake:
         A batch is accepted when `version - stamp.version <= max_policy_lag` (a stamp newer than `version` counts as
         lag 0) and `validate` returns None; otherwise it is dropped, counted as stale or invalid (an invalid one
         logged once per evaluator with the reason). Held batches that are stale for `version` are dropped first.
+        Each acknowledgement carries the room left after that batch: `count` minus the batches held, at least 0.
 
         Args:
             count (int): Accepted batches wanted (>= 1).
@@ -134,6 +137,7 @@ class TrajectoryIntake:
         started = time.monotonic()
         deadline = started + timeout
         self._version = version
+        self._count = count
         fresh = [(batch, stamp) for batch, stamp in self._held if version - stamp.version <= max_policy_lag]
         self.stats.stale += len(self._held) - len(fresh)
         self._held = fresh
@@ -198,7 +202,9 @@ class TrajectoryIntake:
         self._ack(identity, sequence, _messages.Outcome.INVALID)
 
     def _ack(self, identity: bytes, sequence: bytes, outcome: _messages.Outcome) -> None:
+        room = max(0, self._count - len(self._held))
         try:
-            self._socket.send_multipart([identity, *_messages.ack_frames(sequence, outcome)], flags=zmq.NOBLOCK)
+            frames = [identity, *_messages.ack_frames(sequence, outcome, room)]
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the sender is gone or its queue is full: it counts the batch lost after its ack_timeout

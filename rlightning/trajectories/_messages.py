@@ -1,13 +1,16 @@
 """The frames an evaluator's DEALER and a trainer rank's ROUTER exchange (shared by `_sender` and `_intake`).
 
 A batch is one zmq message of two frames, `[sequence, payload]`: the sequence as ASCII digits (so a rank can
-acknowledge even a payload it cannot decode) and the `_codec` payload. An acknowledgement is `[sequence, outcome]`.
+acknowledge even a payload it cannot decode) and the `_codec` payload. An acknowledgement is `[sequence, outcome,
+room]`: room is how many more batches the rank's current `fill` wants after this one (ASCII digits), which the sender
+routes by.
 zmq delivers a multipart message whole or not at all, so a sender that dies mid-message yields nothing.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 
 class Outcome(enum.StrEnum):
@@ -34,31 +37,46 @@ def batch_frames(sequence: int, payload: bytes) -> list[bytes]:
     return [str(sequence).encode("ascii"), payload]
 
 
-def ack_frames(sequence: bytes, outcome: Outcome) -> list[bytes]:
+class Ack(NamedTuple):
+    """One acknowledgement, as the sender reads it.
+
+    Attributes:
+        sequence (int): The acknowledged batch's sequence.
+        outcome (Outcome): What the rank did with it.
+        room (int): Batches the rank's `fill` still wanted after judging it (0 once it held its count).
+    """
+
+    sequence: int
+    outcome: Outcome
+    room: int
+
+
+def ack_frames(sequence: bytes, outcome: Outcome, room: int) -> list[bytes]:
     """The frames of one acknowledgement.
 
     Args:
         sequence (bytes): The batch's sequence frame, echoed as received.
         outcome (Outcome): What the rank did with the batch.
+        room (int): Batches the rank's `fill` still wants after this one (>= 0).
 
     Returns:
-        list[bytes]: `[sequence, outcome]`.
+        list[bytes]: `[sequence, outcome, room]`.
     """
-    return [sequence, outcome.value.encode("ascii")]
+    return [sequence, outcome.value.encode("ascii"), str(room).encode("ascii")]
 
 
-def parse_ack(frames: list[bytes]) -> tuple[int, Outcome] | None:
+def parse_ack(frames: list[bytes]) -> Ack | None:
     """Read an acknowledgement.
 
     Args:
         frames (list[bytes]): The message received by the DEALER.
 
     Returns:
-        tuple[int, Outcome] | None: The acknowledged sequence and outcome; None for anything malformed.
+        Ack | None: The acknowledged sequence, outcome and room; None for anything malformed.
     """
-    if len(frames) != 2:
+    if len(frames) != 3 or not frames[2].isdigit():
         return None
     try:
-        return int(frames[0].decode("ascii")), Outcome(frames[1].decode("ascii"))
+        return Ack(int(frames[0].decode("ascii")), Outcome(frames[1].decode("ascii")), int(frames[2]))
     except ValueError:  # UnicodeDecodeError is a ValueError
         return None

@@ -1,24 +1,29 @@
-"""The evaluator's side: one zmq DEALER to every trainer rank, with credit-based flow control.
+"""The evaluator's side: one zmq DEALER per trainer rank, routed by the room each rank reports, with credits.
 
-zmq round-robins the batches among the ranks it is connected to (`IMMEDIATE`: nothing is queued for a rank that is
-not connected, so a dead or not yet started rank gets no batches). At most `credits` batches are in flight (sent,
-not yet acknowledged); an acknowledgement from any rank returns a credit, and so does a batch with no
-acknowledgement after `ack_timeout` seconds, counted lost (its rank died holding it); a rank that answers no
-heartbeat for `ack_timeout` seconds is disconnected, so a silent one (a lost node) stops taking batches. Host
-names are resolved by libzmq when it (re)connects, in its I/O thread, so a rank whose name does not resolve yet
-(a pod not yet created) is retried from `RECONNECT_SECONDS` on and never fails the sender. Use a sender from one
-thread.
+Every acknowledgement carries the rank's room (how many more batches its current `fill` wants), and each batch goes
+to the connected rank expected to want the most (`_expected_room`), ties rotating with ordinal and sequence so
+evaluators spread over the ranks. A DEALER per rank, rather than one DEALER round-robining among all, is what lets
+the sender choose. `IMMEDIATE` keeps a rank that is not connected unwritable, so it gets no batches; a rank that
+answers no heartbeat for `ack_timeout` seconds is disconnected, so a silent one (a lost node) stops taking batches;
+a rank that disconnects is forgotten (what it reported no longer holds once it restarts). At most `credits` batches
+are in flight (sent, not yet acknowledged); an acknowledgement returns a credit, and so does a batch with no
+acknowledgement after `ack_timeout` seconds, counted lost (its rank died holding it). `wanted(version)` tells an
+evaluator whether any rank may still take a batch of that version. Host names are resolved by libzmq when it
+(re)connects, in its I/O thread, so a rank whose name does not resolve yet (a pod not yet created) is retried from
+`RECONNECT_SECONDS` on and never fails the sender. Use a sender from one thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Sequence
 
 import zmq
 from tensordict import TensorDictBase
+from zmq.utils import monitor
 
 from rlightning.trajectories import _codec, _messages
 from rlightning.trajectories._stamp import BatchStamp
@@ -37,6 +42,31 @@ lost node: no FIN, no RST) is disconnected `ack_timeout` seconds later and gets 
 
 ACK_QUEUE_MESSAGES = 1000
 """Receive high-water mark for acknowledgements; each is a few bytes and `credits` bound how many can be due."""
+
+CONNECTION_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+"""The socket-monitor events that tell whether a rank is connected now (a ZMTP handshake done, and no disconnect
+since: closed, reset, or heartbeats missed)."""
+
+
+@dataclasses.dataclass
+class _Rank:
+    """One trainer rank as a sender sees it: its socket, whether it is connected, what it last reported."""
+
+    endpoint: str
+    socket: zmq.Socket[bytes]
+    events: zmq.Socket[bytes]  # the socket's monitor
+    connected: bool = False
+    room: int | None = None  # from its latest acknowledgement; None before one (or since it disconnected)
+    room_version: int = 0  # the stamp version of the batch that acknowledgement answered
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A batch sent and not yet acknowledged: when, to which rank, and its stamp's version."""
+
+    sent_at: float  # time.monotonic()
+    rank: _Rank
+    version: int
 
 
 @dataclasses.dataclass
@@ -59,7 +89,7 @@ class SenderCounts:
 
 
 class TrajectorySender:
-    """Stream trajectory batches from one evaluator to the trainer ranks, at most `credits` unacknowledged.
+    """Stream trajectory batches from one evaluator to the trainer ranks that want them, at most `credits` in flight.
 
     Args:
         endpoints (Sequence[str]): `"host:port"` of every trainer rank's `TrajectoryIntake`; hosts may not resolve
@@ -80,6 +110,8 @@ class TrajectorySender:
         >>> sender = TrajectorySender(["trainer-0.train:29700", "trainer-1.train:29700"], ordinal=3)
         >>> if sender.wait_for_credit(timeout=5.0):
         ...     sender.send(batch, BatchStamp(version=7, ordinal=3, sequence=1, env_steps=256))
+        >>> sender.wanted(7)  # False once every connected rank said it holds enough of version 7 or newer
+        True
     """
 
     def __init__(
@@ -103,22 +135,25 @@ class TrajectorySender:
         self.credits = credits
         self.ack_timeout = ack_timeout
         self.counts = SenderCounts()
-        self._in_flight: dict[int, float] = {}  # sequence -> monotonic time sent, oldest first
+        self._in_flight: dict[int, _InFlight] = {}  # sequence -> its batch, oldest first
         self._context = zmq.Context()  # its own, so close() ends every connection before returning
-        self._socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IMMEDIATE, 1)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDHWM, credits)
-        self._socket.setsockopt(zmq.RCVHWM, ACK_QUEUE_MESSAGES)
-        self._socket.setsockopt(zmq.RECONNECT_IVL, int(RECONNECT_SECONDS * 1000))
-        self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_MAX_SECONDS * 1000))
-        self._socket.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_SECONDS * 1000))
-        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(ack_timeout * 1000))
+        self._ranks: list[_Rank] = []
+        self._poller = zmq.Poller()
         for endpoint in endpoints:
+            socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.IMMEDIATE, 1)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.SNDHWM, credits)
+            socket.setsockopt(zmq.RCVHWM, ACK_QUEUE_MESSAGES)
+            socket.setsockopt(zmq.RECONNECT_IVL, int(RECONNECT_SECONDS * 1000))
+            socket.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_MAX_SECONDS * 1000))
+            socket.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_SECONDS * 1000))
+            socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(ack_timeout * 1000))
+            self._ranks.append(_Rank(endpoint, socket, socket.get_monitor_socket(CONNECTION_EVENTS)))
             # libzmq 4.3 (checked: 4.3.5) defers name resolution to each connect attempt, retried on failure; it
             # raises only for a malformed address.
             try:
-                self._socket.connect(f"tcp://{endpoint}")
+                socket.connect(f"tcp://{endpoint}")
             except zmq.ZMQError as err:
                 self.close()
                 raise ValueError(f"endpoints: {endpoint!r} is not a valid tcp address ({err})") from err
@@ -127,6 +162,12 @@ class TrajectorySender:
     def in_flight(self) -> int:
         """Batches sent and neither acknowledged nor counted lost yet."""
         return len(self._in_flight)
+
+    @property
+    def connected(self) -> int:
+        """Trainer ranks connected now: a ZMTP handshake done and no disconnect since (reads what has arrived)."""
+        self._read_events()
+        return sum(rank.connected for rank in self._ranks)
 
     def wait_for_credit(self, timeout: float) -> bool:
         """Process acknowledgements until a credit is free and a rank is connected, or `timeout` passes.
@@ -140,21 +181,23 @@ class TrajectorySender:
         """
         deadline = time.monotonic() + timeout
         while True:
-            self._read_acks()
+            self._read_events()
             now = time.monotonic()
             self._expire(now)
             credit_free = len(self._in_flight) < self.credits
-            if credit_free and self._writable():
+            if credit_free and any(self._writable(rank) for rank in self._ranks):
                 return True
             wait = deadline - now
             if wait <= 0:
                 return False
             if self._in_flight:
-                wait = min(wait, next(iter(self._in_flight.values())) + self.ack_timeout - now)
-            self._socket.poll(max(1, int(wait * 1000)), zmq.POLLIN | (zmq.POLLOUT if credit_free else 0))
+                wait = min(wait, next(iter(self._in_flight.values())).sent_at + self.ack_timeout - now)
+            for rank in self._ranks:
+                self._poller.register(rank.socket, zmq.POLLIN | (zmq.POLLOUT if credit_free else 0))
+            self._poller.poll(max(1, int(wait * 1000)))
 
     def send(self, batch: TensorDictBase, stamp: BatchStamp) -> None:
-        """Send one batch to one connected trainer rank, taking a credit.
+        """Send one batch to the connected trainer rank expected to want the most, taking a credit.
 
         A rank that disconnects between `wait_for_credit` and this call leaves no rank to send to: the batch is
         then counted lost, not sent, and no credit is taken.
@@ -171,7 +214,7 @@ class TrajectorySender:
             raise ValueError(f"stamp.ordinal: must be this sender's ordinal {self.ordinal}, got {stamp.ordinal}")
         if stamp.sequence in self._in_flight:
             raise ValueError(f"stamp.sequence: {stamp.sequence} is already in flight")
-        self._read_acks()
+        self._read_events()
         self._expire(time.monotonic())
         if len(self._in_flight) >= self.credits:
             raise RuntimeError(
@@ -179,47 +222,106 @@ class TrajectorySender:
                 "call wait_for_credit first"
             )
         frames = _messages.batch_frames(stamp.sequence, _codec.encode_batch(batch, stamp))
-        try:
-            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.counts.lost += 1
-            log.warning("trajectory sender %d: no trainer rank connected, batch %d dropped",
-                        self.ordinal, stamp.sequence)
+        for rank in self._route(stamp):
+            try:
+                rank.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue  # it disconnected since it was found writable: the next choice
+            self._in_flight[stamp.sequence] = _InFlight(time.monotonic(), rank, stamp.version)
+            self.counts.sent += 1
             return
-        self._in_flight[stamp.sequence] = time.monotonic()
-        self.counts.sent += 1
+        self.counts.lost += 1
+        log.warning("trajectory sender %d: no trainer rank connected, batch %d dropped", self.ordinal, stamp.sequence)
+
+    def wanted(self, version: int) -> bool:
+        """Whether a trainer rank may still take a batch of `version` (processes acknowledgements first).
+
+        Args:
+            version (int): The weight version the next batch would be stamped with.
+
+        Returns:
+            bool: False when every connected rank's latest acknowledgement said room 0 for a batch stamped with
+            `version` or newer (they hold enough of it; under `maxPolicyLag` 0 they next need a newer version);
+            True otherwise, including before any acknowledgement and while no rank is connected.
+        """
+        self._read_events()
+        connected = [rank for rank in self._ranks if rank.connected]
+        return not connected or any(rank.room != 0 or rank.room_version < version for rank in connected)
 
     def close(self) -> None:
-        """Close the socket and its connections at once; batches still queued in zmq are discarded (`LINGER` 0)."""
-        self._socket.close(linger=0)
+        """Close the sockets and their connections at once; batches still queued in zmq are discarded (`LINGER` 0)."""
+        for rank in self._ranks:
+            rank.socket.disable_monitor()
+            rank.events.close(linger=0)
+            rank.socket.close(linger=0)
         self._context.term()
 
-    def _writable(self) -> bool:
-        # With IMMEDIATE, POLLOUT means a connected rank has room for a message.
-        events = self._socket.get(zmq.EVENTS)
+    def _route(self, stamp: BatchStamp) -> list[_Rank]:
+        """The writable ranks, best first: most expected room, ties rotated by ordinal + sequence."""
+        writable = [rank for rank in self._ranks if self._writable(rank)]
+        if not writable:
+            return []
+        shift = (self.ordinal + stamp.sequence) % len(writable)
+        rotated = writable[shift:] + writable[:shift]
+        return sorted(rotated, key=lambda rank: -self._expected_room(rank, stamp.version))  # stable: keeps rotation
+
+    def _expected_room(self, rank: _Rank, version: int) -> float:
+        """How many more batches `rank` is expected to want.
+
+        Its reported room less this sender's batches sent to it since (acknowledgements come back in order). A rank
+        that has not reported wants without limit while nothing is pending to it, and at least one more while its
+        answer is on the way. A room of 0 reported for a batch older than `version` counts as 1: that fill is over or
+        ending, and the rank will want newer data.
+        """
+        pending = sum(1 for batch in self._in_flight.values() if batch.rank is rank)
+        if rank.room is None:
+            return math.inf if pending == 0 else 1
+        room = 1 if rank.room == 0 and rank.room_version < version else rank.room
+        return room - pending
+
+    @staticmethod
+    def _writable(rank: _Rank) -> bool:
+        # With IMMEDIATE, POLLOUT means the rank is connected and has room for a message.
+        events = rank.socket.get(zmq.EVENTS)
         return isinstance(events, int) and bool(events & zmq.POLLOUT)
 
-    def _read_acks(self) -> None:
+    def _read_events(self) -> None:
+        for rank in self._ranks:
+            self._read_connection_events(rank)
+            self._read_acks(rank)
+
+    @staticmethod
+    def _read_connection_events(rank: _Rank) -> None:
         while True:
             try:
-                frames = self._socket.recv_multipart(flags=zmq.NOBLOCK)
+                event = monitor.recv_monitor_message(rank.events, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            rank.connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            if not rank.connected:
+                rank.room = None  # a rank that comes back is a new fill, perhaps a new process
+
+    def _read_acks(self, rank: _Rank) -> None:
+        while True:
+            try:
+                frames = rank.socket.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
             ack = _messages.parse_ack(frames)
             # An ack for a batch already counted lost is late, not double: its credit was returned once.
-            if ack is None or self._in_flight.pop(ack[0], None) is None:
+            if ack is None or (batch := self._in_flight.pop(ack.sequence, None)) is None:
                 continue
-            outcome = ack[1]
-            if outcome is _messages.Outcome.ACCEPTED:
+            rank.room, rank.room_version = ack.room, batch.version
+            if ack.outcome is _messages.Outcome.ACCEPTED:
                 self.counts.accepted += 1
-            elif outcome is _messages.Outcome.STALE:
+            elif ack.outcome is _messages.Outcome.STALE:
                 self.counts.stale += 1
             else:
                 self.counts.invalid += 1
 
     def _expire(self, now: float) -> None:
-        for sequence, sent_at in list(self._in_flight.items()):
-            if now - sent_at < self.ack_timeout:
+        for sequence, batch in list(self._in_flight.items()):
+            if now - batch.sent_at < self.ack_timeout:
                 break  # insertion order is send order
             del self._in_flight[sequence]
             self.counts.lost += 1

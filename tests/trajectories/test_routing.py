@@ -1,0 +1,116 @@
+"""Senders route by the room each rank reports: every rank gets what its fill wants, `wanted` tells an evaluator when
+no rank wants its version any more, and a dead rank neither takes batches nor counts.
+
+Ports: TRAJECTORIES 16-19 (16 and 17 reused by tests that run one after the other; each closes its intakes).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from traj_helpers import INTAKE, SENDER, WorkerProcess, make_batch
+
+from rlightning.trajectories import BatchStamp, TrajectoryIntake, TrajectorySender
+from tests._ports import TRAJECTORIES
+
+EVENT_SECONDS = 60.0
+"""Bound on each wait, the start of a worker process (which imports torch) included, on a loaded machine."""
+
+
+def send_next(sender: TrajectorySender, sequence: int, version: int) -> None:
+    sender.send(make_batch(sender.ordinal, sequence, 4), BatchStamp(version, sender.ordinal, sequence, env_steps=4))
+
+
+def wait_until(condition, what: str, sender: TrajectorySender, timeout: float = EVENT_SECONDS) -> None:
+    """Process the sender's acknowledgements and connection events until `condition()` holds, at most `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        sender.wait_for_credit(0.05)
+
+
+@pytest.mark.slow  # starts a process that imports torch
+@pytest.mark.parametrize("sender_credits", [1, 2])
+@pytest.mark.parametrize("counts", [(2, 2), (3, 1)], ids=["even", "uneven"])
+def test_each_rank_gets_exactly_what_its_fill_wants(senders, intakes, sender_credits, counts):
+    # A rank that holds its count reads nothing more, so one batch too many for it would never be acknowledged
+    # (the sender would not finish) and would leave the other rank short: round-robin fails the uneven case.
+    ports = TRAJECTORIES.port(16), TRAJECTORIES.port(17)
+    ranks = [TrajectoryIntake(port, bind_host="127.0.0.1") for port in ports]
+    intakes.extend(ranks)
+    sender = WorkerProcess(SENDER, "--endpoints", ",".join(f"127.0.0.1:{port}" for port in ports),
+                           "--count", str(sum(counts)), "--credits", str(sender_credits), "--credit-wait", "0.1")
+    senders.append(sender)
+    deadline = time.monotonic() + EVENT_SECONDS
+    while (done := sender.poll_event("done")) is None:
+        assert time.monotonic() < deadline, ([rank.held for rank in ranks], sender.seen[-3:])
+        for rank, count in zip(ranks, counts, strict=True):
+            rank.fill(count, version=0, max_policy_lag=0, timeout=0.1)
+    assert [rank.held for rank in ranks] == list(counts)
+    assert done["counts"] == {"sent": sum(counts), "accepted": sum(counts), "stale": 0, "invalid": 0, "lost": 0}
+
+
+def test_wanted_turns_false_once_every_rank_holds_enough_of_the_version(intakes):
+    ports = TRAJECTORIES.port(18), TRAJECTORIES.port(19)
+    ranks = [TrajectoryIntake(port, bind_host="127.0.0.1") for port in ports]
+    intakes.extend(ranks)
+    sender = TrajectorySender([f"127.0.0.1:{port}" for port in ports], ordinal=0, credits=2, ack_timeout=30.0)
+    try:
+        wait_until(lambda: sender.connected == 2, "both ranks connected", sender)
+        assert sender.wanted(5)  # nothing acknowledged yet
+        for sequence in (1, 2):  # neither rank has answered: the second goes to the one with nothing pending
+            assert sender.wait_for_credit(EVENT_SECONDS)
+            send_next(sender, sequence, version=5)
+        assert ranks[0].fill(1, version=5, max_policy_lag=0, timeout=EVENT_SECONDS)
+        wait_until(lambda: sender.in_flight == 1, "rank 0's acknowledgement", sender)
+        assert sender.wanted(5)  # rank 1 has not said it is full
+        assert ranks[1].fill(1, version=5, max_policy_lag=0, timeout=EVENT_SECONDS)
+        wait_until(lambda: sender.in_flight == 0, "rank 1's acknowledgement", sender)
+        assert not sender.wanted(5)
+        assert not sender.wanted(4)
+        assert sender.wanted(6)  # their next fills need the next version
+        assert sender.counts.accepted == 2
+    finally:
+        sender.close()
+
+
+@pytest.mark.slow  # starts a process that imports torch
+def test_a_killed_rank_is_routed_around_and_no_longer_counts_for_wanted(senders, intakes):
+    ports = TRAJECTORIES.port(16), TRAJECTORIES.port(17)
+    doomed = WorkerProcess(INTAKE, "--port", str(ports[0]), "--room", "1000")  # always wants more
+    senders.append(doomed)
+    alive = TrajectoryIntake(ports[1], bind_host="127.0.0.1")
+    intakes.append(alive)
+    sender = TrajectorySender([f"127.0.0.1:{port}" for port in ports], ordinal=1, credits=1, ack_timeout=2.0)
+    try:
+        wait_until(lambda: sender.connected == 2, "both ranks connected", sender)
+        sequence = 0
+        deadline = time.monotonic() + EVENT_SECONDS
+        while doomed.poll_event("held") is None or alive.held < 1:
+            assert time.monotonic() < deadline, (alive.held, doomed.seen[-3:])
+            if sender.wait_for_credit(0.05):
+                sequence += 1
+                send_next(sender, sequence, version=0)
+            alive.fill(alive.held + 1000, version=0, max_policy_lag=0, timeout=0.05)
+        alive.drain()
+        doomed.proc.send_signal(signal.SIGKILL)
+        doomed.proc.wait(EVENT_SECONDS)
+        wait_until(lambda: sender.connected == 1, "the killed rank's disconnection", sender)
+        after_kill: list[int] = []
+        deadline = time.monotonic() + EVENT_SECONDS
+        while len(after_kill) < 5:
+            assert time.monotonic() < deadline, after_kill
+            if sender.wait_for_credit(0.05):  # a batch the killed rank held returns its credit after ack_timeout
+                sequence += 1
+                send_next(sender, sequence, version=0)
+                after_kill.append(sequence)
+            alive.fill(5, version=0, max_policy_lag=0, timeout=0.05)
+        assert alive.fill(5, version=0, max_policy_lag=0, timeout=EVENT_SECONDS)
+        wait_until(lambda: sender.in_flight == 0, "the last acknowledgement", sender)
+        assert [stamp.sequence for _, stamp in alive.drain()] == after_kill
+        # The killed rank's last acknowledgement wanted more; only the connected rank counts, and it is full.
+        assert not sender.wanted(0)
+    finally:
+        sender.close()
