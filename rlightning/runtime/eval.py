@@ -9,8 +9,10 @@ holds its first version.
 When the evaluators produce the training data (`ENV_FLEET_DATA`, eval.replicas >= 1), the main thread steps
 `env.numEnvs` env copies with the newest weights it holds and sends `[train.rolloutSteps, env.numEnvs]` batches
 to the trainer ranks (`rlightning.trajectories.TrajectorySender`, at most `BATCH_CREDITS` unacknowledged), each
-stamped with the version applied at its first step, the ordinal and the episodes that finished in it. A batch
-during which a new version was applied is not sent under `train.maxPolicyLag: 0` (it could not be trained on).
+stamped with the version applied at its first step, the ordinal and the episodes that finished in it. Under
+`train.maxPolicyLag: 0` a batch during which a new version was applied is not sent (it could not be trained on),
+and none is collected while every trainer rank holds enough of the version it has
+(`TrajectorySender.wanted`): it waits for the next version.
 Between batches it plays deterministic evaluation episodes of the version it holds when
 `eval.evaluationIntervalSeconds` passed since its last complete evaluation, or when it has had no credit (the
 trainers take no data) for `IDLE_EVALUATION_SECONDS`. Otherwise it only plays evaluation episodes, without pause.
@@ -145,6 +147,7 @@ class Evaluator:
         self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
         self._report: dict[str, float] = {}
         self._applied = threading.Event()
+        self._new_version = threading.Event()  # set by the receiving thread after each apply
 
     # -- receiving thread ---------------------------------------------------------------------------------
     def _receive_loop(self) -> None:
@@ -167,6 +170,7 @@ class Evaluator:
             with self._lock:
                 self._applied_record = record
             self._applied.set()
+            self._new_version.set()
             self.metrics.weight_version.set(record.version)
             self._post()
 
@@ -239,7 +243,9 @@ class Evaluator:
         try:
             while not self.stop.requested:
                 version = self.policy.weight_version
-                credit = sender.wait_for_credit(0.0)
+                # On-policy, a batch of a version every rank already holds enough of is waste: wait for the next.
+                wanted = spec.train.max_policy_lag > 0 or sender.wanted(version)
+                credit = sender.wait_for_credit(0.0) and wanted
                 now = time.monotonic()
                 idle_since = None if credit else (idle_since or now)
                 idle = idle_since is not None and now - idle_since >= IDLE_EVALUATION_SECONDS
@@ -249,7 +255,11 @@ class Evaluator:
                         next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
                     continue
                 if not credit:
-                    sender.wait_for_credit(CREDIT_POLL_SECONDS)
+                    if wanted:
+                        sender.wait_for_credit(CREDIT_POLL_SECONDS)
+                    else:
+                        self._new_version.wait(CREDIT_POLL_SECONDS)
+                        self._new_version.clear()
                     continue
                 finished = rollouts.episodes_finished
                 batch = rollouts.collect(spec.train.rollout_steps)

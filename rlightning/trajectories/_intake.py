@@ -29,6 +29,10 @@ QUEUE_MESSAGES = 8
 """Receive high-water mark per connected evaluator, in batches; above a sender's credits, so it never binds in
 normal operation and only caps a misbehaving sender."""
 
+PEERS_REMEMBERED = 4096
+"""Evaluators (zmq identities) an intake remembers for its notices, the most recently heard from; an evaluator that
+restarts is a new identity, so the oldest are forgotten first."""
+
 ACK_QUEUE_MESSAGES = 1000
 """Send high-water mark for acknowledgements per evaluator (a few bytes each); past it zmq drops them."""
 
@@ -97,6 +101,7 @@ class TrajectoryIntake:
         self._version = 0
         self._count = 0  # the current (or last) fill's count, for the room acknowledged
         self._logged_invalid: set[str] = set()
+        self._peers: dict[bytes, None] = {}  # identities heard from, oldest first
         # A context of its own, so that close() can wait for libzmq to release the port (Context.term).
         self._context = zmq.Context()
         self._socket: zmq.Socket[bytes] = self._context.socket(zmq.ROUTER)
@@ -173,6 +178,10 @@ class TrajectoryIntake:
 
     def _judge(self, frames: list[bytes], version: int, max_policy_lag: int) -> None:
         identity, body = frames[0], frames[1:]
+        self._peers.pop(identity, None)
+        self._peers[identity] = None
+        if len(self._peers) > PEERS_REMEMBERED:
+            del self._peers[next(iter(self._peers))]
         sequence = body[0] if body else b""
         if len(body) != 2:
             self._reject(identity, sequence, f"peer {identity.hex()}", f"{len(body)} frames, expected 2")
@@ -192,6 +201,17 @@ class TrajectoryIntake:
             return
         self._held.append((batch, stamp))
         self._ack(identity, sequence, _messages.Outcome.ACCEPTED)
+        if len(self._held) == self._count:
+            self._notify_full(version, but=identity)
+
+    def _notify_full(self, version: int, but: bytes) -> None:
+        """Tell every other evaluator heard from that this fill holds its count (the last one knows from its ack)."""
+        for peer in self._peers:
+            if peer != but:
+                try:
+                    self._socket.send_multipart([peer, *_messages.full_frames(version)], flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # gone, or its queue is full: it learns from its next acknowledgement instead
 
     def _reject(self, identity: bytes, sequence: bytes, source: str, reason: str) -> None:
         self.stats.invalid += 1

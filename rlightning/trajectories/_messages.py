@@ -3,7 +3,8 @@
 A batch is one zmq message of two frames, `[sequence, payload]`: the sequence as ASCII digits (so a rank can
 acknowledge even a payload it cannot decode) and the `_codec` payload. An acknowledgement is `[sequence, outcome,
 room]`: room is how many more batches the rank's current `fill` wants after this one (ASCII digits), which the sender
-routes by.
+routes by. When a rank's `fill` holds its count, it also tells every other evaluator it has heard from, unasked,
+with a notice `[b"full", version]` (the fill's version), so they stop producing batches no rank wants yet.
 zmq delivers a multipart message whole or not at all, so a sender that dies mid-message yields nothing.
 """
 
@@ -80,3 +81,34 @@ def parse_ack(frames: list[bytes]) -> Ack | None:
         return Ack(int(frames[0].decode("ascii")), Outcome(frames[1].decode("ascii")), int(frames[2]))
     except ValueError:  # UnicodeDecodeError is a ValueError
         return None
+
+
+FULL = b"full"
+"""First frame of a notice: the rank's fill holds its count."""
+
+
+def full_frames(version: int) -> list[bytes]:
+    """The frames of a notice that a rank's fill, judging against `version`, holds its count.
+
+    Args:
+        version (int): The weight version of the rank's current `fill` (>= 0).
+
+    Returns:
+        list[bytes]: `[b"full", version]`.
+    """
+    return [FULL, str(version).encode("ascii")]
+
+
+def parse_full(frames: list[bytes]) -> int | None:
+    """Read a notice.
+
+    Args:
+        frames (list[bytes]): The message received by the DEALER.
+
+    Returns:
+        int | None: The version of the fill that is full; None when `frames` is not a notice.
+    """
+    if len(frames) != 2 or frames[0] != FULL or not frames[1].isdigit():
+        return None
+    return int(frames[1])
+

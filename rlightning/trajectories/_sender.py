@@ -56,8 +56,8 @@ class _Rank:
     socket: zmq.Socket[bytes]
     events: zmq.Socket[bytes]  # the socket's monitor
     connected: bool = False
-    room: int | None = None  # from its latest acknowledgement; None before one (or since it disconnected)
-    room_version: int = 0  # the stamp version of the batch that acknowledgement answered
+    room: int | None = None  # from its latest acknowledgement or notice; None before one (or since it disconnected)
+    room_version: int = 0  # the stamp version of the batch that acknowledgement answered, or the full fill's version
 
 
 @dataclasses.dataclass
@@ -307,6 +307,10 @@ class TrajectorySender:
                 frames = rank.socket.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            full = _messages.parse_full(frames)
+            if full is not None:  # the rank's fill at version `full` holds its count
+                rank.room, rank.room_version = 0, full
+                continue
             ack = _messages.parse_ack(frames)
             # An ack for a batch already counted lost is late, not double: its credit was returned once.
             if ack is None or (batch := self._in_flight.pop(ack.sequence, None)) is None:

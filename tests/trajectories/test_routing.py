@@ -76,6 +76,32 @@ def test_wanted_turns_false_once_every_rank_holds_enough_of_the_version(intakes)
         sender.close()
 
 
+def test_a_full_rank_tells_the_other_evaluators_unasked(intakes):
+    # Evaluator A's batch leaves room for one more; B's fills the rank, whose notice tells A without A sending again.
+    port = TRAJECTORIES.port(18)  # reused: the test above closed its intakes
+    rank = TrajectoryIntake(port, bind_host="127.0.0.1")
+    intakes.append(rank)
+    a, b = (TrajectorySender([f"127.0.0.1:{port}"], ordinal=o, credits=1, ack_timeout=30.0) for o in (0, 1))
+    try:
+        for sender in (a, b):
+            wait_until(lambda s=sender: s.connected == 1, "connected", sender)
+        assert a.wait_for_credit(EVENT_SECONDS)
+        send_next(a, 1, version=5)
+        assert not rank.fill(2, version=5, max_policy_lag=0, timeout=2.0)  # one of two
+        wait_until(lambda: a.in_flight == 0, "A's acknowledgement", a)
+        assert a.wanted(5)  # room 1 left
+        assert b.wait_for_credit(EVENT_SECONDS)
+        send_next(b, 1, version=5)
+        assert rank.fill(2, version=5, max_policy_lag=0, timeout=EVENT_SECONDS)
+        wait_until(lambda: not a.wanted(5), "the rank's notice to A", a)
+        wait_until(lambda: not b.wanted(5), "B's acknowledgement", b)
+        assert a.wanted(6) and b.wanted(6)  # the next fill needs the next version
+        assert a.in_flight == 0 and a.counts.sent == 1  # A learnt it without another batch
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.slow  # starts a process that imports torch
 def test_a_killed_rank_is_routed_around_and_no_longer_counts_for_wanted(senders, intakes):
     ports = TRAJECTORIES.port(16), TRAJECTORIES.port(17)
