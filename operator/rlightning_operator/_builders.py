@@ -123,7 +123,10 @@ def _ports(spec: PolicyGroupSpec, role: str) -> list[tuple[str, int]]:
         ports = [
             (contract.TORCHRUN_PORT_NAME, spec.ports.torchrun),
             (contract.WEIGHT_SYNC_PORT_NAME, spec.ports.weight_sync),
-            *((contract.trajectory_port_name(r), spec.ports.trajectories + r) for r in range(spec.train.procs_per_node)),
+            *(
+                (contract.trajectory_port_name(rank), spec.ports.trajectories + rank)
+                for rank in range(spec.train.procs_per_node)
+            ),
         ]
     if spec.ports.metrics:
         ports.append((contract.METRICS_PORT_NAME, spec.ports.metrics))
