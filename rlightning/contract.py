@@ -107,8 +107,8 @@ how many to wait for and to require on the final weights. Pods leave it unset: t
 eval.replicas out of the mounted spec (scaling touches only the StatefulSet), so there the trainer counts the
 evaluators registered with its weight sender (`rlightning.runtime.train`)."""
 ENV_FLEET_DATA = "RLIGHTNING_FLEET_DATA"
-"""`1` when the evaluators produce the training data (eval.replicas >= 1 when the trainers were built), else `0`:
-trainers and evaluators of one PolicyGroup agree on it through their launch plans."""
+"""`1` when the evaluators produce the training data (`rlightning.launch.fleet_collects`), else `0`: trainers and
+evaluators of one PolicyGroup agree on it through their launch plans."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
 

@@ -133,6 +133,20 @@ def threads_per_process(spec: PolicyGroupSpec, role: contract.PolicyRole) -> int
     return max(1, math.floor(cores / processes))
 
 
+def fleet_collects(spec: PolicyGroupSpec) -> bool:
+    """Whether the evaluators produce the training data: `train.dataSource`, else `eval.replicas` >= 1.
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec, with its `eval.replicas` (not the operator's mounted copy).
+
+    Returns:
+        bool: True for fleet data.
+    """
+    if spec.train.data_source is not None:
+        return spec.train.data_source == "fleet"
+    return spec.eval.replicas >= 1
+
+
 def trajectory_endpoints(spec: PolicyGroupSpec, site: LaunchSite) -> tuple[str, ...]:
     """`host:port` of every trainer rank's trajectory intake, in global rank order (torchrun numbers ranks node by
     node: rank = node rank * procsPerNode + local rank, and local rank r listens on `ports.trajectories` + r).
@@ -200,7 +214,7 @@ def plan(
         contract.ENV_TRAIN_MASTER_ADDR: site.master_addr,
         contract.ENV_WEIGHT_SYNC_PORT: str(spec.ports.weight_sync),
         contract.ENV_METRICS_PORT: str(spec.ports.metrics if site.metrics else 0),
-        contract.ENV_FLEET_DATA: "1" if spec.eval.replicas >= 1 else "0",
+        contract.ENV_FLEET_DATA: "1" if fleet_collects(spec) else "0",
     }
     if ordinal is not None:
         env[contract.ENV_EVAL_ORDINAL] = str(ordinal)

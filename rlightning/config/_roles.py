@@ -60,6 +60,15 @@ class TrainConfig(StrictModel):
             "evaluators, the length of every batch the evaluators send."
         ),
     )
+    data_source: Literal["fleet", "trainers"] | None = Field(
+        default=None,
+        description=(
+            "Where the trainers' experience comes from: `fleet` (the evaluators produce it; with none, training "
+            "pauses), `trainers` (each rank steps its own env.numEnvs copies). Unset: `fleet` when eval.replicas >= 1, "
+            "else `trainers`; in a cluster, scaling the fleet between 0 and more then rebuilds the trainer Job (it "
+            "resumes from its checkpoint), so set it for fleets that scale to zero."
+        ),
+    )
     batches_per_update: int = Field(
         default=1,
         ge=1,

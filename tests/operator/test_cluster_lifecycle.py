@@ -69,7 +69,9 @@ def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, nam
     assert "kopf" not in status, "kopf's bookkeeping lives in annotations"
 
     table = crd.kubectl("get", "pg", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "TRAINERS", "EVALUATORS", "WEIGHTS", "CONSISTENT", "REASON", "AGE"]
+    assert table[0].split() == [
+        "NAME", "PHASE", "TRAINERS", "EVALUATORS", "WEIGHTS", "CONSISTENT", "STEPS/S", "LAG", "REASON", "AGE"
+    ]  # fmt: skip
     assert table[1].split()[:4] == ["cartpole", "Running", "1/1", "2/2"] and "AllReady" in table[1].split()
     described = crd.kubectl("describe", "pg", "cartpole", "-n", namespace).stdout
     assert "Created" in described and "StatefulSet cartpole-eval" in described

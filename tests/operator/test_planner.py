@@ -44,6 +44,14 @@ def test_everything_agrees_means_no_action():
     assert plan(children, as_observed(children)) == []
 
 
+def test_scaling_across_zero_without_a_data_source_rebuilds_the_trainers():
+    # Unset, the data source follows eval.replicas: at 0 the trainers collect their own data (a new launch plan).
+    observed = as_observed(desired(**{"spec.train.dataSource": None}))
+    actions = plan(desired(**{"spec.train.dataSource": None, "spec.eval.replicas": 0}), observed)
+    assert ("recreate", "Job") in [(a.type, a.kind) for a in actions]
+    assert plan(desired(**{"spec.train.dataSource": None, "spec.eval.replicas": 7}), observed)[0].type == "scale"
+
+
 def _observed_with(mutate):
     observed = as_observed(desired())
     mutate(observed)

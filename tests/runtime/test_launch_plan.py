@@ -52,8 +52,8 @@ PLAN_CASES = {
          contract.ENV_FLEET_DATA: "1"},
         (),
     ),
-    "local trainer without evaluators: it collects its own data": (
-        {"eval": {"replicas": 0}}, {}, "train", None,
+    "local trainer without evaluators and no data source: it collects its own data": (
+        {"eval": {"replicas": 0}, "train": {"dataSource": None}}, {}, "train", None,
         ("py", *TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29500",
          *TRAIN_TAIL),
         {contract.ENV_FLEET_DATA: "0"},
@@ -189,3 +189,14 @@ def test_pod_processes_use_their_pods_cpu(role, procs, resources, threads):
     assert pod_plan.env.get(launch.THREADS_ENV) == threads
     local_plan = launch.plan(manifest, role, _site(), ordinal=0 if role == "eval" else None)
     assert launch.THREADS_ENV not in local_plan.env  # local children share the machine: the launcher sets 1
+
+
+@pytest.mark.parametrize(
+    ("data_source", "replicas", "fleet"),
+    [(None, 2, True), (None, 0, False), ("fleet", 0, True), ("trainers", 2, False)],
+)
+def test_the_data_source_follows_the_spec_else_the_fleet_size(data_source, replicas, fleet):
+    manifest = _manifest(train={"dataSource": data_source}, eval={"replicas": replicas})
+    assert launch.fleet_collects(manifest.spec) is fleet
+    for role, ordinal in (("train", None), ("eval", 0)):
+        assert launch.plan(manifest, role, _site(), ordinal).env[contract.ENV_FLEET_DATA] == ("1" if fleet else "0")
