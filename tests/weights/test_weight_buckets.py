@@ -8,7 +8,7 @@ import random
 import torch
 
 from rlightning.weights import tensor_digests
-from rlightning.weights._buckets import PACKED_TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout
+from rlightning.weights._buckets import TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout
 
 torch.set_num_threads(1)
 BOUND = 1024
@@ -77,7 +77,7 @@ def test_segments_cover_buckets_pack_runs_up_to_the_bound_and_send_large_or_lone
     assert direct == ["bn.n", "d.f64", "d.h", "large.a", "mask"]  # >= ZERO_COPY_MIN_BYTES, or alone in a bucket
     float_segments = [s for s in layout.segments if layout.buckets[s.bucket].dtype == torch.float32]
     assert [s.direct for s in float_segments] == [False, False, True]  # 36 MiB of small ones split in two runs
-    assert all(s.numel * 4 <= PACKED_TRANSFER_MAX_BYTES for s in float_segments if not s.direct)
+    assert all(s.numel * 4 <= TRANSFER_MAX_BYTES for s in float_segments if not s.direct)
     assert [slot.name for slot in float_segments[1].slots] == ["mid.10", "mid.11", "tail"]
     out = torch.empty(layout.buckets[float_segments[0].bucket].numel)
     packed = layout.pack_segment(float_segments[0], state, out)
