@@ -146,17 +146,3 @@ def wire_dtype(dtype: torch.dtype, cast: str | None) -> torch.dtype:
         return dtype
     return getattr(torch, cast)
 
-
-def cast_floating(state: Mapping[str, torch.Tensor], cast: str | None) -> dict[str, torch.Tensor]:
-    """`state` as evaluators receive it: floating tensors cast to `cast` (copies), the others as they are.
-
-    What the trainer fingerprints and digests to compare with evaluators that hold their weights in `cast`.
-
-    Args:
-        state (Mapping[str, torch.Tensor]): name -> tensor.
-        cast (str | None): `WeightSyncConfig.dtype`; None returns the tensors unchanged (no copy).
-
-    Returns:
-        dict[str, torch.Tensor]: name -> tensor of `wire_dtype`.
-    """
-    return {name: t.to(wire_dtype(t.dtype, cast)) for name, t in state.items()}

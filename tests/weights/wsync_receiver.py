@@ -34,16 +34,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     parser.add_argument("--die-in-version", type=int, default=0)
+    parser.add_argument("--dtype", default=None, help="weightSync.dtype: the policy holds floating tensors in it")
     parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
     parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
     args = parser.parse_args()
     if args.log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = WeightSyncConfig(
-        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout
+        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout,
+        dtype=args.dtype,
     )
     receiver = WeightReceiver(config, "127.0.0.1", args.port, args.ordinal)
     policy = Policy()
+    if args.dtype:
+        policy.to(getattr(torch, args.dtype))  # a reduced-precision fleet: every floating tensor in it
     if args.die_in_version:
         waits = {"n": 0}
         original = _transport.BroadcastGroup.wait_work
