@@ -120,13 +120,16 @@ class Ack:
     """A receiver's answer to an announcement (`_store.ack`).
 
     Attributes:
-        outcome (str): `applied` (the version is the receiver's now), `ignored` (it already held that version
-            or a newer one) or `closed` (it read the sender's close).
+        outcome (str): `applied` (the version is the receiver's now: applied, when it receives with `apply`),
+            `failed` (its `apply` raised), `ignored` (it already held that version or a newer one) or `closed`
+            (it read the sender's close).
         version (int): the receiver's version after handling the announcement.
+        error (str): why `apply` failed; empty otherwise.
     """
 
-    outcome: Literal["applied", "ignored", "closed"]
+    outcome: Literal["applied", "failed", "ignored", "closed"]
     version: int
+    error: str = ""
 
 
 MEMBER_EVENT: pydantic.TypeAdapter[Join | Leave] = pydantic.TypeAdapter(

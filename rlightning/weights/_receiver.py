@@ -8,6 +8,7 @@ import concurrent.futures
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,10 @@ from rlightning.weights import (
 )
 
 log = logging.getLogger(__name__)
+
+
+Apply = Callable[[int, dict[str, torch.Tensor]], None]
+"""`apply(version, state)`: make `state` the weights every rollout that starts afterwards uses; raise if it cannot."""
 
 
 class _RoundFailed(Exception):
@@ -145,13 +150,21 @@ class WeightReceiver:
         self._store, self._report_store, self._watcher = None, None, None
 
     # -- receiving -------------------------------------------------------------------------------------
-    def receive(self, timeout: float) -> tuple[int, dict[str, torch.Tensor]] | None:
+    def receive(self, timeout: float, apply: Apply | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """Wait up to `timeout` seconds for the next publish and receive it completely.
 
         A publish that has begun is finished (bounded by `timeout_seconds` per step) even past `timeout`.
+        With `apply`, the acknowledgement means applied: `apply(version, state)` runs after the sender's commit
+        and before the acknowledgement, so once `publish` returns, every receiver it counts in
+        `receivers_acked` uses the version for every rollout that starts afterwards; when `apply` raises, the
+        receiver acknowledges `failed` (the sender reports it in `failed`, never as acknowledged), keeps its
+        version and returns None. It must return within `timeout_seconds` (the sender waits no longer).
+        Without it, the acknowledgement means received (the caller applies what is returned).
 
         Args:
             timeout (float): seconds to wait for a connection and an announcement.
+            apply (Apply | None, optional): applies a received version, e.g. stage it and wait until the
+                policy applied it between rollouts. Defaults to None.
 
         Returns:
             tuple[int, dict[str, torch.Tensor]] | None: (version, name -> tensor) in fresh memory owned by the
@@ -170,7 +183,7 @@ class WeightReceiver:
                     self._drop_group()
                     return None
                 self.sender_closed = False
-                got = self._take_part(store, ann)
+                got = self._take_part(store, ann, apply)
                 if got is not None:
                     return got
                 continue
@@ -239,7 +252,7 @@ class WeightReceiver:
         )
 
     def _take_part(
-        self, store: dist.TCPStore, ann: _messages.Publish
+        self, store: dist.TCPStore, ann: _messages.Publish, apply: Apply | None
     ) -> tuple[int, dict[str, torch.Tensor]] | None:
         seq, version = ann.seq, ann.version
         mine = next(
@@ -299,6 +312,13 @@ class WeightReceiver:
             raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
         ignored = version <= self.version  # acknowledged as ignored: the sender does not count it as applied
         ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", version)
+        state = layout.unpack_all(flats)
+        if apply is not None and not ignored:
+            try:
+                apply(version, state)
+            except Exception as exc:  # noqa: BLE001 - whatever the policy raised: reported, never acknowledged
+                log.error("receiver %d: applying version %d failed: %r", self.ordinal, version, exc)
+                ack = _messages.Ack("failed", self.version, repr(exc))
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
         )
@@ -307,8 +327,10 @@ class WeightReceiver:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
         self._last_layout = (layout, transport.device)
+        if ack.outcome == "failed":
+            return None
         self.version = version
-        return version, layout.unpack_all(flats)
+        return version, state
 
     def _form_edges(self, store: dist.TCPStore, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
         """Form the edge from the parent (here, bounded) and the edges to the children (in the background)."""

@@ -319,14 +319,22 @@ class WeightSender:
         errors: dict[int, str] = {}
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
+            refused: dict[int, str] = {}  # ordinal -> why its apply failed
             for member in live.plan.members:
-                if member not in absent:  # acknowledged: applied or ignored
+                if member not in absent:  # acknowledged: applied, failed to apply, or ignored
                     ack = _messages.read(self._store, _store.ack(seq, member.ordinal), _messages.ACK)
-                    applied = ack.outcome == "applied" and ack.version == version
-                    (stats.receivers_acked if applied else stats.receivers_ignored).append(member.ordinal)
-            if absent:
-                stats.failed[live.plan.index] = [m.ordinal for m in absent]
-                errors[live.plan.index] = live.error or f"no acknowledgement within {self._timeout:g} s"
+                    if ack.outcome == "failed":
+                        refused[member.ordinal] = ack.error
+                    elif ack.outcome == "applied" and ack.version == version:
+                        stats.receivers_acked.append(member.ordinal)
+                    else:
+                        stats.receivers_ignored.append(member.ordinal)
+            if absent or refused:
+                stats.failed[live.plan.index] = sorted([m.ordinal for m in absent] + list(refused))
+                why = [live.error or f"no acknowledgement within {self._timeout:g} s"] if absent else []
+                why += [f"ordinal {o} failed to apply: {error}" for o, error in sorted(refused.items())]
+                errors[live.plan.index] = "; ".join(why)
+            if absent:  # evicted: they register again (a refusing receiver stays, its tree intact)
                 live.fail("failed")
                 for member in absent:
                     self._membership.evict(member.ordinal, member.session)
