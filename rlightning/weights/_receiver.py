@@ -1,5 +1,7 @@
-"""The receiving side of the protocol: register, follow announcements, form the relay edges, receive (relaying each
-transfer on to this receiver's children in its tree, `_relay`), acknowledge."""
+"""The receiving side of the protocol: register, follow announcements, form the relay edges, receive, acknowledge.
+
+While it receives, a receiver relays each transfer on to its children in its group's relay tree (`_relay`).
+"""
 
 from __future__ import annotations
 

@@ -63,7 +63,9 @@ def test_bf16_fleet_receives_half_the_bytes_and_matches_the_trainer_by_digest(pr
             assert stats.receivers_acked == fleet
             assert stats.bytes == wire_bytes(state, "bfloat16") < wire_bytes(state, None) * 0.6
             ledger.record(version, state, cast=config.dtype)
-            reports = wait_reports(sender, lambda r, v=version: all(o in r and r[o].applied.version == v for o in fleet))
+            reports = wait_reports(
+                sender, lambda r, v=version: all(o in r and r[o].applied.version == v for o in fleet)
+            )
             for ordinal in fleet:
                 assert reports[ordinal].applied.digest == tensor_digests(state, "bfloat16")
                 assert reports[ordinal].applied.digest != tensor_digests(state)  # the check can fail

@@ -26,7 +26,8 @@ BUCKET = 8 * MIB
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
 def test_sender_holds_at_most_two_staging_transfers_beyond_the_model(procs, dtype):
     port = WEIGHTS_SYNC.port(6)
-    procs += [start_receiver(port, o, "--raw", "--bucket-bytes", str(BUCKET), group_size=2, timeout=20.0) for o in (0, 1)]
+    extra = ("--raw", "--bucket-bytes", str(BUCKET))
+    procs += [start_receiver(port, o, *extra, group_size=2, timeout=20.0) for o in (0, 1)]
     # 200 MiB of float32 in 1 MiB tensors: everything is packed, in transfers of at most one 8 MiB bucket
     state = {f"layer{i}.weight": torch.randn(MIB // 4) for i in range(200)}
     config = WeightSyncConfig(
