@@ -7,7 +7,8 @@ For each model size (float32 parameters) and receiver count, on this machine ove
   (c) a plain TCP stream of the same bytes from the sender to every receiver (one socket each, concurrently);
 plus, for (a), the bytes the sender process put on the wire in one publish (counted: the `bytes_acked` of its
 TCP sockets, from `ss -tinp`, before and after), and the peak tensor storage the sender (publish) and a receiver
-(receive) held above what they held before (counted by torch's profiler, `tests/weights/wsync_helpers.py`).
+(from one version's return to the next's) held above what they held before (counted by torch's profiler,
+`tests/weights/wsync_helpers.py`).
 
 Then it fits one hop, t = a + bytes / bw, to the 1-receiver publishes of the sizes measured (least squares,
 as torchtitan's transport benchmark does) and projects a publish to 100 and 1,000 evaluators in one relay
@@ -111,12 +112,22 @@ def run_receiver(args: argparse.Namespace) -> None:
     done = set()
     while not receiver.sender_closed:
         store = receiver._store  # benchmark only: its keys share the sender's store
-        if store is not None and "profile" not in done and store.check([PROFILE_KEY]):
+        if (
+            store is not None and "profile" not in done and store.check([PROFILE_KEY])
+            and receiver.version == int(store.get(PROFILE_KEY)) - 1
+        ):  # from the last version's return to the next's: the page-in of the next buckets included
             done.add("profile")
             received: list = []
-            peak = peak_tensor_bytes(lambda out=received: out.append(receiver.receive(timeout=args.timeout)))
+
+            def until_next(out: list = received) -> None:
+                while not out[-1:] and not receiver.sender_closed:
+                    got = receiver.receive(timeout=0.2)
+                    if got is not None:
+                        out.append(got)
+
+            peak = peak_tensor_bytes(until_next)
             store.set(PEAK.format(ordinal=args.ordinal), str(peak))
-            got = received[0]
+            got = received[0] if received else None
         else:
             got = receiver.receive(timeout=0.2)
         if got is not None:
@@ -169,7 +180,10 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             time.sleep(0.1)
         sender.publish(state)  # first publish: forms the trees, allocates the staging buffers
         times, egress = [], []
-        for _ in range(args.syncs):
+        store = sender._store  # benchmark only
+        for i in range(args.syncs):
+            if i == args.syncs - 1:  # receivers profile from the return of this version to the next
+                store.set(PROFILE_KEY, str(sender.version + 2))
             time.sleep(args.gap)
             before = tcp_bytes_acked(os.getpid())
             t0 = time.perf_counter()
@@ -180,9 +194,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
         row["bucketed_seconds"] = min(times)
         row["bucketed_all_seconds"] = times
         row["sender_egress_bytes"] = max(egress)
-        store = sender._store  # benchmark only
-        store.set(PROFILE_KEY, "1")
-        time.sleep(max(args.gap, 0.5))  # receivers are back in receive, profiling
+        time.sleep(args.gap)
         row["sender_peak_extra_bytes"] = peak_tensor_bytes(lambda: sender.publish(state))
         peaks = [PEAK.format(ordinal=o) for o in range(n)]
         store.wait(peaks, datetime.timedelta(seconds=args.timeout))
