@@ -1,10 +1,12 @@
 """Relay trees: the pure planner, and 8 real receiver processes that relay buckets to each other.
 
-Ports: WEIGHTS_SYNC of tests/_ports.py, indices 16-17 (test_weight_sync.py 0-5, _liveness 10-13, _cadence 15).
+Ports: WEIGHTS_SYNC of tests/_ports.py, indices 7, 16 and 17 (test_weight_sync.py 0-5, _memory 6, _liveness
+10-13, _cadence 15, _dtype 18, _ack 19).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -136,3 +138,39 @@ def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_ver
         assert applied_versions(procs[ordinal]) == [1, 2, 3]
     for ordinal in (3, 4, 7):  # never a torn version 2: they kept 1 until 3 arrived
         assert applied_versions(procs[ordinal]) == [1, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stalled_relay_holds_up_only_its_subtree_and_rejoins(procs):
+    port = WEIGHTS_SYNC.port(7)
+    fleet = [0, 1, 2, 3]  # tree (fanout 2): 0 -> 1, 2; 1 -> 3. Relay 1 stalls (SIGSTOP) before version 2.
+    procs += [start_receiver(port, o, group_size=8, lifetime=120.0) for o in fleet]
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        wait_members(sender, set(fleet), timeout=120.0)
+        assert sender.publish(weights_for(1)).receivers_acked == fleet
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[1, 3\]\)") as info:
+            sender.publish(weights_for(2))
+        assert time.monotonic() - start < TIMEOUT + 2.0  # its parent and sibling did not wait for it
+        assert info.value.stats.receivers_acked == [0, 2]
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, [0, 2], 2)), [0, 2], 2)
+        os.kill(procs[1].pid, signal.SIGCONT)  # it finds its publish failed, as does its child: both register again
+        deadline = time.monotonic() + 60
+        while True:  # publishes while they re-register may miss them; the tree is re-planned each time
+            try:
+                stats = sender.publish(weights_for(sender.version + 1))  # the version it will get
+            except WeightSyncError as error:
+                stats = error.stats
+            if stats.receivers_acked == fleet or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stats.receivers_acked == fleet
+        version = stats.version
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, fleet, version)), fleet, version)
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+        sender.close()
+    stop(procs)
