@@ -60,7 +60,7 @@ class ChildEdge:
     def close(self) -> None:
         """Release the edge, also when it is still forming (it is closed once formed)."""
         self.fail("closed")
-        self._forming.add_done_callback(lambda f: f.exception() is None and f.result().close())
+        self._forming.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or f.result().close())
 
 
 class Forwarder:

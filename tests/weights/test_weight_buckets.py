@@ -82,3 +82,15 @@ def test_segments_cover_buckets_pack_runs_up_to_the_bound_and_send_large_or_lone
     out = torch.empty(layout.buckets[float_segments[0].bucket].numel)
     packed = layout.pack_segment(float_segments[0], state, out)
     assert torch.equal(packed[:5], state["a.b"][:5])
+
+
+def test_a_tensor_above_the_transfer_bound_travels_in_chunks_that_round_trip():
+    big = torch.randn(TRANSFER_MAX_BYTES // 4 + 1000)  # 32 MiB + 4000 bytes of float32
+    state = {"big": big, "small": torch.randn(10)}
+    layout = BucketLayout.from_state(state, 64 * 2**20)
+    chunks = [s for s in layout.segments if s.slots[0].name == "big"]
+    assert [(s.direct, s.numel) for s in chunks] == [(True, TRANSFER_MAX_BYTES // 4), (True, 1000)]
+    flats = [layout.allocate(i) for i in range(len(layout.buckets))]
+    for seg in layout.segments:  # packing a chunk copies just that range (what the sender does when it casts)
+        layout.pack_segment(seg, state, flats[seg.bucket][seg.offset : seg.offset + seg.numel])
+    assert tensor_digests(layout.unpack_all(flats)) == tensor_digests(state)
