@@ -1,13 +1,18 @@
-"""What one GPU can check of the NCCL path; prints one PASS/FAIL line per check (exit 1 on any FAIL).
+"""What one GPU can check of the NCCL path; prints one PASS/FAIL/SKIP line per check (exit 1 on any FAIL).
 
 NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so a sender -> receiver NCCL transfer needs two
-GPUs and is not checked here. On one GPU this checks:
-  1. CUDA tensors (float32, bfloat16, int64) packed into CUDA buckets and unpacked: digests equal;
-  2. a gloo publish of CUDA weights (staged on host) to a receiver subprocess: its reported digests equal;
+GPUs. On one GPU this checks:
+  1. CUDA tensors (float32, bfloat16, int64) packed into CUDA buckets and unpacked: digests equal; and packed
+     into the wire dtypes of `weightSync.dtype: bfloat16` (the sender's cast): digests equal to
+     `tensor_digests(state, "bfloat16")`;
+  2. a gloo publish of CUDA weights, cast to bfloat16, to two receiver subprocesses in one relay tree (receiver 0
+     relays to receiver 1): both report the cast digests;
   3. ProcessGroupNCCL built by rlightning on a PrefixStore with world size 1 (eager connect), broadcast works;
-  4. `resolve_backend("auto")` picks nccl on this machine.
+  4. `resolve_backend("auto")` picks nccl on this machine;
+  5. with three GPUs or more (else SKIP): an NCCL publish, cast to bfloat16, from GPU 0 along a relay chain
+     (fan-out 1) to receivers on GPUs 1 and 2: both report the cast digests.
 
-Usage: python benchmarks/nccl_check.py [--port 27700]    (needs CUDA; about a minute; uses --port and --port + 1)
+Usage: python benchmarks/nccl_check.py [--port 27700]    (needs CUDA; about a minute; uses --port .. --port + 2)
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -27,6 +33,7 @@ from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightReceiver, WeightRecord, WeightSender, tensor_digests
 from rlightning.weights import _transport
 from rlightning.weights._buckets import BucketLayout
+from rlightning.weights._state import wire_dtype
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
 from tests._ports import BENCH_NCCL
@@ -46,44 +53,58 @@ def cuda_state() -> dict[str, torch.Tensor]:
 
 def check_pack_on_cuda() -> str:
     state = cuda_state()
-    layout = BucketLayout.from_state(state, 1 << 20)
-    flats = [layout.allocate(i, "cuda") for i in range(len(layout.buckets))]
-    for seg in layout.segments:
-        out = flats[seg.bucket][seg.offset : seg.offset + seg.numel]
-        layout.pack_segment(seg, state, out)
-    got = layout.unpack_all(flats)
-    assert all(t.is_cuda for t in got.values())
-    assert tensor_digests(got) == tensor_digests(state), "digests differ after CUDA pack/unpack"
-    return f"{len(layout.buckets)} buckets, {len(layout.segments)} segments"
+    for cast in (None, "bfloat16"):
+        entries = [(name, wire_dtype(t.dtype, cast), t.shape) for name, t in state.items()]
+        layout = BucketLayout(entries, 1 << 20)
+        flats = [layout.allocate(i, "cuda") for i in range(len(layout.buckets))]
+        for seg in layout.segments:
+            out = flats[seg.bucket][seg.offset : seg.offset + seg.numel]
+            layout.pack_segment(seg, state, out)
+        got = layout.unpack_all(flats)
+        assert all(t.is_cuda for t in got.values())
+        assert tensor_digests(got) == tensor_digests(state, cast), f"digests differ after CUDA pack/unpack ({cast})"
+    return f"{len(layout.buckets)} buckets, {len(layout.segments)} segments, cast and not"
 
 
-def check_gloo_from_cuda(port: int) -> str:
-    config = WeightSyncConfig(backend="gloo", bucket_size_bytes=1 << 20, group_size=2, timeout_seconds=30)
-    proc = subprocess.Popen([sys.executable, __file__, "--receiver", "--port", str(port)])
-    sender = WeightSender(config, HOST, port)
+def sync_config(backend: Literal["gloo", "nccl"], fanout: int) -> WeightSyncConfig:
+    return WeightSyncConfig(
+        backend=backend, bucket_size_bytes=1 << 20, group_size=4, relay_fanout=fanout, timeout_seconds=30,
+        dtype="bfloat16",
+    )
+
+
+def check_publish(port: int, backend: Literal["gloo", "nccl"], fanout: int) -> str:
+    """Publish `cuda_state()` cast to bfloat16 to receivers 0 and 1 in one relay tree; both must match."""
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--receiver", "--port", str(port), "--ordinal", str(o),
+                          "--backend", backend, "--fanout", str(fanout)])
+        for o in (0, 1)
+    ]
+    sender = WeightSender(sync_config(backend, fanout), HOST, port)
     try:
-        deadline = time.monotonic() + 60
-        while sender.members != [0]:
-            assert time.monotonic() < deadline, "receiver did not register"
+        deadline = time.monotonic() + 120
+        while sender.members != [0, 1]:
+            assert time.monotonic() < deadline, "receivers did not register"
             time.sleep(0.1)
-            sender.reports()
         state = cuda_state()
         stats = sender.publish(state)
-        assert stats.receivers_acked == [0], stats
-        while 0 not in sender.reports():
-            assert time.monotonic() < deadline, "no report"
+        assert stats.receivers_acked == [0, 1], stats
+        while not all(o in sender.reports() and sender.reports()[o].applied.version == stats.version for o in (0, 1)):
+            assert time.monotonic() < deadline, "no reports"
             time.sleep(0.1)
-        report = sender.reports()[0]
-        assert report.applied.digest == tensor_digests(state), "receiver digests differ"
-        return f"{stats.bytes} bytes in {stats.seconds:.3f} s"
+        for ordinal, report in sender.reports().items():
+            assert report.applied.digest == tensor_digests(state, "bfloat16"), f"receiver {ordinal} digests differ"
+        return f"{stats.bytes} bytes (bfloat16) relayed to 2 receivers in {stats.seconds:.3f} s"
     finally:
         sender.close()
-        proc.wait(60)
+        for proc in procs:
+            proc.wait(60)
 
 
-def run_receiver(port: int) -> None:
-    config = WeightSyncConfig(backend="gloo", bucket_size_bytes=1 << 20, group_size=2, timeout_seconds=30)
-    receiver = WeightReceiver(config, HOST, port, 0)
+def run_receiver(port: int, ordinal: int, backend: Literal["gloo", "nccl"], fanout: int) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(ordinal + 1)  # the sender holds GPU 0; NCCL wants one rank per GPU
+    receiver = WeightReceiver(sync_config(backend, fanout), HOST, port, ordinal)
     while not receiver.sender_closed:
         got = receiver.receive(timeout=1.0)
         if got is not None:
@@ -91,6 +112,12 @@ def run_receiver(port: int) -> None:
             on_gpu = {k: v.to("cuda") for k, v in state.items()}
             receiver.report(WeightRecord(version, {}, tensor_digests(on_gpu)), {})
     receiver.close()
+
+
+def check_nccl_relay_chain(port: int) -> str:
+    if torch.cuda.device_count() < 3:
+        return "SKIP: needs three GPUs (a sender and two relaying receivers, one GPU each)"
+    return check_publish(port, "nccl", fanout=1)
 
 
 def check_nccl_world_size_one(port: int) -> str:
@@ -116,23 +143,29 @@ def main() -> None:
         help="first of two ports (default: block BENCH_NCCL of tests/_ports.py)",
     )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ordinal", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"], help=argparse.SUPPRESS)
+    parser.add_argument("--fanout", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:
-        run_receiver(args.port)
+        run_receiver(args.port, args.ordinal, args.backend, args.fanout)
         return
     if not torch.cuda.is_available():
         print("FAIL cuda: no CUDA device")
         sys.exit(1)
     checks = [
         ("pack_on_cuda", check_pack_on_cuda),
-        ("gloo_publish_of_cuda_weights", lambda: check_gloo_from_cuda(args.port)),
+        ("gloo_relayed_publish_of_cuda_weights_cast", lambda: check_publish(args.port, "gloo", fanout=2)),
         ("nccl_world_size_1", lambda: check_nccl_world_size_one(args.port + 1)),
         ("auto_backend_is_nccl", check_auto_backend),
+        ("nccl_relay_chain_cast", lambda: check_nccl_relay_chain(args.port + 2)),
     ]
     failed = 0
     for name, check in checks:
         try:
-            print(f"PASS {name}: {check()}", flush=True)
+            outcome = check()
+            verdict = "SKIP" if outcome.startswith("SKIP") else "PASS"
+            print(f"{verdict} {name}: {outcome.removeprefix('SKIP: ')}", flush=True)
         except Exception as exc:  # noqa: BLE001 (report every check, whatever fails)
             failed += 1
             print(f"FAIL {name}: {exc!r}", flush=True)

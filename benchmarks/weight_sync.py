@@ -1,22 +1,28 @@
-"""Benchmark of weight sync: bucketed broadcast vs naive per-tensor broadcast vs a plain TCP stream.
+"""Benchmark of weight sync: relayed bucketed publish vs naive per-tensor broadcast vs plain TCP streams.
 
 For each model size (float32 parameters) and receiver count, on this machine over 127.0.0.1:
-  (a) `WeightSender.publish` (bucketed, acknowledged);
-  (b) a naive broadcast of one tensor at a time over the same gloo group (what many RL stacks do);
-  (c) a plain TCP stream of the same bytes to every receiver (one socket each, sent concurrently), the
-      loopback ceiling measured in the same run;
-plus the sender's resident-memory high-water mark during a publish (VmHWM from /proc/self/status, reset
-through /proc/self/clear_refs) against the model size and two buckets.
+  (a) `WeightSender.publish` (bucketed, relayed along the tree of `--fanout`, acknowledged);
+  (b) a naive broadcast of one tensor at a time over one gloo group of the sender and every receiver (what
+      many RL stacks do);
+  (c) a plain TCP stream of the same bytes from the sender to every receiver (one socket each, concurrently);
+plus, for (a), the bytes the sender process put on the wire in one publish (counted: the `bytes_acked` of its
+TCP sockets, from `ss -tinp`, before and after), and the peak tensor storage the sender (publish) and a receiver
+(from one version's return to the next's) held above what they held before (counted by torch's profiler,
+`tests/weights/wsync_helpers.py`).
 
-Syncs are `--gap` seconds apart, as between training iterations. Receivers run as local processes.
+Then it fits one hop, t = a + bytes / bw, to the 1-receiver publishes of the sizes measured (least squares,
+as torchtitan's transport benchmark does) and projects a publish to 100 and 1,000 evaluators in one relay
+tree: every relay sends `fanout` copies and the pipeline fills over the tree's depth in transfers of at most
+32 MiB, t(n) = depth * a + fanout * (bytes + (depth - 1) * transfer) / bw, for machines whose evaluators each
+have their own cores and network (here all processes share the CPUs: read the curve's shape, not its level).
 
 Usage:
-    python benchmarks/weight_sync.py                      # full table: 1M,10M,100M x 1,2,4 receivers
-    python benchmarks/weight_sync.py --sizes 1M,10M --receivers 1,2 --syncs 3
+    python benchmarks/weight_sync.py                                   # 1M,10M x 1,2,4,8,16 receivers
+    python benchmarks/weight_sync.py --sizes 10M,100M --receivers 1,8 --json rows.json
 
-GB/s is payload bytes per receiver per second (1 GB = 1e9 bytes). On a small machine the receivers compete
-with the sender for CPU: read the ratios, not the absolute figures.
-The naive and TCP parts reach into the sender's and receiver's private group to share it (benchmark only).
+`--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
+model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
+per receiver per second (1 GB = 1e9 bytes). The naive and TCP parts use benchmark-only keys on the sender's store.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -35,14 +43,22 @@ import torch
 
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightReceiver, WeightSender
-from rlightning.weights._buckets import BucketLayout
+from rlightning.weights._buckets import TRANSFER_MAX_BYTES, BucketLayout
+from rlightning.weights._topology import relay_tree
+from rlightning.weights._transport import BroadcastGroup
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
 from tests._ports import BENCH_WEIGHT_SYNC
+from tests.weights.wsync_helpers import peak_tensor_bytes
 
 HOST = "127.0.0.1"
 TENSOR_NUMEL = 262_144  # 1 MB float32 tensors, plus a 1024-element bias after each
-NAIVE_KEY, TCP_KEY, ROUND_ACK = "bench/naive", "bench/tcp", "bench/ack/{kind}/{round}/{ordinal}"
+NAIVE_KEY, TCP_KEY, PROFILE_KEY = "bench/naive", "bench/tcp", "bench/profile"
+ROUND_ACK, PEAK = "bench/ack/{kind}/{round}/{ordinal}", "bench/peak/{ordinal}"
+JSON_KEYS = (
+    "params", "receivers", "bucketed_seconds", "naive_seconds", "tcp_seconds", "model_bytes",
+    "sender_egress_bytes", "sender_peak_extra_bytes", "receiver_peak_extra_bytes",
+)
 
 
 def parse_size(text: str) -> int:
@@ -68,20 +84,23 @@ def make_state(numel: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def rss_kib() -> tuple[int, int]:
-    """(VmRSS, VmHWM) of this process in KiB."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
-
-
-def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+def tcp_bytes_acked(pid: int) -> int:
+    """Bytes acknowledged by the peers of every TCP socket process `pid` holds now (`ss -tinp`)."""
+    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
+    total, mine = 0, False
+    for line in out.splitlines():
+        if not line.startswith(("\t", " ")):  # a socket line; its details follow on the next line
+            mine = f"pid={pid}," in line
+        elif mine:
+            found = re.search(r"bytes_acked:(\d+)", line)
+            total += int(found.group(1)) if found else 0
+    return total
 
 
 def config(args: argparse.Namespace, receivers: int) -> WeightSyncConfig:
-    group_size = args.group_size or max(receivers, 1)
     return WeightSyncConfig(
-        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=group_size, timeout_seconds=args.timeout
+        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size or max(receivers, 1),
+        relay_fanout=args.fanout, timeout_seconds=args.timeout,
     )
 
 
@@ -92,20 +111,38 @@ def run_receiver(args: argparse.Namespace) -> None:
     state: dict[str, torch.Tensor] = {}
     done = set()
     while not receiver.sender_closed:
-        got = receiver.receive(timeout=0.2)
+        store = receiver._store  # benchmark only: its keys share the sender's store
+        if (
+            store is not None and "profile" not in done and store.check([PROFILE_KEY])
+            and receiver.version == int(store.get(PROFILE_KEY)) - 1
+        ):  # from the last version's return to the next's: the page-in of the next buckets included
+            done.add("profile")
+            received: list = []
+
+            def until_next(out: list = received) -> None:
+                while not out[-1:] and not receiver.sender_closed:
+                    got = receiver.receive(timeout=0.2)
+                    if got is not None:
+                        out.append(got)
+
+            peak = peak_tensor_bytes(until_next)
+            store.set(PEAK.format(ordinal=args.ordinal), str(peak))
+            got = received[0] if received else None
+        else:
+            got = receiver.receive(timeout=0.2)
         if got is not None:
             state = got[1]
         store = receiver._store
         if store is None or receiver.sender_closed:
             continue
-        transport = receiver._transport
-        if "naive" not in done and transport is not None and store.check([NAIVE_KEY]):
+        if "naive" not in done and store.check([NAIVE_KEY]):
             done.add("naive")
+            group = BroadcastGroup(store, NAIVE_KEY + "/pg/", args.ordinal + 1, args.n + 1, args.timeout, "gloo", HOST)
             for r in range(int(store.get(NAIVE_KEY))):
                 for t in state.values():
-                    out = torch.empty_like(t)
-                    transport.wait_work(transport.broadcast(out))
+                    group.wait_work(group.broadcast(torch.empty_like(t)))
                 store.set(ROUND_ACK.format(kind="naive", round=r, ordinal=args.ordinal), "1")
+            group.close()
         if "tcp" not in done and store.check([TCP_KEY]):
             done.add("tcp")
             rounds, nbytes, tcp_port = json.loads(store.get(TCP_KEY))
@@ -130,54 +167,55 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
     state = make_state(numel)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     cmd = [sys.executable, __file__, "--role", "receiver", "--port", str(port), "--n", str(n), "--bucket-bytes",
-           str(args.bucket_bytes), "--timeout", str(args.timeout), "--group-size", str(args.group_size)]
+           str(args.bucket_bytes), "--timeout", str(args.timeout), "--group-size", str(args.group_size),
+           "--fanout", str(args.fanout)]
     procs = [subprocess.Popen([*cmd, "--ordinal", str(o)]) for o in range(n)]
     sender = WeightSender(config(args, n), HOST, port)
-    row: dict = {"params": numel, "receivers": n, "bytes": nbytes}
+    row: dict = {"params": numel, "receivers": n, "model_bytes": nbytes}
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while len(sender.members) < n:
             if time.monotonic() > deadline:
                 raise TimeoutError("receivers did not register")
             time.sleep(0.1)
-            sender.reports()
-        rss0, _ = rss_kib()
-        reset_peak()
-        sender.publish(state)  # first publish: forms the group, allocates the staging buckets
-        _, peak_first = rss_kib()
-        times, deltas = [], []
-        for _ in range(args.syncs):
+        sender.publish(state)  # first publish: forms the trees, allocates the staging buffers
+        times, egress = [], []
+        store = sender._store  # benchmark only
+        for i in range(args.syncs):
+            if i == args.syncs - 1:  # receivers profile from the return of this version to the next
+                store.set(PROFILE_KEY, str(sender.version + 2))
             time.sleep(args.gap)
-            before, _ = rss_kib()
-            reset_peak()
+            before = tcp_bytes_acked(os.getpid())
             t0 = time.perf_counter()
             sender.publish(state)
             times.append(time.perf_counter() - t0)
-            deltas.append(rss_kib()[1] - before)
-        row["bucketed_s"] = min(times)
-        row["bucketed_all_s"] = times  # every timed sync, for medians across runs
-        row["peak_delta_first_mb"] = (peak_first - rss0) / 1024
-        row["peak_delta_steady_mb"] = max(deltas) / 1024
+            time.sleep(0.05)  # the last bytes' acknowledgements
+            egress.append(tcp_bytes_acked(os.getpid()) - before)
+        row["bucketed_seconds"] = min(times)
+        row["bucketed_all_seconds"] = times
+        row["sender_egress_bytes"] = max(egress)
+        time.sleep(args.gap)
+        row["sender_peak_extra_bytes"] = peak_tensor_bytes(lambda: sender.publish(state))
+        peaks = [PEAK.format(ordinal=o) for o in range(n)]
+        store.wait(peaks, datetime.timedelta(seconds=args.timeout))
+        row["receiver_peak_extra_bytes"] = max(int(store.get(key)) for key in peaks)
         layout = BucketLayout.from_state(state, args.bucket_bytes)
         row["buckets"] = len(layout.buckets)
-        row["two_buckets_mb"] = 2 * max(b.nbytes for b in layout.buckets) / 2**20
-        order = [slot.name for bucket in layout.buckets for slot in bucket.slots]  # the receiver's order
+        order = [slot.name for bucket in layout.buckets for slot in bucket.slots]  # the receivers' order
 
-        # (b) naive: one tensor at a time over the same gloo group (only when there is one group)
-        store, transport = sender._store, next(iter(sender._groups.values())).transport
-        assert transport is not None, "the publishes above formed the group"
+        # (b) naive: one tensor at a time over one gloo group of everyone
+        store.set(NAIVE_KEY, str(args.syncs))
+        group = BroadcastGroup(store, NAIVE_KEY + "/pg/", 0, n + 1, args.timeout, "gloo", HOST)
         times = []
-        if len(sender._groups) == 1:
-            store.set(NAIVE_KEY, str(args.syncs))
-        for r in range(args.syncs if len(sender._groups) == 1 else 0):
+        for r in range(args.syncs):
             time.sleep(args.gap)
             t0 = time.perf_counter()
             for name in order:
-                transport.wait_work(transport.broadcast(state[name]))
+                group.wait_work(group.broadcast(state[name]))
             wait_acks(store, "naive", r, n, args.timeout)
             times.append(time.perf_counter() - t0)
-        row["naive_s"] = min(times) if times else None
-        row["naive_all_s"] = times  # every timed sync, for medians across runs
+        group.close()
+        row["naive_seconds"] = min(times)
 
         # (c) plain TCP: the same bytes (a contiguous copy, as a stream sends them) to every receiver concurrently
         flat = torch.cat([t.reshape(-1) for t in state.values()]).view(torch.uint8)
@@ -199,8 +237,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
                 times.append(time.perf_counter() - t0)
             for c in conns:
                 c.close()
-        row["tcp_s"] = min(times)
-        row["tcp_all_s"] = times  # every timed sync, for medians across runs
+        row["tcp_seconds"] = min(times)
     finally:
         sender.close()
         for p in procs:
@@ -211,52 +248,75 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
     return row
 
 
-def print_header(bucket_bytes: int) -> None:
-    print(f"bucket bound {bucket_bytes / 2**20:.0f} MiB; seconds per sync (best of runs); GB/s per receiver")
+def print_header(args: argparse.Namespace) -> None:
+    print(f"bucket bound {args.bucket_bytes / 2**20:.0f} MiB, relay fan-out {args.fanout}; seconds per sync (best "
+          f"of {args.syncs}); GB/s per receiver; egress: sender bytes sent / model bytes; peaks in MiB")
     head = (
-        f"{'params':>7} {'recv':>4} {'MB':>6} {'bkts':>4} | {'bucketed s':>10} {'GB/s':>6} | "
-        f"{'naive s':>8} {'GB/s':>6} | {'tcp s':>7} {'GB/s':>6} | {'bkt/tcp':>7} {'bkt/naive':>9} | "
-        f"{'peak+1st':>8} {'peak+':>6} {'2 bkts':>6}"
+        f"{'params':>7} {'recv':>4} {'MB':>6} | {'bucketed s':>10} {'GB/s':>6} | {'naive s':>8} | {'tcp s':>7} | "
+        f"{'bkt/tcp':>7} {'bkt/naive':>9} | {'egress':>6} | {'snd peak':>8} {'rcv peak':>8}"
     )
     print(head)
     print("-" * len(head), flush=True)
 
 
 def print_row(r: dict) -> None:
-    gb = 1e9
-    naive = r["naive_s"]
+    mib = 2**20
     cells = [
-        f"{r['params'] / 1e6:>6g}M {r['receivers']:>4} {r['bytes'] / 2**20:>6.0f} {r['buckets']:>4}",
-        f"{r['bucketed_s']:>10.4f} {r['bytes'] / r['bucketed_s'] / gb:>6.2f}",
-        f"{naive:>8.4f} {r['bytes'] / naive / gb:>6.2f}" if naive else f"{'n/a':>15}",
-        f"{r['tcp_s']:>7.4f} {r['bytes'] / r['tcp_s'] / gb:>6.2f}",
-        f"{r['tcp_s'] / r['bucketed_s']:>7.2f} " + (f"{naive / r['bucketed_s']:>9.2f}" if naive else f"{'n/a':>9}"),
-        f"{r['peak_delta_first_mb']:>8.1f} {r['peak_delta_steady_mb']:>6.1f} {r['two_buckets_mb']:>6.1f}",
+        f"{r['params'] / 1e6:>6g}M {r['receivers']:>4} {r['model_bytes'] / mib:>6.0f}",
+        f"{r['bucketed_seconds']:>10.4f} {r['model_bytes'] / r['bucketed_seconds'] / 1e9:>6.2f}",
+        f"{r['naive_seconds']:>8.4f}",
+        f"{r['tcp_seconds']:>7.4f}",
+        f"{r['tcp_seconds'] / r['bucketed_seconds']:>7.2f} {r['naive_seconds'] / r['bucketed_seconds']:>9.2f}",
+        f"{r['sender_egress_bytes'] / r['model_bytes']:>6.2f}",
+        f"{r['sender_peak_extra_bytes'] / mib:>8.1f} {r['receiver_peak_extra_bytes'] / mib:>8.1f}",
     ]
     print(" | ".join(cells), flush=True)
 
 
-def print_notes() -> None:
-    print("bkt/tcp: bucketed throughput as a fraction of the plain TCP stream (goal >= 0.70 at 100M, 1 receiver);")
-    print("peak+1st / peak+: sender RSS high-water mark (MiB) above its RSS before the first publish (staging")
-    print("allocated, group formed) / before later publishes (staging reused); goal below '2 bkts', twice the")
-    print("largest bucket (peak < model + 2 buckets)")
+def fit_hop(rows: list[dict]) -> tuple[float, float] | None:
+    """Least-squares fit of t = a + bytes / bw to the 1-receiver publishes; None without two sizes."""
+    points = [(r["model_bytes"], r["bucketed_seconds"]) for r in rows if r["receivers"] == 1]
+    if len({x for x, _ in points}) < 2:
+        return None
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, 1 / slope
+
+
+def projected_seconds(a: float, bw: float, nbytes: int, evaluators: int, fanout: int) -> float:
+    """Publish time to `evaluators` in one relay tree of `fanout` (see the module docstring)."""
+    depth = max(p.depth for p in relay_tree(list(range(evaluators)), fanout).values())
+    transfer = min(TRANSFER_MAX_BYTES, nbytes)
+    return depth * a + fanout * (nbytes + (depth - 1) * transfer) / bw
+
+
+def print_projection(rows: list[dict], fanout: int) -> None:
+    fit = fit_hop(rows)
+    if fit is None:
+        print("projection: needs 1-receiver rows of two sizes")
+        return
+    a, bw = fit
+    print(f"one hop: t = {a * 1e3:.2f} ms + bytes / {bw / 1e9:.2f} GB/s (fit to the 1-receiver rows)")
+    for nbytes in sorted({r["model_bytes"] for r in rows} | {400_000_000}):
+        cells = [f"{n} evaluators {projected_seconds(a, bw, nbytes, n, fanout):.3f} s" for n in (100, 1000)]
+        print(f"projected, {nbytes / 1e6:.0f} MB, fan-out {fanout}: " + ", ".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1M,10M,100M", help="float32 parameter counts, e.g. 1M,10M")
-    parser.add_argument("--receivers", default="1,2,4", help="receiver counts, e.g. 1,2")
+    parser.add_argument("--sizes", default="1M,10M", help="float32 parameter counts, e.g. 1M,10M")
+    parser.add_argument("--receivers", default="1,2,4,8,16", help="receiver counts, e.g. 1,2")
     parser.add_argument("--syncs", type=int, default=3, help="timed syncs per method (best is reported)")
     parser.add_argument(
         "--gap", type=float, default=1.0,
         help="seconds between timed syncs (a training iteration; receivers page in their next buckets meanwhile)",
     )
-    parser.add_argument(
-        "--group-size", type=int, default=0, help="receivers per broadcast group; 0: all in one (default)"
-    )
+    parser.add_argument("--group-size", type=int, default=0, help="receivers per relay tree; 0: one tree (default)")
+    parser.add_argument("--fanout", type=int, default=WeightSyncConfig().relay_fanout, help="relay fan-out")
     parser.add_argument("--bucket-bytes", type=int, default=WeightSyncConfig().bucket_size_bytes)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list to this file")
     parser.add_argument(
         "--port", type=int, default=BENCH_WEIGHT_SYNC.first,
         help="first port; each case uses two from here on (default: block BENCH_WEIGHT_SYNC of tests/_ports.py)",
@@ -272,18 +332,21 @@ def main() -> None:
     if args.role == "case":  # one case per process, so memory figures do not inherit an earlier case's heap
         print("ROW " + json.dumps(run_case(parse_size(args.sizes), args.n, args.port, args)), flush=True)
         return
-    port = args.port
-    print_header(args.bucket_bytes)  # once; each row follows as its case finishes
+    port, rows = args.port, []
+    print_header(args)  # once; each row follows as its case finishes
     for size in args.sizes.split(","):
         for n in (int(x) for x in args.receivers.split(",")):
             cmd = [sys.executable, __file__, "--role", "case", "--sizes", size, "--n", str(n), "--port", str(port),
                    "--syncs", str(args.syncs), "--gap", str(args.gap), "--bucket-bytes", str(args.bucket_bytes),
-                   "--group-size", str(args.group_size),
-                   "--timeout", str(args.timeout)]
+                   "--group-size", str(args.group_size), "--fanout", str(args.fanout), "--timeout", str(args.timeout)]
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
-            print_row(json.loads(next(line for line in out.splitlines() if line.startswith("ROW "))[4:]))
+            rows.append(json.loads(next(line for line in out.splitlines() if line.startswith("ROW "))[4:]))
+            print_row(rows[-1])
             port += 2
-    print_notes()
+    print_projection(rows, args.fanout)
+    if args.json is not None:
+        args.json.write_text(json.dumps([{k: r[k] for k in JSON_KEYS} for r in rows], indent=1) + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -151,10 +151,29 @@ class WeightSyncConfig(StrictModel):
         default=16,
         ge=1,
         le=1024,
-        description="Most receivers per broadcast group; a slow or dead receiver affects only its group.",
+        description=(
+            "Most receivers per relay tree (by ordinal); the trainer sends one copy of the weights per tree, "
+            "and a membership change re-forms only its tree."
+        ),
+    )
+    relay_fanout: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Receivers each evaluator forwards the buckets to as they arrive (a relay tree per group); a slow or "
+            "dead evaluator affects only its subtree."
+        ),
+    )
+    dtype: Literal["bfloat16", "float16", "float32", "float64"] | None = Field(
+        default=None,
+        description=(
+            "Floating tensors are cast to this dtype before they travel, and evaluators hold them in it "
+            "(bfloat16 halves a float32 model's bytes); default: the trainer's dtypes."
+        ),
     )
     timeout_seconds: float = Field(
-        default=60.0, gt=0, le=3600, description="Bound on forming a group, one broadcast and waiting for acks."
+        default=60.0, gt=0, le=3600, description="Bound on forming a relay edge, one transfer and waiting for acks."
     )
     interval_iterations: int = Field(
         default=1,

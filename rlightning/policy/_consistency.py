@@ -61,6 +61,7 @@ class _Sent:
     record: weights.WeightRecord
     state: Mapping[str, torch.Tensor] | None
     stamp: tuple[int, ...]
+    cast: str | None = None
 
 
 class VersionLedger:
@@ -79,16 +80,18 @@ class VersionLedger:
         """The newest recorded version, or None."""
         return next(reversed(self._entries)) if self._entries else None
 
-    def record(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+    def record(self, version: int, state: Mapping[str, torch.Tensor], cast: str | None = None) -> None:
         """Remember that `state` was sent as `version`: its fingerprint now, its digests when first asked.
 
         Args:
             version (int): The version sent.
             state (Mapping[str, torch.Tensor]): The trainer's `named_state`, not copied: the ledger keeps the
                 live tensors and their version counters, and digests them only while they are unchanged.
+            cast (str | None, optional): `WeightSyncConfig.dtype`, the dtype evaluators hold floating tensors
+                in: fingerprints and digests are taken in it. Defaults to None (the trainer's dtypes).
         """
-        record = weights.WeightRecord.of(version, state, digest=False)
-        self._entries[version] = _Sent(record, dict(state), _stamp(state))
+        record = weights.WeightRecord.of(version, state, digest=False, cast=cast)
+        self._entries[version] = _Sent(record, dict(state), _stamp(state), cast)
         for older in self._entries.values():  # only the newest can still be unchanged
             if older.record.version != version:
                 older.state = None
@@ -112,7 +115,8 @@ class VersionLedger:
             return None
         if exact and sent.record.digest is None and sent.state is not None:
             if _stamp(sent.state) == sent.stamp:
-                sent.record = dataclasses.replace(sent.record, digest=weights.tensor_digests(sent.state))
+                digest = weights.tensor_digests(sent.state, sent.cast)
+                sent.record = dataclasses.replace(sent.record, digest=digest)
             sent.state = None  # digested, or changed since it was sent: nothing more to take from it
         return sent.record
 

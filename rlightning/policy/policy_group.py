@@ -90,7 +90,8 @@ class PolicyGroup:
             copy = {name: tensor.clone() for name, tensor in state.items()}
             for policy in self.eval_policies:
                 policy.push_weights(version, copy)
-        self.ledger.record(version, state)
+        # remote evaluators hold floating tensors in `weightSync.dtype`: compare in it
+        self.ledger.record(version, state, self.sender.config.dtype if self.sender is not None else None)
         self.train_policy.weight_version = version
         if failure is not None:
             raise failure

@@ -2,13 +2,14 @@
 
 Belongs here: extraction and loading of weights by clean name (`named_state`), fingerprints and digests,
 flat buckets, the staging buffer mixed into policies (`WeightBufferMixin`), broadcast groups (gloo; NCCL
-behind a capability check) and the versioned sender/receiver protocol over the weight-sync store. Not here:
+behind a capability check), relay trees along which evaluators forward the buckets to each other, and the
+versioned sender/receiver protocol over the weight-sync store. Not here:
 training, evaluation loops, process launching (see `rlightning.policy` and `rlightning.runtime`).
 
 Layers, as in TorchRL's weight_update: transport (`_transport`, `_nccl`: how bytes move), strategy
-(`_state`, `_buckets`: what is extracted and applied), scheme (`_sender`, `_receiver`, `_membership`: versions,
-groups and acknowledgements over `_store`, in the typed messages of `_messages`). The sender owns the weight
-version: it assigns each publish the next one.
+(`_state`, `_buckets`: what is extracted and applied), scheme (`_sender`, `_receiver`, `_membership`,
+`_topology`, `_relay`: versions, relay trees and acknowledgements over `_store`, in the typed messages of
+`_messages`). The sender owns the weight version: it assigns each publish the next one.
 
 `__all__` holds what users call; the layers' internals (bucket layouts, group plans, messages) are imported
 from their private modules by the modules (and tests and benchmarks) that need them.

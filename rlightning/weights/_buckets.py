@@ -11,19 +11,20 @@ import torch
 
 ZERO_COPY_MIN_BYTES = 16 << 20
 """Tensors of at least this many bytes (16 MiB) travel straight from their own memory into their slot of the
-receiver's bucket, one transfer each; smaller ones are packed into transfers of up to
-`PACKED_TRANSFER_MAX_BYTES`. Measured on loopback
+receiver's bucket, in transfers of up to `TRANSFER_MAX_BYTES`; smaller ones are packed into transfers of up to
+`TRANSFER_MAX_BYTES`. Measured on loopback
 (gloo, 2 contexts per group, benchmarks/weight_sync.py and raw broadcasts of 400 MB): 1 MiB transfers reach
 about 1.4-2.4 GB/s, 16 MiB ones 3.2-4.5 GB/s and 64 MiB ones 4.5-5 GB/s, while packing copies at about
 10 GB/s and overlaps the previous transfer; at 16 MiB a direct transfer and a pack break even. A tensor alone
 in its bucket is always sent directly (packing it would copy for nothing)."""
 
 
-PACKED_TRANSFER_MAX_BYTES = 32 << 20
-"""Upper bound of one packed transfer (a run of small tensors), bytes: the sender's two staging buffers each
-hold one, so its extra memory stays near 64 MiB whatever the bucket bound, and the first pack, which nothing
-overlaps, stays short. 32 MiB transfers move nearly as fast as 64 MiB ones (measured as for
-`ZERO_COPY_MIN_BYTES`)."""
+TRANSFER_MAX_BYTES = 32 << 20
+"""Upper bound of one transfer, bytes: a run of small tensors is packed up to it, and a larger tensor is sent in
+chunks of it. The sender's two staging buffers each hold one transfer, so its extra memory stays near 64 MiB
+whatever the bucket bound (also when it casts, `WeightSyncConfig.dtype`), the first pack, which nothing
+overlaps, stays short, and a relay forwards a large tensor's first chunk while the next arrives (`_relay`).
+32 MiB transfers move nearly as fast as 64 MiB ones (measured as for `ZERO_COPY_MIN_BYTES`)."""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -90,15 +91,17 @@ class BucketSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """One transfer: a contiguous range of a bucket, either packed (several small tensors) or direct (one).
+    """One transfer: a contiguous range of a bucket, either packed (several small tensors) or direct (one tensor
+    or a chunk of it).
 
     Attributes:
         bucket (int): bucket index.
         offset (int): first element inside the bucket.
         numel (int): number of elements.
         slots (tuple[TensorSlot, ...]): the tensors in the range.
-        direct (bool): True when the range is one tensor of at least `ZERO_COPY_MIN_BYTES`, or the only
-            tensor of its bucket, sent from its own memory without packing.
+        direct (bool): True when the range lies in one tensor of at least `ZERO_COPY_MIN_BYTES`, or in the
+            only tensor of its bucket: sent from its own memory without packing (when its dtype travels as is),
+            in chunks of at most `TRANSFER_MAX_BYTES`.
     """
 
     bucket: int
@@ -113,8 +116,8 @@ class BucketLayout:
 
     Tensors are ordered by (dtype, size class, name), small ones (< `ZERO_COPY_MIN_BYTES`) first, and filled
     greedily into buckets of at most `bucket_size_bytes`; a tensor larger than the bound gets a bucket of its
-    own. `segments` splits buckets into transfers: one per run of small tensors (at most
-    `PACKED_TRANSFER_MAX_BYTES`), one per large tensor (or lone tensor of a bucket). The
+    own. `segments` splits buckets into transfers of at most `TRANSFER_MAX_BYTES`: runs of small tensors, and
+    chunks of each large tensor (or lone tensor of a bucket). The
     same names, dtypes, shapes and bound give the same layout on every process, whatever the input order, and
     the same `signature`.
 
@@ -219,20 +222,25 @@ class BucketLayout:
         return sum(b.nbytes for b in self.buckets)
 
     def pack_segment(self, segment: Segment, state: Mapping[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-        """Copy the tensors of `segment` from `state` into the front of `out`.
+        """Copy the tensors (or the chunk) of `segment` from `state` into the front of `out`, cast to its dtype.
 
         Args:
             segment (Segment): one of `segments`.
-            state (Mapping[str, torch.Tensor]): name -> tensor (any device; copied across).
+            state (Mapping[str, torch.Tensor]): name -> tensor (any device and dtype: copied across and cast).
             out (torch.Tensor): flat buffer of the bucket's dtype with at least `segment.numel` elements.
 
         Returns:
             torch.Tensor: the view `out[:segment.numel]`.
         """
         flat = out[: segment.numel]
+        end = segment.offset + segment.numel
         for slot in segment.slots:
             start = slot.offset - segment.offset
-            flat[start : start + slot.numel].view(slot.shape).copy_(state[slot.name])
+            if slot.offset >= segment.offset and slot.offset + slot.numel <= end:
+                flat[start : start + slot.numel].view(slot.shape).copy_(state[slot.name])
+            else:  # a chunk of a large tensor
+                first = segment.offset - slot.offset
+                flat.copy_(state[slot.name].reshape(-1)[first : first + segment.numel])
         return flat
 
     def allocate(self, index: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -283,10 +291,13 @@ def _segments(buckets: Sequence[BucketSpec]) -> list[Segment]:
             nbytes = slot.numel * bucket.dtype.itemsize
             if len(bucket.slots) == 1 or nbytes >= ZERO_COPY_MIN_BYTES:
                 _flush_run(out, index, run)
-                out.append(Segment(index, slot.offset, slot.numel, (slot,), True))
+                chunk = max(TRANSFER_MAX_BYTES // bucket.dtype.itemsize, 1)
+                for first in range(0, max(slot.numel, 1), chunk):
+                    numel = min(chunk, slot.numel - first)
+                    out.append(Segment(index, slot.offset + first, numel, (slot,), True))
                 continue
             run_bytes = (slot.offset + slot.numel - run[0].offset) * bucket.dtype.itemsize if run else 0
-            if run_bytes > PACKED_TRANSFER_MAX_BYTES:
+            if run_bytes > TRANSFER_MAX_BYTES:
                 _flush_run(out, index, run)
             run.append(slot)
         _flush_run(out, index, run)

@@ -13,20 +13,27 @@ from collections.abc import Mapping
 
 import torch
 
+from rlightning.weights import _state
 
-def l2_fingerprint(state: Mapping[str, torch.Tensor]) -> dict[str, float]:
+
+def l2_fingerprint(state: Mapping[str, torch.Tensor], cast: str | None = None) -> dict[str, float]:
     """Per-tensor L2 norm in float32, the seed's `get_param_fingerprint`.
 
     Args:
         state (Mapping[str, torch.Tensor]): name -> tensor of any shape `[*S]`, dtype and device.
+        cast (str | None, optional): `WeightSyncConfig.dtype`: fingerprint the floating tensors as evaluators
+            hold them, cast to it (one tensor at a time). Defaults to None (as they are).
 
     Returns:
         dict[str, float]: name -> `||t.float()||_2`, computed in float32.
     """
-    return {name: float(t.detach().to(torch.float32).norm(2)) for name, t in state.items()}
+    return {
+        name: float(t.detach().to(_state.wire_dtype(t.dtype, cast)).to(torch.float32).norm(2))
+        for name, t in state.items()
+    }
 
 
-def tensor_digests(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+def tensor_digests(state: Mapping[str, torch.Tensor], cast: str | None = None) -> dict[str, str]:
     """Per-tensor SHA-256 over dtype, shape and the raw bytes (exact equality check).
 
     Bytes are taken in C order after moving the tensor to host memory, so equal values on different devices
@@ -34,12 +41,15 @@ def tensor_digests(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
 
     Args:
         state (Mapping[str, torch.Tensor]): name -> tensor of any shape `[*S]`, dtype and device.
+        cast (str | None, optional): `WeightSyncConfig.dtype`: digest the floating tensors as evaluators hold
+            them, cast to it (one tensor at a time). Defaults to None (as they are).
 
     Returns:
         dict[str, str]: name -> 64 hex characters.
     """
     out: dict[str, str] = {}
     for name, t in state.items():
+        t = t.detach().to(_state.wire_dtype(t.dtype, cast))
         h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
         raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
         h.update(raw.numpy().data)
@@ -106,18 +116,23 @@ class WeightRecord:
     digest: dict[str, str] | None = None
 
     @classmethod
-    def of(cls, version: int, state: Mapping[str, torch.Tensor], digest: bool = True) -> WeightRecord:
+    def of(
+        cls, version: int, state: Mapping[str, torch.Tensor], digest: bool = True, cast: str | None = None
+    ) -> WeightRecord:
         """Fingerprint (and digest) `state` as version `version`.
 
         Args:
             version (int): the weight version of `state`.
             state (Mapping[str, torch.Tensor]): name -> tensor, as `named_state` returns.
             digest (bool, optional): also compute the sha256 digests (a pass over every byte). Defaults to True.
+            cast (str | None, optional): `WeightSyncConfig.dtype`: record the floating tensors cast to it, as
+                evaluators hold them (the trainer's side of a comparison). Defaults to None.
 
         Returns:
             WeightRecord: the record.
         """
-        return cls(int(version), l2_fingerprint(state), tensor_digests(state) if digest else None)
+        fingerprint = l2_fingerprint(state, cast)
+        return cls(int(version), fingerprint, tensor_digests(state, cast) if digest else None)
 
     def mismatches(self, other: WeightRecord, rtol: float = 1e-5) -> list[str]:
         """Tensor names whose fingerprint (or, where both sides have them, digest) differs from `other`'s.

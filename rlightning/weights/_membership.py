@@ -1,4 +1,4 @@
-"""Who receives: the membership log in the store and the pure planning of broadcast groups from it.
+"""Who receives: the membership log in the store and the pure planning of groups (relay trees, `_topology`) from it.
 
 Receivers append `Join`/`Leave` messages (`_messages`; by ordinal, with a fresh session id per join) to a log in
 the store; the sender folds them into `Membership` before each publish. Groups are fixed by ordinal (group g holds

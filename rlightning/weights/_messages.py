@@ -54,13 +54,13 @@ class Leave:
 
 @dataclasses.dataclass(frozen=True)
 class AnnouncedGroup:
-    """One broadcast group of a publish, as the receivers need it.
+    """One group (a relay tree, `_topology`) of a publish, as the receivers need it.
 
     Attributes:
         index (int): group index.
         generation (int): formation number (its store prefix, `_store.group_prefix`).
-        backend (str): `gloo` or `nccl`.
-        members (tuple[Member, ...]): receivers in rank order (rank = 1 + position).
+        backend (str): `gloo` or `nccl`, of every edge of the tree.
+        members (tuple[Member, ...]): receivers by ordinal, the order of their places in the tree.
     """
 
     index: int
@@ -80,6 +80,7 @@ class Publish:
         log_upto (int): membership events folded before planning; a receiver registered by then that is in no
             group was evicted.
         groups (tuple[AnnouncedGroup, ...]): every group the publish addresses.
+        fanout (int): children per member in each group's relay tree (`_topology.relay_tree`).
     """
 
     seq: int
@@ -87,6 +88,7 @@ class Publish:
     signature: str
     log_upto: int
     groups: tuple[AnnouncedGroup, ...]
+    fanout: int
     kind: Literal["weights"] = "weights"
 
 
@@ -118,13 +120,16 @@ class Ack:
     """A receiver's answer to an announcement (`_store.ack`).
 
     Attributes:
-        outcome (str): `applied` (the version is the receiver's now), `ignored` (it already held that version
-            or a newer one) or `closed` (it read the sender's close).
+        outcome (str): `applied` (the version is the receiver's now: applied, when it receives with `apply`),
+            `failed` (its `apply` raised), `ignored` (it already held that version or a newer one) or `closed`
+            (it read the sender's close).
         version (int): the receiver's version after handling the announcement.
+        error (str): why `apply` failed; empty otherwise.
     """
 
-    outcome: Literal["applied", "ignored", "closed"]
+    outcome: Literal["applied", "failed", "ignored", "closed"]
     version: int
+    error: str = ""
 
 
 MEMBER_EVENT: pydantic.TypeAdapter[Join | Leave] = pydantic.TypeAdapter(

@@ -1,19 +1,38 @@
-"""The receiving side of the protocol: register, follow announcements, join the group, receive, acknowledge."""
+"""The receiving side of the protocol: register, follow announcements, form the relay edges, receive, acknowledge.
+
+While it receives, a receiver relays each transfer on to its children in its group's relay tree (`_relay`).
+"""
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import _buckets, _fingerprint, _messages, _nccl, _store, _transport, _types
+from rlightning.weights import (
+    _buckets,
+    _fingerprint,
+    _messages,
+    _nccl,
+    _relay,
+    _store,
+    _topology,
+    _transport,
+    _types,
+)
 
 log = logging.getLogger(__name__)
+
+
+Apply = Callable[[int, dict[str, torch.Tensor]], None]
+"""`apply(version, state)`: make `state` the weights every rollout that starts afterwards uses; raise if it cannot."""
 
 
 class _RoundFailed(Exception):
@@ -31,6 +50,10 @@ class WeightReceiver:
     again. A version not newer than the newest one received is never returned. The receiver's collectives wait
     up to twice `timeout_seconds`: the sender may spend one timeout on a stalled group before it goes on with
     the others, and a healthy group must outlast that.
+
+    In its group's relay tree (`_topology`) a receiver forwards each transfer to its children (at most
+    `relay_fanout`) as soon as it has arrived; `receive` returns once its children got the whole publish or
+    one `timeout_seconds` after its own acknowledgement, whichever comes first.
 
     The sender's host name is resolved only once its store answers (a trainer pod's DNS name does not resolve
     before the pod exists; until then the receiver keeps retrying, logging INFO). Every store call is bounded
@@ -68,8 +91,10 @@ class WeightReceiver:
         self._backoff = _store.Backoff()  # kept across `receive` calls: one attempt per backoff step
         self._join_event = 0
         self._next_seq = 1
-        self._group: tuple[int, int] | None = None
-        self._transport: _transport.BroadcastGroup | None = None
+        self._group: tuple[int, int] | None = None  # (group, generation) of the tree the edges below belong to
+        self._transport: _transport.BroadcastGroup | None = None  # the edge from this receiver's parent
+        self._children: list[_relay.ChildEdge] = []  # the edges to the receivers it relays to
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # forms child edges in the background
         self._layouts: dict[str, _buckets.BucketLayout] = {}
         self._last_layout: tuple[_buckets.BucketLayout, torch.device] | None = None
         self._ready: tuple[tuple[str, torch.device], list[torch.Tensor]] | None = None
@@ -116,7 +141,9 @@ class WeightReceiver:
     def _drop_group(self) -> None:
         if self._transport is not None:
             self._transport.close()
-        self._transport, self._group = None, None
+        for child in self._children:
+            child.close()  # the children's transfers fail at once: they register again, re-planned without it
+        self._transport, self._group, self._children = None, None, []
 
     def _disconnect(self) -> None:
         self._drop_group()
@@ -125,13 +152,21 @@ class WeightReceiver:
         self._store, self._report_store, self._watcher = None, None, None
 
     # -- receiving -------------------------------------------------------------------------------------
-    def receive(self, timeout: float) -> tuple[int, dict[str, torch.Tensor]] | None:
+    def receive(self, timeout: float, apply: Apply | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """Wait up to `timeout` seconds for the next publish and receive it completely.
 
         A publish that has begun is finished (bounded by `timeout_seconds` per step) even past `timeout`.
+        With `apply`, the acknowledgement means applied: `apply(version, state)` runs after the sender's commit
+        and before the acknowledgement, so once `publish` returns, every receiver it counts in
+        `receivers_acked` uses the version for every rollout that starts afterwards; when `apply` raises, the
+        receiver acknowledges `failed` (the sender reports it in `failed`, never as acknowledged), keeps its
+        version and returns None. It must return within `timeout_seconds` (the sender waits no longer).
+        Without it, the acknowledgement means received (the caller applies what is returned).
 
         Args:
             timeout (float): seconds to wait for a connection and an announcement.
+            apply (Apply | None, optional): applies a received version, e.g. stage it and wait until the
+                policy applied it between rollouts. Defaults to None.
 
         Returns:
             tuple[int, dict[str, torch.Tensor]] | None: (version, name -> tensor) in fresh memory owned by the
@@ -150,7 +185,7 @@ class WeightReceiver:
                     self._drop_group()
                     return None
                 self.sender_closed = False
-                got = self._take_part(store, ann)
+                got = self._take_part(store, ann, apply)
                 if got is not None:
                     return got
                 continue
@@ -219,7 +254,7 @@ class WeightReceiver:
         )
 
     def _take_part(
-        self, store: dist.TCPStore, ann: _messages.Publish
+        self, store: dist.TCPStore, ann: _messages.Publish, apply: Apply | None
     ) -> tuple[int, dict[str, torch.Tensor]] | None:
         seq, version = ann.seq, ann.version
         mine = next(
@@ -235,40 +270,38 @@ class WeightReceiver:
             if self._join_event <= ann.log_upto:
                 raise _RoundFailed(f"not a member of publish {seq} (evicted)")
             return None  # registered after the sender planned this publish: wait for the next one
-        group, index = mine
+        group, _ = mine
         key = (group.index, group.generation)
+        place = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)[self.ordinal]
         if self._group != key:
             self._drop_group()
-            try:
-                self._transport = _transport.BroadcastGroup(
-                    store,
-                    _store.group_prefix(*key),
-                    index + 1,
-                    len(group.members) + 1,
-                    2 * self._timeout,  # a stalled sibling group may hold the sender up to one timeout
-                    group.backend,
-                    self._address,
-                )
-            except RuntimeError as exc:
-                raise _RoundFailed(f"forming group {key[0]} generation {key[1]} failed: {exc}") from exc
+            self._form_edges(store, group, place)
             self._group = key
         layout = self._layout(store, ann.signature)
         transport = self._transport
         assert transport is not None
+        header = torch.zeros(4, dtype=torch.int64, device=transport.device)
+        flats = self._take_buckets(layout, transport.device)
+        transfers = [header] + [flats[seg.bucket][seg.offset : seg.offset + seg.numel] for seg in layout.segments]
+        forwarder = _relay.Forwarder(self._children, transfers)
         try:
-            header = torch.zeros(4, dtype=torch.int64, device=transport.device)
             transport.wait_work(transport.broadcast(header))
             expected = _transport.header_tensor(seq, version, len(layout.buckets), layout.signature, transport.device)
             if not torch.equal(header, expected):
                 raise _RoundFailed(f"header {header.tolist()} does not match announcement {seq} (version {version})")
-            flats = self._take_buckets(layout, transport.device)
+            forwarder.advance(1)
             inflight: collections.deque[dist.Work] = collections.deque()
-            for seg in layout.segments:  # the sender's transfers, in its order, straight into the buckets
+            arrived = 1
+            for flat in transfers[1:]:  # the sender's transfers, in its order, straight into the buckets
                 if len(inflight) >= _transport.MAX_IN_FLIGHT:
                     transport.wait_work(inflight.popleft())
-                inflight.append(transport.broadcast(flats[seg.bucket][seg.offset : seg.offset + seg.numel]))
+                    arrived += 1
+                    forwarder.advance(arrived)  # relay each transfer as soon as it is here
+                inflight.append(transport.broadcast(flat))
             while inflight:
                 transport.wait_work(inflight.popleft())
+                arrived += 1
+                forwarder.advance(arrived)
         except RuntimeError as exc:
             raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
         commit = _store.commit(seq, key[0])
@@ -281,15 +314,44 @@ class WeightReceiver:
             raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
         ignored = version <= self.version  # acknowledged as ignored: the sender does not count it as applied
         ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", version)
+        state = layout.unpack_all(flats)
+        if apply is not None and not ignored:
+            try:
+                apply(version, state)
+            except Exception as exc:  # noqa: BLE001 - whatever the policy raised: reported, never acknowledged
+                log.error("receiver %d: applying version %d failed: %r", self.ordinal, version, exc)
+                ack = _messages.Ack("failed", self.version, repr(exc))
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
         )
+        forwarder.finish(time.monotonic() + self._timeout)  # acknowledged first: a slow child delays no ack
         if ignored:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
         self._last_layout = (layout, transport.device)
+        if ack.outcome == "failed":
+            return None
         self.version = version
-        return version, layout.unpack_all(flats)
+        return version, state
+
+    def _form_edges(self, store: dist.TCPStore, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
+        """Form the edge from the parent (here, bounded) and the edges to the children (in the background)."""
+
+        def edge(child: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
+            prefix = _store.edge_prefix(group.index, group.generation, child)
+            return _transport.BroadcastGroup(store, prefix, rank, 2, timeout, group.backend, self._address)
+
+        if place.children and self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="wsync-relay")
+        self._children = [
+            _relay.ChildEdge(child, self._pool.submit(edge, child, 0, self._timeout))  # type: ignore[union-attr]
+            for child in place.children
+        ]
+        try:
+            # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it
+            self._transport = edge(self.ordinal, 1, 2 * self._timeout)
+        except RuntimeError as exc:
+            raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {exc}") from exc
 
     def _layout(self, store: dist.TCPStore, signature: str) -> _buckets.BucketLayout:
         if signature not in self._layouts:
@@ -330,3 +392,5 @@ class WeightReceiver:
             except RuntimeError as exc:
                 log.info("receiver %d: leave not posted (%s)", self.ordinal, exc)
         self._disconnect()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

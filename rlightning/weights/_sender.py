@@ -5,17 +5,19 @@ published or started from (the checkpoint's) and the newest one any receiver reg
 
 One publish, in order (keys in `_store`, values in `_messages`):
 1. fold new membership events; assign the version; plan groups (only changed groups get a new generation);
+   each group is a relay tree (`_topology`) whose root this sender feeds, and whose members relay to each other;
 2. announce the publish (version, layout signature, groups) under a fresh sequence number, so receivers
    wait on the store, never inside a collective, between publishes;
-3. form new groups concurrently (a process pair shares at most one group, so no two peers can create groups
-   in opposite orders), each bounded by `timeout_seconds`;
-4. broadcast a header (seq, version, bucket count, signature) and then the buckets' segments: runs of small
-   tensors packed into one of two reused staging buffers (so at most two exist), each large tensor straight
-   from its own memory; at most `_transport.MAX_IN_FLIGHT` transfers in flight;
-5. commit each group ("ok" only when every broadcast of the group succeeded), then wait for the acks of the
-   committed receivers. Receivers use a version only after the commit, so a failed group never yields a
-   partial or torn version. Members of failed groups are evicted and re-register. An ack says whether the
-   receiver applied the version or ignored it, already holding it (counted in `receivers_ignored`);
+3. form the edges to new groups' roots concurrently, each bounded by `timeout_seconds`;
+4. send each root a header (seq, version, bucket count, signature) and then the buckets' segments: runs of
+   small tensors packed (cast to `config.dtype` when set) into one of two reused staging buffers (so at most
+   two exist), each large tensor straight from its own memory in chunks; at most `_transport.MAX_IN_FLIGHT`
+   transfers in flight;
+5. commit each group ("ok" only when every transfer to its root succeeded), then wait for the acks of every
+   member of the committed groups. Receivers use a version only after the commit, so a failed edge never yields
+   a partial or torn version. Members that did not acknowledge (a dead relay's subtree) are evicted and
+   re-register. An ack says whether the receiver applied the version or ignored it, already holding it
+   (counted in `receivers_ignored`);
 6. delete the keys of publish `seq - 2` (and membership events once read), so the store stays bounded.
 
 A daemon thread advances `_store.HEARTBEAT` every `timeout_seconds / 4` until `close()`, so receivers notice
@@ -34,18 +36,18 @@ import torch
 import torch.distributed as dist
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import _buckets, _membership, _messages, _store, _transport, _types
+from rlightning.weights import _buckets, _membership, _messages, _state, _store, _transport, _types
 
 log = logging.getLogger(__name__)
 
 
-def _direct(tensor: torch.Tensor, device: torch.device) -> bool:
-    """Whether `tensor` can be sent as is to groups on `device` (no staging copy)."""
-    return tensor.device == device and tensor.is_contiguous()
+def _direct(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `tensor` can be sent as is to groups on `device` in `dtype` (no staging copy)."""
+    return tensor.device == device and tensor.dtype == dtype and tensor.is_contiguous()
 
 
 class _LiveGroup:
-    """A planned group, its transport once formed, and the first error seen in this publish."""
+    """A planned group (a relay tree), the edge to its root once formed, and the first error seen in this publish."""
 
     def __init__(self, plan: _membership.GroupPlan, backend: str) -> None:
         self.plan, self.backend = plan, backend
@@ -154,11 +156,11 @@ class WeightSender:
         try:
             if not self._address:
                 self._address = _transport.local_address_toward(self._host, self._port)
-            live.transport = _transport.BroadcastGroup(
+            live.transport = _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
                 self._store,
-                _store.group_prefix(plan.index, plan.generation),
+                _store.edge_prefix(plan.index, plan.generation, plan.members[0].ordinal),
                 0,
-                len(plan.members) + 1,
+                2,
                 self._timeout,
                 live.backend,
                 self._address,
@@ -168,7 +170,8 @@ class WeightSender:
 
     # -- buckets ---------------------------------------------------------------------------------------
     def _prepare_layout(self, state: Mapping[str, torch.Tensor]) -> _buckets.BucketLayout:
-        entries = [(name, t.dtype, tuple(t.shape)) for name, t in state.items()]
+        cast = self.config.dtype
+        entries = [(name, _state.wire_dtype(t.dtype, cast), tuple(t.shape)) for name, t in state.items()]
         if self._layout is not None and entries == self._layout_entries:  # same tensors: skip layout and hash
             return self._layout
         layout = _buckets.BucketLayout(entries, self.config.bucket_size_bytes)
@@ -182,12 +185,12 @@ class WeightSender:
         self, segment: _buckets.Segment, state: Mapping[str, torch.Tensor], device: torch.device, slot: int | None
     ) -> torch.Tensor:
         """The flat tensor to send for `segment` to groups on `device`: the tensor itself, or packed into staging."""
-        if segment.direct:
-            t = state[segment.slots[0].name]
-            if _direct(t, device):
-                return t.reshape(-1)  # a view: no copy
-        assert slot is not None
         dtype = self._layout.buckets[segment.bucket].dtype  # type: ignore[union-attr]
+        if segment.direct:
+            t, first = state[segment.slots[0].name], segment.offset - segment.slots[0].offset
+            if _direct(t, device, dtype):
+                return t.reshape(-1)[first : first + segment.numel]  # a view: no copy
+        assert slot is not None
         nbytes = segment.numel * dtype.itemsize
         buffers = self._staging.setdefault(device, [None, None])
         if buffers[slot] is None or buffers[slot].numel() < nbytes:  # type: ignore[union-attr]
@@ -235,7 +238,9 @@ class WeightSender:
             _messages.AnnouncedGroup(live.plan.index, live.plan.generation, live.backend, live.plan.members)
             for live in groups
         )
-        publish = _messages.Publish(seq, version, layout.signature, self._events_read, announced)
+        publish = _messages.Publish(
+            seq, version, layout.signature, self._events_read, announced, self.config.relay_fanout
+        )
         _messages.write(self._store, _store.announce(seq), publish)
         self._store.add(_store.ANNOUNCE_COUNT, 1)
         list(self._pool.map(self._form, [self._groups[g] for g in formed]))
@@ -291,7 +296,8 @@ class WeightSender:
             if not targets:
                 break
             slot = None
-            if not segment.direct or not all(_direct(state[segment.slots[0].name], d) for d in targets):
+            dtype = layout.buckets[segment.bucket].dtype
+            if not segment.direct or not all(_direct(state[segment.slots[0].name], d, dtype) for d in targets):
                 slot, packed = packed % 2, packed + 1
                 while any(used == slot for used, _ in inflight):  # staging buffer `slot` must be free again
                     drain_one()
@@ -313,14 +319,22 @@ class WeightSender:
         errors: dict[int, str] = {}
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
+            refused: dict[int, str] = {}  # ordinal -> why its apply failed
             for member in live.plan.members:
-                if member not in absent:  # acknowledged: applied or ignored
+                if member not in absent:  # acknowledged: applied, failed to apply, or ignored
                     ack = _messages.read(self._store, _store.ack(seq, member.ordinal), _messages.ACK)
-                    applied = ack.outcome == "applied" and ack.version == version
-                    (stats.receivers_acked if applied else stats.receivers_ignored).append(member.ordinal)
-            if absent:
-                stats.failed[live.plan.index] = [m.ordinal for m in absent]
-                errors[live.plan.index] = live.error or f"no acknowledgement within {self._timeout:g} s"
+                    if ack.outcome == "failed":
+                        refused[member.ordinal] = ack.error
+                    elif ack.outcome == "applied" and ack.version == version:
+                        stats.receivers_acked.append(member.ordinal)
+                    else:
+                        stats.receivers_ignored.append(member.ordinal)
+            if absent or refused:
+                stats.failed[live.plan.index] = sorted([m.ordinal for m in absent] + list(refused))
+                why = [live.error or f"no acknowledgement within {self._timeout:g} s"] if absent else []
+                why += [f"ordinal {o} failed to apply: {error}" for o, error in sorted(refused.items())]
+                errors[live.plan.index] = "; ".join(why)
+            if absent:  # evicted: they register again (a refusing receiver stays, its tree intact)
                 live.fail("failed")
                 for member in absent:
                     self._membership.evict(member.ordinal, member.session)

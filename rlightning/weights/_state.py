@@ -129,3 +129,20 @@ def load_named_state(module: nn.Module, state: Mapping[str, torch.Tensor]) -> No
     with torch.no_grad():
         for name, t in target.items():
             t.copy_(state[name])
+
+
+def wire_dtype(dtype: torch.dtype, cast: str | None) -> torch.dtype:
+    """The dtype a tensor of `dtype` travels in, and evaluators hold it in (`WeightSyncConfig.dtype`).
+
+    Args:
+        dtype (torch.dtype): the trainer's dtype of the tensor.
+        cast (str | None): `WeightSyncConfig.dtype`, e.g. "bfloat16"; None keeps every dtype.
+
+    Returns:
+        torch.dtype: `cast` for floating-point tensors, `dtype` otherwise (integers, booleans: counters,
+        `num_batches_tracked`, are never cast).
+    """
+    if cast is None or not dtype.is_floating_point:
+        return dtype
+    return getattr(torch, cast)
+

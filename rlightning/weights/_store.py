@@ -63,6 +63,11 @@ def group_prefix(group: int, generation: int) -> str:
     return f"{ROOT}pg/{group}/{generation}/"
 
 
+def edge_prefix(group: int, generation: int, child: int) -> str:
+    """PrefixStore prefix of the relay edge into receiver `child` in group `group` at `generation` (`_topology`)."""
+    return f"{group_prefix(group, generation)}edge/{child}/"
+
+
 def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 

@@ -33,7 +33,8 @@ class SyncStats:
         receivers_acked (list[int]): ordinals that acknowledged applying the version, sorted.
         receivers_ignored (list[int]): ordinals that received the version but dropped it, already holding that
             version or a newer one (not a failure), sorted.
-        failed (dict[int, list[int]]): group index -> ordinals that did not acknowledge, for failed groups.
+        failed (dict[int, list[int]]): group index -> ordinals that did not acknowledge the version as applied
+            (no acknowledgement in time, or their `apply` failed), sorted; only groups with such ordinals.
     """
 
     version: int

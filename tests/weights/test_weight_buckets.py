@@ -8,7 +8,7 @@ import random
 import torch
 
 from rlightning.weights import tensor_digests
-from rlightning.weights._buckets import PACKED_TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout
+from rlightning.weights._buckets import TRANSFER_MAX_BYTES, ZERO_COPY_MIN_BYTES, BucketLayout
 
 torch.set_num_threads(1)
 BOUND = 1024
@@ -77,8 +77,20 @@ def test_segments_cover_buckets_pack_runs_up_to_the_bound_and_send_large_or_lone
     assert direct == ["bn.n", "d.f64", "d.h", "large.a", "mask"]  # >= ZERO_COPY_MIN_BYTES, or alone in a bucket
     float_segments = [s for s in layout.segments if layout.buckets[s.bucket].dtype == torch.float32]
     assert [s.direct for s in float_segments] == [False, False, True]  # 36 MiB of small ones split in two runs
-    assert all(s.numel * 4 <= PACKED_TRANSFER_MAX_BYTES for s in float_segments if not s.direct)
+    assert all(s.numel * 4 <= TRANSFER_MAX_BYTES for s in float_segments if not s.direct)
     assert [slot.name for slot in float_segments[1].slots] == ["mid.10", "mid.11", "tail"]
     out = torch.empty(layout.buckets[float_segments[0].bucket].numel)
     packed = layout.pack_segment(float_segments[0], state, out)
     assert torch.equal(packed[:5], state["a.b"][:5])
+
+
+def test_a_tensor_above_the_transfer_bound_travels_in_chunks_that_round_trip():
+    big = torch.randn(TRANSFER_MAX_BYTES // 4 + 1000)  # 32 MiB + 4000 bytes of float32
+    state = {"big": big, "small": torch.randn(10)}
+    layout = BucketLayout.from_state(state, 64 * 2**20)
+    chunks = [s for s in layout.segments if s.slots[0].name == "big"]
+    assert [(s.direct, s.numel) for s in chunks] == [(True, TRANSFER_MAX_BYTES // 4), (True, 1000)]
+    flats = [layout.allocate(i) for i in range(len(layout.buckets))]
+    for seg in layout.segments:  # packing a chunk copies just that range (what the sender does when it casts)
+        layout.pack_segment(seg, state, flats[seg.bucket][seg.offset : seg.offset + seg.numel])
+    assert tensor_digests(layout.unpack_all(flats)) == tensor_digests(state)

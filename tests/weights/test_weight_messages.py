@@ -29,7 +29,7 @@ class _Store:
     [
         (m.Join(3, "s1", cuda=True, version=9), m.MEMBER_EVENT),
         (m.Leave(3, "s1"), m.MEMBER_EVENT),
-        (m.Publish(7, 12, "ab" * 32, 4, (m.AnnouncedGroup(0, 2, "gloo", (Member(0, "a"), Member(1, "b"))),)),
+        (m.Publish(7, 12, "ab" * 32, 4, (m.AnnouncedGroup(0, 2, "gloo", (Member(0, "a"), Member(1, "b"))),), 2),
          m.ANNOUNCEMENT),  # fmt: skip
         (m.Close(8), m.ANNOUNCEMENT),
         (m.Commit(ok=False), m.COMMIT),

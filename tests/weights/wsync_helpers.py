@@ -106,6 +106,23 @@ def wait_members(sender, ordinals: set[int], timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def peak_tensor_bytes(call) -> int:
+    """Peak bytes of tensor storage `call` held at once above what existed before, counted, not sampled.
+
+    torch's profiler records every allocation and free of CPU tensor storage in the calling thread (gloo's
+    threads move bytes into existing tensors and allocate none). Python's tracemalloc does not see tensor
+    storage, and the resident-set high-water mark hides reuse of freed memory, hence the profiler.
+    """
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
+    held = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
 def applied_versions(proc) -> list[int]:
     """Versions a finished receiver process (wsync_receiver.py) applied, from its JSON lines on stdout."""
     lines = [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]

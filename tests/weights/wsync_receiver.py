@@ -1,6 +1,8 @@
 """A real evaluator-like receiver process for the tests: receive, stage, apply, report; JSON lines on stdout.
 
-Exits when the sender closes, unless --keep-after-close. --die-in-version N sends SIGKILL to itself in the
+Exits when the sender closes, unless --keep-after-close. With --apply-in-receive the policy applies each
+version inside `receive` (its `apply` hook: the acknowledgement means applied) and --fail-apply-version N makes
+that apply raise for version N. --die-in-version N sends SIGKILL to itself in the
 middle of receiving version N (after its first transfers), to test a receiver that dies mid-broadcast.
 """
 
@@ -34,16 +36,23 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     parser.add_argument("--die-in-version", type=int, default=0)
+    parser.add_argument("--apply-in-receive", action="store_true", help="apply through receive(apply=...)")
+    parser.add_argument("--fail-apply-version", type=int, default=0)
+    parser.add_argument("--raw", action="store_true", help="keep what arrives as is, with no policy (any model)")
+    parser.add_argument("--dtype", default=None, help="weightSync.dtype: the policy holds floating tensors in it")
     parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
     parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
     args = parser.parse_args()
     if args.log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = WeightSyncConfig(
-        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout
+        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout,
+        dtype=args.dtype,
     )
     receiver = WeightReceiver(config, "127.0.0.1", args.port, args.ordinal)
     policy = Policy()
+    if args.dtype:
+        policy.to(getattr(torch, args.dtype))  # a reduced-precision fleet: every floating tensor in it
     if args.die_in_version:
         waits = {"n": 0}
         original = _transport.BroadcastGroup.wait_work
@@ -57,21 +66,28 @@ def main() -> None:
             return original(self, work)
 
         _transport.BroadcastGroup.wait_work = wait_work
+
+    def apply(version: int, state: dict) -> None:
+        if version == args.fail_apply_version:
+            raise ValueError(f"refusing version {version}")
+        if args.raw:
+            print(json.dumps({"event": "applied", "version": version, "staged": True, "applied": version}), flush=True)
+            return
+        staged = policy.stage_weights(version, state)
+        applied = policy.update_weights_from_buffer()
+        receiver.report(WeightRecord.of(policy.weight_version, named_state(policy)), {"ordinal": float(args.ordinal)})
+        print(json.dumps({"event": "applied", "version": version, "staged": staged, "applied": applied}), flush=True)
+
     print(json.dumps({"event": "started"}), flush=True)
     end = time.monotonic() + args.lifetime
     while time.monotonic() < end:
-        got = receiver.receive(timeout=1.0)
+        got = receiver.receive(timeout=1.0, apply=apply if args.apply_in_receive else None)
         if got is None:
             if receiver.sender_closed and not args.keep_after_close:
                 break
             continue
-        version, state = got
-        staged = policy.stage_weights(version, state)
-        applied = policy.update_weights_from_buffer()
-        current = named_state(policy)
-        metrics = {"ordinal": float(args.ordinal)}
-        receiver.report(WeightRecord.of(policy.weight_version, current), metrics)
-        print(json.dumps({"event": "applied", "version": version, "staged": staged, "applied": applied}), flush=True)
+        if not args.apply_in_receive:
+            apply(*got)
     receiver.close()
     print(json.dumps({"event": "exit"}), flush=True)
     sys.exit(0)

@@ -1,0 +1,124 @@
+"""The forwarding loop of a relay: pass each transfer on to the children as soon as it has arrived.
+
+A receiver with children in its relay tree (`_topology`) feeds one edge per child (a two-rank
+`_transport.BroadcastGroup`, formed in the background). Forwarding never waits for a child while transfers still
+arrive: each child's transfers queue on its own edge (gloo's worker threads of that group move them), so a slow
+child holds up neither the relay's own receiving nor its siblings; at the end the relay waits for every child
+until one deadline, and a child that missed it (or whose edge broke) is dropped with its subtree for this
+publish. What is queued are views of the relay's own received buckets, so forwarding allocates nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from rlightning.weights import _transport
+
+log = logging.getLogger(__name__)
+
+
+class ChildEdge:
+    """The edge from this relay into one child: formed in the background, kept for the tree's generation.
+
+    Args:
+        ordinal (int): the child's ordinal.
+        forming (concurrent.futures.Future): resolves to the edge (`BroadcastGroup`, this side rank 0) or raises.
+    """
+
+    def __init__(self, ordinal: int, forming: concurrent.futures.Future) -> None:
+        self.ordinal = ordinal
+        self._forming = forming
+        self.edge: _transport.BroadcastGroup | None = None
+        self.error: str | None = None
+        """Why the edge is unusable (it stays so until the tree is re-planned), or None."""
+
+    def ready(self, wait: float = 0.0) -> _transport.BroadcastGroup | None:
+        """The formed edge; None while it is still forming after `wait` seconds, or once it failed."""
+        if self.edge is None and self.error is None:
+            try:
+                self.edge = self._forming.result(timeout=max(wait, 0.0))
+            except concurrent.futures.TimeoutError:
+                return None
+            except RuntimeError as exc:
+                self.fail(f"forming the edge failed: {exc}")
+        return self.edge
+
+    def fail(self, error: str) -> None:
+        """Mark the edge unusable and release it (the child's pending transfers fail)."""
+        if self.error is None:
+            self.error = error
+        if self.edge is not None:
+            self.edge.close()
+            self.edge = None
+
+    def close(self) -> None:
+        """Release the edge, also when it is still forming (it is closed once formed)."""
+        self.fail("closed")
+        self._forming.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or f.result().close())
+
+
+class Forwarder:
+    """Forwards one publish's transfers, in order, to every usable child edge.
+
+    Args:
+        children (list[ChildEdge]): this relay's children (failed ones are skipped).
+        transfers (list[torch.Tensor]): every transfer of the publish in order (header first), as views of
+            the relay's own received buffers; transfer i may be forwarded once `advance(i + 1)` was called.
+    """
+
+    def __init__(self, children: list[ChildEdge], transfers: list[torch.Tensor]) -> None:
+        self._children = children
+        self._transfers = transfers
+        self._sent = {child.ordinal: 0 for child in children}
+        self._works: dict[int, collections.deque[dist.Work]] = {c.ordinal: collections.deque() for c in children}
+
+    def advance(self, available: int) -> None:
+        """Queue transfers [sent, available) on every child edge that is formed; never blocks on a child.
+
+        Args:
+            available (int): how many transfers, from the first, have arrived completely.
+        """
+        for child in self._children:
+            edge = child.ready()
+            if edge is None:
+                continue
+            works = self._works[child.ordinal]
+            try:
+                while works and works[0].is_completed():  # reap, so a broken edge is noticed early
+                    works.popleft().wait()
+                while self._sent[child.ordinal] < available:
+                    works.append(edge.broadcast(self._transfers[self._sent[child.ordinal]]))
+                    self._sent[child.ordinal] += 1
+            except RuntimeError as exc:
+                child.fail(f"forwarding failed: {exc}")
+
+    def finish(self, deadline: float) -> dict[int, str]:
+        """Forward the rest and wait, at most until `deadline`, for every child to have received everything.
+
+        Args:
+            deadline (float): `time.monotonic()` bound shared by all children.
+
+        Returns:
+            dict[int, str]: child ordinal -> why it did not get the publish (its subtree did not either).
+        """
+        for child in self._children:
+            if child.ready(deadline - time.monotonic()) is None and child.error is None:
+                child.fail("the edge did not form in time")
+        self.advance(len(self._transfers))
+        for child in self._children:
+            works = self._works[child.ordinal]
+            try:
+                while works and child.edge is not None:
+                    child.edge.wait_work(works.popleft(), deadline)
+            except RuntimeError as exc:
+                child.fail(f"forwarding failed: {exc}")
+        failed = {c.ordinal: c.error for c in self._children if c.error is not None}
+        for ordinal, error in failed.items():
+            log.warning("relay: child %d misses this publish: %s", ordinal, error)
+        return failed

@@ -1,0 +1,176 @@
+"""Relay trees: the pure planner, and 8 real receiver processes that relay buckets to each other.
+
+Ports: WEIGHTS_SYNC of tests/_ports.py, indices 7, 16 and 17 (test_weight_sync.py 0-5, _memory 6, _liveness
+10-13, _cadence 15, _dtype 18, _ack 19).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from wsync_helpers import (
+    BUCKET_BYTES,
+    applied_versions,
+    start_receiver,
+    stop,
+    wait_members,
+    wait_reports,
+    weights_for,
+)
+
+from rlightning.config import WeightSyncConfig
+from rlightning.weights import WeightSender, WeightSyncError, tensor_digests
+from rlightning.weights._topology import Place, relay_tree
+from tests._ports import WEIGHTS_SYNC
+
+torch.set_num_threads(1)
+TIMEOUT = 5.0
+FLEET = list(range(8))
+
+
+@pytest.mark.parametrize(
+    ("ordinals", "fanout", "expected"),
+    [
+        ([4], 2, {4: Place(None, (), 1)}),
+        ([0, 1, 2], 1, {0: Place(None, (1,), 1), 1: Place(0, (2,), 2), 2: Place(1, (), 3)}),  # a chain
+        (
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            2,
+            {
+                0: Place(None, (1, 2), 1),
+                1: Place(0, (3, 4), 2),
+                2: Place(0, (5, 6), 2),
+                3: Place(1, (7,), 3),
+                4: Place(1, (), 3),
+                5: Place(2, (), 3),
+                6: Place(2, (), 3),
+                7: Place(3, (), 4),
+            },
+        ),
+        ([3, 9, 12], 4, {3: Place(None, (9, 12), 1), 9: Place(3, (), 2), 12: Place(3, (), 2)}),
+    ],
+)
+def test_relay_tree_is_a_complete_tree_in_heap_order(ordinals, fanout, expected):
+    assert relay_tree(ordinals, fanout) == expected
+
+
+def test_relay_tree_sends_each_member_one_copy_and_stays_shallow():
+    tree = relay_tree(list(range(1000)), 2)
+    assert sum(len(p.children) for p in tree.values()) == 999  # every member but the root has one parent
+    assert max(len(p.children) for p in tree.values()) == 2
+    assert max(p.depth for p in tree.values()) == 10  # ceil(log2(1001))
+    with pytest.raises(ValueError, match="fanout must be >= 1"):
+        relay_tree([0, 1], 0)
+
+
+def config() -> WeightSyncConfig:
+    return WeightSyncConfig(
+        backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=8, relay_fanout=2, timeout_seconds=TIMEOUT
+    )
+
+
+def start_fleet(port: int, *extra_of: tuple[int, tuple[str, ...]]) -> list:
+    extra = dict(extra_of)
+    return [start_receiver(port, o, *extra.get(o, ()), group_size=8, lifetime=120.0) for o in FLEET]
+
+
+def digests_match(reports: dict, ordinals: list[int], version: int) -> bool:
+    expected = tensor_digests(weights_for(version))
+    return all(o in reports and reports[o].applied.version == version for o in ordinals) and all(
+        reports[o].applied.digest == expected for o in ordinals
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_eight_receivers_relaying_hold_identical_weights_after_every_publish(procs):
+    port = WEIGHTS_SYNC.port(16)
+    procs += start_fleet(port)
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        wait_members(sender, set(FLEET), timeout=120.0)
+        for version in range(1, 6):
+            stats = sender.publish(weights_for(version))
+            assert (stats.version, stats.receivers_acked, stats.failed) == (version, FLEET, {})
+            assert list(stats.groups) == [0]  # one tree: the sender feeds only its root
+            reports = wait_reports(sender, lambda r, v=version: digests_match(r, FLEET, v))
+            assert digests_match(reports, FLEET, version), {o: r.applied.version for o, r in reports.items()}
+    finally:
+        sender.close()
+    stop(procs)
+    assert [applied_versions(p) for p in procs] == [[1, 2, 3, 4, 5]] * len(FLEET)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_version(procs):
+    port = WEIGHTS_SYNC.port(17)
+    # tree (fanout 2): 0 -> 1, 2; 1 -> 3, 4; 2 -> 5, 6; 3 -> 7. Relay 1 dies receiving version 2.
+    procs += start_fleet(port, (1, ("--die-in-version", "2")))
+    subtree, others = [1, 3, 4, 7], [0, 2, 5, 6]
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        wait_members(sender, set(FLEET), timeout=120.0)
+        assert sender.publish(weights_for(1)).receivers_acked == FLEET
+
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[1, 3, 4, 7\]\)") as info:
+            sender.publish(weights_for(2))
+        assert time.monotonic() - start < TIMEOUT + 2.0  # bounded: the sender waits one timeout for the acks
+        assert procs[1].wait(10) == -signal.SIGKILL
+        assert info.value.stats.receivers_acked == others and info.value.stats.failed == {0: subtree}
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, others, 2)), others, 2)
+
+        # the orphans registered again; the next publish re-plans the tree without the dead relay
+        survivors = sorted(set(FLEET) - {1})
+        wait_members(sender, set(survivors))
+        stats = sender.publish(weights_for(3))
+        assert stats.receivers_acked == survivors and stats.formed_groups == [0]
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, survivors, 3)), survivors, 3)
+    finally:
+        sender.close()
+    stop(procs)
+    for ordinal in others:
+        assert applied_versions(procs[ordinal]) == [1, 2, 3]
+    for ordinal in (3, 4, 7):  # never a torn version 2: they kept 1 until 3 arrived
+        assert applied_versions(procs[ordinal]) == [1, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stalled_relay_holds_up_only_its_subtree_and_rejoins(procs):
+    port = WEIGHTS_SYNC.port(7)
+    fleet = [0, 1, 2, 3]  # tree (fanout 2): 0 -> 1, 2; 1 -> 3. Relay 1 stalls (SIGSTOP) before version 2.
+    procs += [start_receiver(port, o, group_size=8, lifetime=120.0) for o in fleet]
+    sender = WeightSender(config(), "127.0.0.1", port)
+    try:
+        wait_members(sender, set(fleet), timeout=120.0)
+        assert sender.publish(weights_for(1)).receivers_acked == fleet
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[1, 3\]\)") as info:
+            sender.publish(weights_for(2))
+        assert time.monotonic() - start < TIMEOUT + 2.0  # its parent and sibling did not wait for it
+        assert info.value.stats.receivers_acked == [0, 2]
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, [0, 2], 2)), [0, 2], 2)
+        os.kill(procs[1].pid, signal.SIGCONT)  # it finds its publish failed, as does its child: both register again
+        deadline = time.monotonic() + 60
+        while True:  # publishes while they re-register may miss them; the tree is re-planned each time
+            try:
+                stats = sender.publish(weights_for(sender.version + 1))  # the version it will get
+            except WeightSyncError as error:
+                stats = error.stats
+            if stats.receivers_acked == fleet or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stats.receivers_acked == fleet
+        version = stats.version
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, fleet, version)), fleet, version)
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+        sender.close()
+    stop(procs)
