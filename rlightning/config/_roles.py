@@ -168,8 +168,9 @@ class WeightSyncConfig(StrictModel):
     dtype: Literal["bfloat16", "float16", "float32", "float64"] | None = Field(
         default=None,
         description=(
-            "Floating tensors are cast to this dtype before they travel, and evaluators hold them in it "
-            "(bfloat16 halves a float32 model's bytes); default: the trainer's dtypes."
+            "Floating tensors are cast to this dtype before they travel (bfloat16 halves a float32 model's bytes); "
+            "evaluators hold the cast values in their own dtypes and digests compare in this one. Default: the "
+            "trainer's dtypes."
         ),
     )
     timeout_seconds: float = Field(

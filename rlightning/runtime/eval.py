@@ -1,12 +1,14 @@
 """Evaluator entrypoint: `python -m rlightning.runtime.eval`, one process per evaluator (a pod, or a local process).
 
 An evaluator is the rollout side of the loop. A background thread receives versions from the trainer
-(`rlightning.weights.WeightReceiver`, which waits with backoff for the trainer's store), stages them in the
-policy's buffer and asks the policy's update thread to apply them between forward passes; once applied it reports
-the version with its fingerprint and digest, so the trainer can check them. The evaluator does nothing before it
-holds its first version.
+(`rlightning.weights.WeightReceiver`, which waits with backoff for the trainer's store and relays the buckets to
+its children in the relay tree), stages them in the policy's buffer and has the policy's update thread apply them
+between forward passes before it acknowledges (`receive(apply=...)`: an ack means applied; a failed apply is
+acknowledged as failed); then it reports the version with its fingerprint and digest, so the trainer can check
+them. The evaluator does nothing before it holds its first version.
 
-When the evaluators produce the training data (`ENV_FLEET_DATA`, eval.replicas >= 1), the main thread steps
+When the evaluators produce the training data (`ENV_FLEET_DATA`, `rlightning.launch.fleet_collects`), the main
+thread steps
 `env.numEnvs` env copies with the newest weights it holds and sends `[train.rolloutSteps, env.numEnvs]` batches
 to the trainer ranks (`rlightning.trajectories.TrajectorySender`, at most `BATCH_CREDITS` unacknowledged), each
 stamped with the version applied at its first step, the ordinal and the episodes that finished in it. Under
@@ -41,6 +43,8 @@ import sys
 import threading
 import time
 
+import torch
+
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import EnvMeta, PolicyRole, build_policy
@@ -55,7 +59,8 @@ log = logging.getLogger("rlightning.eval")
 RECEIVE_POLL_SECONDS = 1.0
 """How long one `receive` call waits for an announcement before the thread checks for a stop."""
 APPLY_TIMEOUT_SECONDS = 60.0
-"""Bound on waiting for the update thread to apply a staged version (buffer strategy `single`)."""
+"""Bound on waiting for the update thread to apply a staged version (buffer strategy `single`); at most half of
+`weightSync.timeoutSeconds`, which the sender waits for the acknowledgement."""
 SHUTDOWN_JOIN_SECONDS = 3.0
 """Bound on waiting for the receiving thread at shutdown; a receive still running past it is abandoned (the
 thread is a daemon) so the clean `leave` is posted within the pod's grace period."""
@@ -148,25 +153,38 @@ class Evaluator:
         self._report: dict[str, float] = {}
         self._applied = threading.Event()
         self._new_version = threading.Event()  # set by the receiving thread after each apply
+        self._dtypes = {name: t.dtype for name, t in weights.named_state(self.policy).items()}
 
     # -- receiving thread ---------------------------------------------------------------------------------
+    def _apply(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Apply a received version before it is acknowledged (`WeightReceiver.receive`'s `apply`): an ack then
+        means every rollout that starts afterwards uses it.
+
+        Floating tensors sent in `weightSync.dtype` are held in the policy's own dtypes (bfloat16 -> float32 is
+        exact, so the digests in that dtype still match). The gated API stages them for the update thread
+        (`single`) or applies them now between forward passes (`none`).
+
+        Raises:
+            RuntimeError: The version is not newer than the one held, or was not applied in time (the receiver
+                then acknowledges it as failed).
+        """
+        own = self._dtypes
+        state = {name: t.to(own[name]) if name in own and t.dtype != own[name] else t for name, t in state.items()}
+        if not self.policy.push_weights(version, state):
+            raise RuntimeError(f"version {version} is not newer than the one held ({self.policy.weight_version})")
+        timeout = min(APPLY_TIMEOUT_SECONDS, self.spec.weight_sync.timeout_seconds / 2)
+        if self.policy.weight_buffer_strategy == "single" and not self.policy.wait_for_weight_update_done(timeout):
+            log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
+            raise RuntimeError(f"version {version} was not applied within {timeout:.0f} s")
+
     def _receive_loop(self) -> None:
         while not self.stop.requested:
-            got = self.receiver.receive(RECEIVE_POLL_SECONDS)
-            if got is None:
-                continue
-            version, state = got
-            # The gated API: staged for the update thread (`single`), or applied now between forward passes
-            # (`none`, which has no update thread to wait for).
-            if not self.policy.push_weights(version, state):
-                continue
-            if self.policy.weight_buffer_strategy == "single" and not self.policy.wait_for_weight_update_done(
-                APPLY_TIMEOUT_SECONDS
-            ):
-                log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
+            if self.receiver.receive(RECEIVE_POLL_SECONDS, apply=self._apply) is None:
                 continue
             # Only this thread asks for updates, so the weights stay put while they are digested.
-            record = weights.WeightRecord.of(self.policy.weight_version, weights.named_state(self.policy))
+            record = weights.WeightRecord.of(
+                self.policy.weight_version, weights.named_state(self.policy), cast=self.spec.weight_sync.dtype
+            )
             with self._lock:
                 self._applied_record = record
             self._applied.set()

@@ -67,3 +67,16 @@ def test_without_evaluators_the_trainers_collect_their_own_data(tmp_path: Path, 
     assert all(r["policy_lag_mean"] is None and r["dropped_batches"] == 0 for r in rows)
     assert rows[-1]["train_return"] is not None
     assert not list(run.logs_dir.glob("eval-*.log"))
+
+
+def test_a_bfloat16_fleet_holds_the_trainers_weights_as_sent(tmp_path: Path, write_manifest, run_helpers) -> None:
+    """weightSync.dtype bfloat16: evaluators receive bf16, act in float32 with those values, and every ack and
+    digest (compared in bf16) says they hold exactly what was sent."""
+    summary, rows, run = _run(
+        tmp_path, write_manifest, run_helpers, total_env_steps=2000, weightSync={"dtype": "bfloat16"}
+    )
+    assert summary["consistent"] is True, summary
+    assert all(e["applied_version"] == summary["weight_version"] for e in summary["evaluators"].values())
+    assert all(r["consistent"] is not False for r in rows)
+    for name in ("eval-0.log", "eval-1.log"):
+        assert "was not applied" not in (run.logs_dir / name).read_text()
