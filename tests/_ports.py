@@ -11,14 +11,15 @@ Block                   Ports        Used by
 RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync,
                                      2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
-WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _liveness (10-13), _cadence (15)
+WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _memory (6), _relay (7, 16, 17),
+                                     _liveness (10-13), _cadence (15), _dtype (18), _ack (19)
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
 WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
 WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)
 POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
 OPERATOR                27600-27619  tests/operator/operator_cluster.py: health, metrics (2 per devcluster slot)
-BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (2)
+BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (3)
 TRAJECTORIES            27800-27819  tests/trajectories/ (one or two per test, numbered in each file)
 BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
 (devcluster)            28700-28799  devcluster/_ports.py: 10 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
