@@ -109,6 +109,9 @@ evaluators registered with its weight sender (`rlightning.runtime.train`)."""
 ENV_FLEET_DATA = "RLIGHTNING_FLEET_DATA"
 """`1` when the evaluators produce the training data (`rlightning.launch.fleet_collects`), else `0`: trainers and
 evaluators of one PolicyGroup agree on it through their launch plans."""
+ENV_HEALTH_FILE = "RLIGHTNING_HEALTH_FILE"
+"""Pods only: the file a process keeps for its probe: an evaluator creates it once it holds weights (readiness), a
+trainer pod's local rank 0 touches it as its loop goes on (liveness)."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
 
@@ -116,6 +119,8 @@ ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 SPEC_MOUNT_DIR = "/etc/rlightning"
 SPEC_FILE_NAME = "policygroup.yaml"
 DEFAULT_RUN_DIR_IN_POD = "/var/run/rlightning"
+HEALTH_FILE_IN_POD = "/tmp/rlightning-health"
+"""ENV_HEALTH_FILE in every pod (the container's own /tmp)."""
 
 # -- Names of children for a PolicyGroup ------------------------------------------------------------------
 MAX_GROUP_NAME_LENGTH = 40

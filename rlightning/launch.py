@@ -30,6 +30,7 @@ RUNTIME_ENV = (
     contract.ENV_EXPECTED_EVALUATORS,
     contract.ENV_FLEET_DATA,
     contract.ENV_GROUP_NAME,
+    contract.ENV_HEALTH_FILE,
     contract.ENV_METRICS_PORT,
     contract.ENV_NAMESPACE,
     contract.ENV_POD_NAME,
@@ -78,6 +79,55 @@ class LaunchSite:
     in_pod: bool
 
 
+PROBE_PERIOD_SECONDS = 10
+LIVENESS_MARGIN_SECONDS = 60
+"""Added to 3 x weightSync.timeoutSeconds for the longest a trainer's loop may go without a heartbeat: a publish, a
+target confirmation and a checkpoint each wait at most about one timeout."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A pod's probe of its process, an exec of `argv` in the container (exit 0: healthy).
+
+    Attributes:
+        kind (str): `readiness` (evaluators: holds weights) or `liveness` (trainers: the loop moves).
+        argv (tuple[str, ...]): The command.
+        period_seconds (int): Seconds between probes.
+        failure_threshold (int): Consecutive failures that count.
+    """
+
+    kind: str
+    argv: tuple[str, ...]
+    period_seconds: int = PROBE_PERIOD_SECONDS
+    failure_threshold: int = 3
+
+
+def probe(spec: PolicyGroupSpec, role: contract.PolicyRole, python: str) -> Probe:
+    """The probe of a role's pods, on `contract.HEALTH_FILE_IN_POD`.
+
+    An evaluator is ready once it holds weights (it creates the file after its first apply; before that it does no
+    work). A trainer is alive while its local rank 0 touched the file within 3 x weightSync.timeoutSeconds +
+    `LIVENESS_MARGIN_SECONDS` (a missing file, before the loop starts, counts as alive).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        role (contract.PolicyRole): The role.
+        python (str): The interpreter in the image.
+
+    Returns:
+        Probe: The readiness (eval) or liveness (train) probe.
+    """
+    path = contract.HEALTH_FILE_IN_POD
+    if role == contract.PolicyRole.EVAL:
+        return Probe("readiness", (python, "-c", f"import os, sys; sys.exit(not os.path.exists({path!r}))"))
+    stale = 3 * math.ceil(spec.weight_sync.timeout_seconds) + LIVENESS_MARGIN_SECONDS
+    check = (
+        f"import os, sys, time; p = {path!r}; "
+        f"sys.exit(os.path.exists(p) and time.time() - os.path.getmtime(p) > {stale})"
+    )
+    return Probe("liveness", (python, "-c", check))
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """How one process of a role starts.
@@ -89,6 +139,7 @@ class LaunchPlan:
         env_from_pod (tuple[str, ...]): Names of variables the platform fills when the pod starts (the pod's
             namespace and name, from the downward API), sorted; empty outside pods.
         grace_seconds (int): Grace after SIGTERM before SIGKILL (a pod's terminationGracePeriodSeconds), in s.
+        probe (Probe | None): The pod's probe of the process; None outside pods.
     """
 
     role: contract.PolicyRole
@@ -96,6 +147,7 @@ class LaunchPlan:
     env: dict[str, str]
     env_from_pod: tuple[str, ...]
     grace_seconds: int
+    probe: Probe | None = None
 
 
 def grace_seconds(spec: PolicyGroupSpec) -> int:
@@ -194,7 +246,7 @@ def plan(
             name. Defaults to None.
 
     Returns:
-        LaunchPlan: argv, environment and grace period.
+        LaunchPlan: argv, environment, grace period and (in pods) the probe.
 
     Raises:
         ValueError: `role` is not a role; `ordinal` is given to a trainer, negative, or missing for an evaluator
@@ -224,6 +276,8 @@ def plan(
         env[contract.ENV_EXPECTED_EVALUATORS] = str(site.expected_evaluators)
     if role == contract.PolicyRole.TRAIN and site.in_pod:
         env[contract.ENV_REPORT_STATUS] = "1"
+    if site.in_pod:
+        env[contract.ENV_HEALTH_FILE] = contract.HEALTH_FILE_IN_POD
     threads = threads_per_process(spec, role)
     if site.in_pod and threads is not None:  # local children share this machine: `rlightning run` sets 1
         env[THREADS_ENV] = str(threads)
@@ -233,4 +287,5 @@ def plan(
         env=dict(sorted(env.items())),
         env_from_pod=(contract.ENV_NAMESPACE, contract.ENV_POD_NAME) if site.in_pod else (),
         grace_seconds=grace_seconds(spec),
+        probe=probe(spec, role, site.python) if site.in_pod else None,
     )

@@ -192,6 +192,13 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[
             {"name": SPEC_VOLUME, "mountPath": contract.SPEC_MOUNT_DIR, "readOnly": True},
         ],
     }
+    if plan.probe is not None:
+        container[f"{plan.probe.kind}Probe"] = {
+            "exec": {"command": list(plan.probe.argv)},
+            "periodSeconds": plan.probe.period_seconds,
+            "timeoutSeconds": plan.probe.period_seconds,
+            "failureThreshold": plan.probe.failure_threshold,
+        }
     result: dict[str, Any] = {
         "serviceAccountName": contract.service_account_name(group),
         "terminationGracePeriodSeconds": plan.grace_seconds,

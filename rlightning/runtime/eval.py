@@ -5,7 +5,8 @@ An evaluator is the rollout side of the loop. A background thread receives versi
 its children in the relay tree), stages them in the policy's buffer and has the policy's update thread apply them
 between forward passes before it acknowledges (`receive(apply=...)`: an ack means applied; a failed apply is
 acknowledged as failed); then it reports the version with its fingerprint and digest, so the trainer can check
-them. The evaluator does nothing before it holds its first version.
+them. The evaluator does nothing before it holds its first version; in a pod it is Ready from then on (the file
+of its readiness probe, `ENV_HEALTH_FILE`).
 
 When the evaluators produce the training data (`ENV_FLEET_DATA`, `rlightning.launch.fleet_collects`), the main
 thread steps
@@ -48,7 +49,7 @@ import torch
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import EnvMeta, PolicyRole, build_policy
-from rlightning.runtime import collector
+from rlightning.runtime import _health, collector
 from rlightning.runtime._prometheus import EvaluatorMetrics
 from rlightning.runtime._signals import StopRequest
 from rlightning.runtime.settings import ProcessSettings, SettingsError, eval_ordinal
@@ -129,6 +130,7 @@ class Evaluator:
     def __init__(self, spec: PolicyGroupSpec, settings: ProcessSettings, ordinal: int) -> None:
         self.spec = spec
         self.ordinal = ordinal
+        self.health_file = settings.health_file
         self.stop = StopRequest()
         self.policy = build_policy(spec.policy, PolicyRole.EVAL)
         self.policy.init_eval(EnvMeta.from_env_config(spec.env), seed=spec.train.seed + ordinal)
@@ -189,6 +191,7 @@ class Evaluator:
                 self._applied_record = record
             self._applied.set()
             self._new_version.set()
+            _health.touch(self.health_file)  # ready: it holds weights
             self.metrics.weight_version.set(record.version)
             self._post()
 
@@ -223,6 +226,7 @@ class Evaluator:
             if thread.is_alive():
                 log.warning("evaluator %d: a weight receive still runs after %.0f s; leaving without it",
                             self.ordinal, SHUTDOWN_JOIN_SECONDS)
+            _health.remove(self.health_file)
             if self.data_sender is not None:
                 self.data_sender.close()
             self.receiver.close()

@@ -77,6 +77,7 @@ class ProcessSettings:
         trajectory_endpoints (tuple[str, ...]): `host:port` of every trainer rank's trajectory intake
             (`ENV_TRAJECTORY_ENDPOINTS`, evaluators only); empty when unset.
         fleet_data (bool): Whether the evaluators produce the training data (`ENV_FLEET_DATA` = `1`).
+        health_file (Path | None): The file of the pod's probe (`ENV_HEALTH_FILE`); None outside pods.
     """
 
     group_name: str
@@ -91,6 +92,7 @@ class ProcessSettings:
     expected_evaluators: int | None = None
     trajectory_endpoints: tuple[str, ...] = ()
     fleet_data: bool = False
+    health_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -136,6 +138,7 @@ class ProcessSettings:
             expected_evaluators=expected_evaluators,
             trajectory_endpoints=endpoints,
             fleet_data=environ.get(contract.ENV_FLEET_DATA, "") == "1",
+            health_file=Path(environ[contract.ENV_HEALTH_FILE]) if environ.get(contract.ENV_HEALTH_FILE) else None,
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:

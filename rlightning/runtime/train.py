@@ -44,7 +44,7 @@ import torch.distributed as dist
 from rlightning import contract, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
-from rlightning.runtime import _datasets, _fleet, _records, _resume, _signals, _stop
+from rlightning.runtime import _datasets, _fleet, _health, _records, _resume, _signals, _stop
 from rlightning.runtime._collective import all_reduce
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
@@ -121,7 +121,11 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         if settings.fleet_data:  # the evaluators need weights before they can produce the first data
             recorder.publish(fleet.publish(policy.iteration))
 
+    # In a pod, local rank 0 keeps the file of the pod's liveness probe fresh while the loop moves.
+    heartbeat = settings.health_file if os.environ.get("LOCAL_RANK", "0") == "0" else None
+
     def on_wait(waited: float) -> int:
+        _health.touch(heartbeat)
         if fleet is not None and recorder is not None:
             recorder.waiting_for_data(waited)
             if fleet.starving(waited):
@@ -134,6 +138,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     last_shortfall: int | None = None
     try:
         while reason is None:
+            _health.touch(heartbeat)
             started = time.monotonic()
             dataset = source.next(policy.weight_version, stop, on_wait)
             if dataset is None:  # a rank was asked to stop while the ranks waited for the fleet

@@ -251,3 +251,16 @@ def test_trainers_validate_the_spec_before_torchrun_and_fail_the_job_on_a_bad_ma
     assert {r["containerName"] for r in fail_job} == {builders.VALIDATE_CONTAINER, contract.PolicyRole.TRAIN}
     assert all(r["operator"] == "In" and r["values"] == [contract.EXIT_BAD_MANIFEST] for r in fail_job)
     assert "initContainers" not in _by_kind(build_children(example, NS))["StatefulSet"]["spec"]["template"]["spec"]
+
+
+def test_pods_probe_weights_held_and_a_moving_training_loop(example):
+    children = _by_kind(build_children(example, NS))
+    evaluator, trainer = _container(children["StatefulSet"]), _container(children["Job"])
+    assert "livenessProbe" not in evaluator and "readinessProbe" not in trainer
+    ready, alive = evaluator["readinessProbe"], trainer["livenessProbe"]
+    for probe in (ready, alive):
+        assert probe["exec"]["command"][:2] == ["python", "-c"]
+        assert contract.HEALTH_FILE_IN_POD in probe["exec"]["command"][2]
+        assert probe["periodSeconds"] > 0 and probe["failureThreshold"] >= 1
+    env = {e["name"]: e.get("value") for e in evaluator["env"]}
+    assert env[contract.ENV_HEALTH_FILE] == contract.HEALTH_FILE_IN_POD

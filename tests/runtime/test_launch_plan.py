@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +203,29 @@ def test_the_data_source_follows_the_spec_else_the_fleet_size(data_source, repli
     assert launch.fleet_collects(manifest.spec) is fleet
     for role, ordinal in (("train", None), ("eval", 0)):
         assert launch.plan(manifest, role, _site(), ordinal).env[contract.ENV_FLEET_DATA] == ("1" if fleet else "0")
+
+
+def _probe_exit(check: launch.Probe, path: Path) -> int:
+    code = check.argv[2].replace(repr(contract.HEALTH_FILE_IN_POD), repr(str(path)))
+    return subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode
+
+
+def test_pods_probe_their_processes_through_the_health_file(tmp_path):
+    manifest = _manifest(weightSync={"timeoutSeconds": 10})
+    pod = {"python": "python", "master_addr": POD_MASTER, "trainer_hosts": (POD_MASTER,), "spec_path": "/s",
+           "run_dir": "/r", "node_rank": "0", "metrics": True, "expected_evaluators": None, "in_pod": True}  # fmt: skip
+    ready = launch.plan(manifest, "eval", launch.LaunchSite(**pod)).probe
+    alive = launch.plan(manifest, "train", launch.LaunchSite(**pod)).probe
+    assert ready is not None and ready.kind == "readiness" and alive is not None and alive.kind == "liveness"
+    assert launch.plan(manifest, "eval", _site(), 0).probe is None  # no pods, no probes
+    assert launch.plan(manifest, "eval", launch.LaunchSite(**pod)).env[contract.ENV_HEALTH_FILE] == (
+        contract.HEALTH_FILE_IN_POD
+    )
+    health = tmp_path / "health"
+    # Before any weights: not ready; a trainer that has not started its loop yet: alive.
+    assert (_probe_exit(ready, health), _probe_exit(alive, health)) == (1, 0)
+    health.touch()
+    assert (_probe_exit(ready, health), _probe_exit(alive, health)) == (0, 0)
+    stale = 3 * 10 + launch.LIVENESS_MARGIN_SECONDS + 5  # seconds since the loop last moved
+    os.utime(health, (time.time() - stale, time.time() - stale))
+    assert _probe_exit(alive, health) == 1
