@@ -73,6 +73,18 @@ def test_a_wrong_policy_class_is_one_line_and_exit_2(
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
+def test_a_package_that_fails_to_import_is_one_line_too(package_on_path: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "broken_policy.py").write_text('raise RuntimeError("first line\\nsecond line")\n')
+    doc = yaml.safe_load(MANIFEST.read_text())
+    doc["spec"]["policy"]["policyClass"] = "broken_policy:Policy"
+    path = tmp_path / "manifest.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {**package_on_path, "PYTHONPATH": os.pathsep.join([str(tmp_path), package_on_path["PYTHONPATH"]])}
+    result = _rlightning(env, "validate", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.splitlines() == ["error: spec.policy.policyClass: first line second line"], result.stderr
+
+
 @pytest.mark.slow
 def test_the_package_policy_trains_with_evaluators_in_sync(
     tmp_path: Path, write_manifest, run_helpers, package_on_path: dict[str, str]
