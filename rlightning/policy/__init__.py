@@ -1,9 +1,10 @@
-"""Policies: the seed's `BasePolicy` API, the `PolicyGroup` handle, the policy-class loader and PPO.
+"""Policies: the seed's `BasePolicy` API, the `PolicyGroup` handle, the policy-class loader, PPO and SAC.
 
 Belongs here: what a policy is and does (build, act, learn, receive weights, checkpoint) and the handle that
 keeps evaluators in step with the trainer. `base_policy` holds the seed's API; the private modules behind it
 each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`); `_experience` is
-the layout of experience batches (keys, per-step shapes, dtypes) that collectors write and trainers check. Not
+the layout of experience batches (keys, per-step shapes, dtypes) that collectors write and trainers check;
+`_replay` the bounded replay buffer of off-policy learners (SAC). Not
 here: moving bytes between processes (`rlightning.weights`), env stepping loops and process entrypoints
 (`rlightning.runtime`).
 """
@@ -17,6 +18,7 @@ from rlightning.policy._training_state import clone_checkpoint_value
 from rlightning.policy.base_policy import BasePolicy, PolicyRole
 from rlightning.policy.policy_group import PolicyGroup
 from rlightning.policy.ppo import PPOKwargs, PPOPolicy
+from rlightning.policy.sac import SACKwargs, SACPolicy
 
 __all__ = [
     "BasePolicy",
@@ -26,6 +28,8 @@ __all__ = [
     "PPOPolicy",
     "PolicyGroup",
     "PolicyRole",
+    "SACKwargs",
+    "SACPolicy",
     "build_policy",
     "check_batch",
     "clone_checkpoint_value",

@@ -59,6 +59,24 @@ def infer_train_dp_world_size() -> int:
     return size
 
 
+def mean_over_ranks(value: float) -> float:
+    """The mean of a number over the data-parallel ranks, for decisions every rank must take alike.
+
+    Every rank must call it at the same time when the default group has more than one rank.
+
+    Args:
+        value (float): This rank's number.
+
+    Returns:
+        float: The mean over the ranks; `value` itself without a default group or with one rank.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total) / dist.get_world_size()
+
+
 def set_nested_attr(obj: Any, name: str, value: Any) -> None:
     """Set a dotted attribute, `set_nested_attr(policy, "agent.actor", module)`.
 

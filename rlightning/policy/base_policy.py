@@ -496,6 +496,18 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
         self._update_thread.close(timeout)
 
+    def get_eval_weights(self) -> dict[str, torch.Tensor]:
+        """The tensors a trainer publishes to its evaluators: what an evaluator of this class holds, by clean name.
+
+        By default every parameter and buffer (`weights.named_state(self)`). A policy whose evaluators need less
+        than the trainer holds (SAC's critics stay with the trainer) returns that part, named as in the evaluator's
+        own `named_state`, so received weights load into it and its digests compare with these.
+
+        Returns:
+            dict[str, torch.Tensor]: Clean name -> tensor, sharing storage with the policy (no copy).
+        """
+        return weights.named_state(self)
+
     # -- fingerprints -----------------------------------------------------------------------------------------------
 
     def get_param_fingerprint(self) -> dict[str, float]:

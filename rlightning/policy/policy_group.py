@@ -61,7 +61,7 @@ class PolicyGroup:
         return self.train_policy.weight_version
 
     def sync_weights(self) -> int:
-        """Send the trainer's current weights to every evaluator under a new weight version.
+        """Send the trainer's current weights (`get_eval_weights()`) to every evaluator under a new weight version.
 
         The remote fleet gets them through `sender.publish`, which assigns the version (above the trainer's
         and above the newest one any evaluator holds); the trainer's `weight_version` becomes it. In-process
@@ -76,7 +76,7 @@ class PolicyGroup:
             weights.WeightSyncError: When the remote publish did not reach every receiver (the version still
                 counts as sent: in-process evaluators get it, and `last_sync_stats` holds the outcome).
         """
-        state = weights.named_state(self.train_policy)
+        state = self.train_policy.get_eval_weights()
         failure: weights.WeightSyncError | None = None
         if self.sender is not None:
             try:
@@ -135,7 +135,7 @@ class PolicyGroup:
         latest = self.ledger.latest
         if latest is not None:
             return self.ledger.reference(latest, exact=True)  # type: ignore[return-value]
-        return weights.WeightRecord.of(self.weight_version, weights.named_state(self.train_policy))
+        return weights.WeightRecord.of(self.weight_version, self.train_policy.get_eval_weights())
 
     def eval_weight_mismatches(self, rtol: float = DEFAULT_RTOL) -> dict[str, list[str]]:
         """Compare every evaluator with the weights of the last sync (the trainer's current weights before any).

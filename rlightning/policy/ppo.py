@@ -7,6 +7,12 @@ head), per-minibatch advantage normalisation, clipped value loss and linear lear
 CleanRL's ppo.py and ppo_continuous_action.py (https://github.com/vwxyzjn/cleanrl). Continuous actions use a
 Gaussian with a state-independent log standard deviation (an `nn.Parameter` on the network itself).
 
+Optional, as in CleanRL's ppo_continuous_action.py and Stable-Baselines3: observation normalisation
+(`normalizeObservations`: running mean and variance, `_normalize.RunningObservationNorm`, buffers of the network,
+so evaluators receive them with the weights and checkpoints hold them; updated after each update from its batch,
+so a batch is trained with the statistics it was collected with), and an early stop of the epochs once the mean
+approximate KL divergence of an epoch exceeds `targetKl` (averaged over the DDP ranks, so every rank stops alike).
+
 Experience batches are TensorDicts of shape `[T, N]` (time first, N vector-env copies) with the keys of
 `PPOPolicy.experience_fields()`: the env keys every collector writes (`rlightning.policy.env_fields`) and the
 rollout outputs PPO declares in `rollout_fields()`:
@@ -38,7 +44,7 @@ from torch import nn
 
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig
-from rlightning.policy import _experience, base_policy
+from rlightning.policy import _ddp, _experience, _normalize, base_policy
 from rlightning.policy._env_meta import EnvMeta
 
 
@@ -61,6 +67,13 @@ class PPOKwargs(BaseModel):
     normalize_advantages: bool = Field(default=True, description="Normalise advantages per minibatch.")
     clip_value_loss: bool = Field(default=True, description="Clip the value update like the policy update.")
     init_log_std: float = Field(default=0.0, description="Initial log standard deviation (Box actions).")
+    normalize_observations: bool = Field(
+        default=False, description="Normalise observations by running statistics (synced and checkpointed)."
+    )
+    observation_clip: float = Field(default=10.0, gt=0, description="Bound of the normalised observations.")
+    target_kl: float | None = Field(
+        default=None, gt=0, description="Stop an update's epochs once an epoch's mean approximate KL exceeds this."
+    )
 
 
 def _layer(inputs: int, outputs: int, gain: float) -> nn.Linear:
@@ -108,10 +121,21 @@ class PPONetwork(nn.Module):
             self.log_std = nn.Parameter(torch.full((act_dim,), kwargs.init_log_std))
         else:
             raise ValueError(f"PPOPolicy needs a Discrete or 1-D Box action space, got {action_space}")
+        self.obs_norm: _normalize.RunningObservationNorm | None = None
+        if kwargs.normalize_observations:
+            self.obs_norm = _normalize.RunningObservationNorm(obs_dim, kwargs.observation_clip)
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations `[B, obs_dim]` as the MLPs take them: normalised when `obs_norm` is set, else unchanged."""
+        return obs if self.obs_norm is None else self.obs_norm(obs)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State values `[B]` of observations `[B, obs_dim]` float32."""
+        return self.critic(self.normalize(obs)).squeeze(-1)
 
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         """The action distribution for observations `[B, obs_dim]` float32."""
-        out = self.actor(obs)
+        out = self.actor(self.normalize(obs))
         if self.continuous:
             return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
         return torch.distributions.Categorical(logits=out)
@@ -137,7 +161,7 @@ class PPONetwork(nn.Module):
         entropy = dist.entropy()
         if self.continuous:
             log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
-        return action, log_prob, entropy, self.critic(obs).squeeze(-1)
+        return action, log_prob, entropy, self.value(obs)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample (or take the mode of) actions, without running the critic.
@@ -275,7 +299,7 @@ class PPOPolicy(base_policy.BasePolicy):
     def _state_values(self, observation: torch.Tensor) -> torch.Tensor:
         # [T, N, *O] -> [T, N], with the unwrapped critic (a forward without gradients needs no DDP sync).
         steps, envs = observation.shape[:2]
-        return self.network.critic(observation.reshape(steps * envs, -1).float()).reshape(steps, envs)
+        return self.network.value(observation.reshape(steps * envs, -1).float()).reshape(steps, envs)
 
     def current_lr(self) -> float:
         """The learning rate of the next update: linearly annealed over `train.total_env_steps` when
@@ -289,11 +313,14 @@ class PPOPolicy(base_policy.BasePolicy):
     def train(self) -> dict[str, float]:  # type: ignore[override]  # the seed's train() takes no arguments
         """One PPO update on the batch from `update_dataset`: `update_epochs` passes of `num_minibatches`.
 
-        Under DDP every rank must call this with a batch of the same shape (gradients are all-reduced).
+        Under DDP every rank must call this with a batch of the same shape (gradients are all-reduced). With
+        `targetKl` the epochs stop after the first whose mean approximate KL (over the ranks) exceeds it; with
+        `normalizeObservations` the statistics take in the batch's observations after the epochs.
 
         Returns:
-            dict[str, float]: `policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction`,
-                `explained_variance` (of the value estimates made before the epochs), `lr`.
+            dict[str, float]: `policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction` (means over
+                the minibatch steps), `explained_variance` (of the value estimates made before the epochs),
+                `epochs` (run), `lr`.
 
         Raises:
             RuntimeError: Without `init_train` or without a dataset.
@@ -315,16 +342,24 @@ class PPOPolicy(base_policy.BasePolicy):
             group["lr"] = lr
 
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
-        updates = 0
-        for _ in range(kw.update_epochs):
+        updates = epochs = 0
+        while epochs < kw.update_epochs:
             order = torch.randperm(flat.shape[0], device="cpu").to(self.device)
+            epoch_kl, epoch_updates = 0.0, 0
             for index in torch.tensor_split(order, kw.num_minibatches):
                 if index.numel() == 0:
                     continue
                 stats = self._minibatch_step(flat[index], self.optimizer)
                 for key, value in stats.items():
                     sums[key] += value
-                updates += 1
+                epoch_kl += stats["approx_kl"]
+                epoch_updates += 1
+            updates += epoch_updates
+            epochs += 1
+            if kw.target_kl is not None and _ddp.mean_over_ranks(epoch_kl / max(epoch_updates, 1)) > kw.target_kl:
+                break
+        if self.network.obs_norm is not None:  # after the epochs: this batch was collected with the old statistics
+            self.network.obs_norm.update(flat["observation"])
 
         values, target = data["value"].reshape(-1).float(), returns.reshape(-1)
         var_target = target.var(unbiased=False)
@@ -332,7 +367,7 @@ class PPOPolicy(base_policy.BasePolicy):
         self.iteration += 1
         self.env_steps += steps * envs * self.dp_world_size
         metrics = {key: total / max(updates, 1) for key, total in sums.items()}
-        metrics.update(explained_variance=explained, lr=lr)
+        metrics.update(explained_variance=explained, epochs=float(epochs), lr=lr)
         return metrics
 
     def _minibatch_step(self, mb: TensorDict, optimizer: torch.optim.Optimizer) -> dict[str, float]:

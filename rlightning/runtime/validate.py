@@ -58,7 +58,8 @@ def check_policy(manifest: PolicyGroupManifest) -> list[str]:
     try:
         policy_class = load_policy_class(policy.policy_class)
     except Exception as error:  # noqa: BLE001 - importing user code may raise anything; report, never crash
-        return [f"spec.policy.policyClass: {error}"]
+        reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())  # one line per problem
+        return [f"spec.policy.policyClass: {reason or type(error).__name__}"]
     kwargs_model = getattr(policy_class, "kwargs_model", None)
     if kwargs_model is None:
         return []

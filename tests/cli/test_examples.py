@@ -49,3 +49,21 @@ def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
     # The two evaluators produced every sample the trainers learned from.
     by_evaluator = summary["env_steps_by_evaluator"]
     assert set(by_evaluator) == {"0", "1"} and sum(by_evaluator.values()) == summary["env_steps"], summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_pendulum_example_runs_to_its_target(tmp_path: Path) -> None:
+    """`rlightning run examples/pendulum.yaml --plain`, as is: SAC learns from the evaluator's data and reaches -250."""
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlightning", "run", str(REPO / "examples" / "pendulum.yaml"), "--plain",
+         "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=840, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reached_target"] is True and summary["final_eval_return"] >= -250, summary
+    assert summary["stop_reason"] == "target_eval_return"
+    assert summary["consistent"] is True, summary
+    assert summary["env_steps_by_evaluator"] == {"0": summary["env_steps"]}, summary  # all data from the fleet

@@ -120,3 +120,20 @@ def test_parallel_ddp_wraps_even_at_world_size_1(one_rank_group) -> None:
     default = PPOPolicy(CONFIG, "train")
     default.init_train(META, TrainConfig(), seed=1)  # parallel unset: DDP only above world size 1
     assert not isinstance(default.agent, torch.nn.parallel.DistributedDataParallel)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_two_ranks_share_observation_statistics_and_the_kl_early_stop(tmp_path: Path) -> None:
+    import json
+
+    kwargs = json.dumps(
+        {"hiddenSizes": [16], "updateEpochs": 6, "numMinibatches": 2, "normalizeObservations": True, "targetKl": 1e-9}
+    )
+    results = run_ranks(HERE / "ddp_worker.py", 2, tmp_path, [[kwargs], [kwargs]])
+    assert results[0]["observation_sum"] != results[1]["observation_sum"]  # each rank collected its own envs
+    assert results[0]["after_update"] == results[1]["after_update"]  # weights and statistics alike
+    assert "agent.obs_norm.mean" in results[0]["after_update"]
+    both = [(a + b) / 2 for a, b in zip(results[0]["observation_mean"], results[1]["observation_mean"], strict=True)]
+    assert results[0]["obs_norm_mean"] == pytest.approx(both, rel=1e-6, abs=1e-9)  # moments of both ranks' data
+    assert [r["metrics"]["epochs"] for r in results] == [1.0, 1.0]  # stopped alike, after the first epoch

@@ -196,3 +196,64 @@ def test_ppo_learns_cartpole() -> None:
     print(f"CartPole returns: eval before {before:.1f}, early {early:.1f}, late {late:.1f}, eval after {after:.1f}")
     assert late > 2 * early and late > 100  # training returns rise clearly (seeds 0-3 give 150-190 from ~20)
     assert after > 150  # greedy evaluation (seeds 0-3 give 380-440; a random greedy policy can reach ~380)
+
+
+def _pendulum_ppo(role: str = "train", **kwargs) -> PPOPolicy:
+    policy = PPOPolicy(PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [16], **kwargs}), role)
+    meta = EnvMeta.from_env_config(EnvConfig(id="Pendulum-v1"))
+    if role == "train":
+        policy.init_train(meta, seed=0)
+    else:
+        policy.init_eval(meta, seed=1)
+    return policy
+
+
+def test_observation_statistics_are_learned_after_the_update_synced_and_checkpointed(tmp_path) -> None:
+    from rlightning.policy import PolicyGroup
+
+    assert not any("obs_norm" in name for name in _pendulum_ppo().get_param_digests())  # off by default
+    trainer = _pendulum_ppo(normalizeObservations=True, updateEpochs=1, numMinibatches=1)
+    collector = RolloutCollector(EnvConfig(id="Pendulum-v1", num_envs=4), trainer, seed=0)
+    norm = trainer.network.obs_norm
+    seen = []
+    for _ in range(2):
+        batch = collector.collect(64)
+        seen.append(batch["observation"].reshape(-1, 3).double())
+        trainer.update_dataset(batch)
+        metrics = trainer.train()
+        # One minibatch of one epoch: the ratio is exactly 1 only if the batch is scored with the statistics that
+        # collected it, so the statistics must move after the epochs, not before.
+        assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    observations = torch.cat(seen)
+    assert float(norm.count) == pytest.approx(512, abs=1e-3)
+    assert torch.allclose(norm.mean, observations.mean(0), atol=1e-6)
+    assert torch.allclose(norm.var, observations.var(0, unbiased=False), rtol=1e-4)
+    evaluator = _pendulum_ppo("eval", normalizeObservations=True)
+    try:
+        group = PolicyGroup(trainer, [evaluator])
+        group.sync_weights()
+        assert group.wait_for_eval_weights(timeout=10.0) and group.verify_eval_weight_consistency()
+        assert torch.equal(evaluator.network.obs_norm.mean, norm.mean)  # the evaluator normalises alike
+        obs = torch.tensor([[1.0, 0.0, 6.0]])
+        assert torch.equal(
+            evaluator.rollout({"observation": obs, "deterministic": True})["action"],
+            trainer.rollout({"observation": obs, "deterministic": True})["action"],
+        )
+    finally:
+        evaluator.close()
+    path = trainer.save_checkpoint(tmp_path / "ppo.pt")
+    resumed = _pendulum_ppo(normalizeObservations=True)
+    resumed.load_checkpoint(path)
+    restored = resumed.network.obs_norm
+    assert torch.equal(restored.var, norm.var) and torch.equal(restored.count, norm.count)
+
+
+def test_target_kl_stops_the_epochs_early() -> None:
+    results = {}
+    for target in (None, 1e-9):
+        policy = _pendulum_ppo(updateEpochs=5, numMinibatches=2, targetKl=target)
+        policy.update_dataset(RolloutCollector(EnvConfig(id="Pendulum-v1", num_envs=2), policy, seed=0).collect(32))
+        results[target] = policy.train()["epochs"]
+    assert results == {None: 5.0, 1e-9: 1.0}
+    with pytest.raises(ValidationError):
+        PPOKwargs.model_validate({"targetKl": 0})
