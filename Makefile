@@ -40,8 +40,9 @@ TEST_DIRS := $(sort $(wildcard tests/*/))
 
 ## Ruff, mypy and the import-layer contracts (pyproject.toml); zero findings.
 lint: install
-	$(VENV)/bin/ruff check rlightning operator devcluster benchmarks tests
+	$(VENV)/bin/ruff check rlightning operator devcluster benchmarks tests examples
 	$(VENV)/bin/mypy -p rlightning -p rlightning_operator -p devcluster
+	MYPYPATH=examples/custom_policy $(VENV)/bin/mypy -p reinforce_policy  # a user's package, as a user would check it
 	MYPYPATH=tests/operator $(VENV)/bin/mypy --follow-imports=silent benchmarks  # operator_cluster: checked with tests
 	$(VENV)/bin/mypy $(TEST_MYPY_FLAGS) $(wildcard tests/*.py)
 	set -e; for dir in $(TEST_DIRS); do MYPYPATH=$$dir $(VENV)/bin/mypy $(TEST_MYPY_FLAGS) $$dir; done
