@@ -57,13 +57,13 @@ def main() -> None:
         waits = {"n": 0}
         original = _transport.BroadcastGroup.wait_work
 
-        def wait_work(self, work):
+        def wait_work(self, work, deadline=None):
             if receiver.version == args.die_in_version - 1:
                 waits["n"] += 1
                 if waits["n"] == 3:  # header and first bucket done, the rest in flight
                     print(json.dumps({"event": "dying"}), flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
-            return original(self, work)
+            return original(self, work, deadline)
 
         _transport.BroadcastGroup.wait_work = wait_work
 
