@@ -31,18 +31,23 @@ def test_example_validates(path: Path) -> None:
     assert "valid PolicyGroup" in result.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
-    """`rlightning run examples/cartpole.yaml --plain`, as is: its evaluators produce the data and it reaches 475."""
+def run_example(name: str, tmp_path: Path) -> dict:
+    """`rlightning run examples/NAME --plain`, as is; returns its summary.json after checking it exited 0."""
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "rlightning", "run", str(REPO / "examples" / "cartpole.yaml"), "--plain",
+        [sys.executable, "-m", "rlightning", "run", str(REPO / "examples" / name), "--plain",
          "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=840, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
+    """examples/cartpole.yaml: its evaluators produce the data and it reaches 475."""
+    summary = run_example("cartpole.yaml", tmp_path)
     assert summary["reached_target"] is True and summary["final_eval_return"] >= 475, summary
     assert summary["stop_reason"] == "target_eval_return"
     assert summary["consistent"] is True, summary
@@ -54,15 +59,8 @@ def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_pendulum_example_runs_to_its_target(tmp_path: Path) -> None:
-    """`rlightning run examples/pendulum.yaml --plain`, as is: SAC learns from the evaluator's data and reaches -250."""
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "rlightning", "run", str(REPO / "examples" / "pendulum.yaml"), "--plain",
-         "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=840, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    """examples/pendulum.yaml: SAC learns from the evaluator's data and reaches -250."""
+    summary = run_example("pendulum.yaml", tmp_path)
     assert summary["reached_target"] is True and summary["final_eval_return"] >= -250, summary
     assert summary["stop_reason"] == "target_eval_return"
     assert summary["consistent"] is True, summary
