@@ -115,7 +115,7 @@ def peak_tensor_bytes(call) -> int:
     """
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         call()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr,unused-ignore]
     held = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):
         held += event.nbytes()
