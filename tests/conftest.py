@@ -24,6 +24,9 @@ import devcluster
 
 NAMESPACE_READY_SECONDS = 30.0
 """Bound for a new namespace's ``default`` ServiceAccount to appear."""
+REAL_NAMESPACE_GONE_SECONDS = 100.0
+"""Bound on waiting for a real-node test's namespace to be deleted (its pods' grace periods included); below
+devcluster's kubectl timeout."""
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +50,13 @@ def real_node(cluster):
 
 
 @pytest.fixture
-def real_namespace(real_node, namespace):
-    """A fresh namespace (as ``namespace``) for pods on the real node."""
-    return namespace
+def real_namespace(real_node, namespace, cluster):
+    """A fresh namespace (as ``namespace``) for pods on the real node; deleted after, waiting (bounded) until its
+    pods are gone: real pods hold the real node's CPU until they exit, and the next test must find it free."""
+    yield namespace
+    cluster.kubectl(
+        "delete", "namespace", namespace, "--wait=true", f"--timeout={REAL_NAMESPACE_GONE_SECONDS:.0f}s", check=False
+    )
 
 
 @pytest.fixture
