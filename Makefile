@@ -37,15 +37,18 @@ TEST_MYPY_FLAGS := --follow-imports=silent --allow-incomplete-defs --disable-err
 # Each tests/ directory is checked on its own: its modules import their neighbours by bare name, as pytest
 # runs them, and several directories have a conftest.py.
 TEST_DIRS := $(sort $(wildcard tests/*/))
+# mypy keys its cache by the options: runs with other flags keep caches of their own, or each would
+# invalidate the others' and every run would check the library again from scratch.
+MYPY_CACHE := .mypy_cache
 
 ## Ruff, mypy and the import-layer contracts (pyproject.toml); zero findings.
 lint: install
 	$(VENV)/bin/ruff check rlightning operator devcluster benchmarks tests examples
 	$(VENV)/bin/mypy -p rlightning -p rlightning_operator -p devcluster
-	MYPYPATH=examples/custom_policy $(VENV)/bin/mypy -p reinforce_policy  # a user's package, as a user would check it
-	MYPYPATH=tests/operator $(VENV)/bin/mypy --follow-imports=silent benchmarks  # operator_cluster: checked with tests
-	$(VENV)/bin/mypy $(TEST_MYPY_FLAGS) $(wildcard tests/*.py)
-	set -e; for dir in $(TEST_DIRS); do MYPYPATH=$$dir $(VENV)/bin/mypy $(TEST_MYPY_FLAGS) $$dir; done
+	MYPYPATH=examples/custom_policy $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/user -p reinforce_policy  # as a user would check it
+	MYPYPATH=tests/operator $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/benchmarks --follow-imports=silent benchmarks
+	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/tests $(TEST_MYPY_FLAGS) $(wildcard tests/*.py)
+	set -e; for dir in $(TEST_DIRS); do MYPYPATH=$$dir $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/tests $(TEST_MYPY_FLAGS) $$dir; done
 	$(VENV)/bin/lint-imports
 
 ## Regenerate the CRD from the models (a test fails when the checked-in copy is stale).
