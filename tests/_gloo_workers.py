@@ -37,7 +37,7 @@ def run_ranks(script: Path, world_size: int, tmp_path: Path, extra_args: list[li
     store = dist.TCPStore(
         "127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")  # an abort prints every thread's stack
     outs = [tmp_path / f"rank{rank}.json" for rank in range(world_size)]
     procs = [
         subprocess.Popen(

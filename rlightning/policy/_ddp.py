@@ -132,3 +132,26 @@ def wrap_children_in_ddp(
         set_nested_attr(policy, name, ddp)
         wrapped.append((name, ddp))
     return wrapped
+
+
+def unwrap_ddp_children(policy: nn.Module, children: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """Put each `DistributedDataParallel` child of `policy` back as the module it wraps, in place.
+
+    A DDP wrapper's reducer holds the process group: while a wrapper lives, `destroy_process_group` cannot free the
+    group, and it is then freed during interpreter teardown, where Gloo's threads can abort the process
+    ("terminate called without an active exception") after a run that succeeded.
+
+    Args:
+        policy (nn.Module): The policy whose attributes are replaced.
+        children (list[tuple[str, nn.Module]]): The trainable children, by attribute name, wrapped or not.
+
+    Returns:
+        list[tuple[str, nn.Module]]: The bare modules, by the same attribute names.
+    """
+    bare: list[tuple[str, nn.Module]] = []
+    for name, module in children:
+        if isinstance(module, nn.parallel.DistributedDataParallel):
+            module = module.module
+            set_nested_attr(policy, name, module)
+        bare.append((name, module))
+    return bare

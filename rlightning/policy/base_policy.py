@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import gc
 import os
 import time
 from collections.abc import Mapping
@@ -488,13 +489,19 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         self._update_thread.run()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the update thread (idempotent).
+        """Stop the update thread and release the DDP wrappers (idempotent); call it before
+        `torch.distributed.destroy_process_group`, so that the group is freed there and not at interpreter teardown.
+
+        The policy keeps its modules and weights (unwrapped) but no longer trains across ranks.
 
         Args:
             timeout (float, optional): Seconds to wait for the thread to finish its current update.
                 Defaults to 5.0.
         """
         self._update_thread.close(timeout)
+        if any(isinstance(module, nn.parallel.DistributedDataParallel) for _, module in self.model_list):
+            self.model_list = _ddp.unwrap_ddp_children(self, self.model_list)
+            gc.collect()  # a wrapper caught in a reference cycle would otherwise keep the group until teardown
 
     def get_eval_weights(self) -> dict[str, torch.Tensor]:
         """The tensors a trainer publishes to its evaluators: what an evaluator of this class holds, by clean name.

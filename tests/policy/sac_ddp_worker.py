@@ -52,6 +52,7 @@ def main() -> None:
     }  # fmt: skip
     with open(out, "w") as file:
         json.dump(result, file)
+    policy.close()  # releases DDP's hold on the group, as the trainer does
     dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import weakref
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def test_ddp_wrapping_on_cpu_and_the_bare_parameter_rule(one_rank_group) -> None
     policy.model_list = _ddp.wrap_children_in_ddp(policy, policy.model_list, policy.device, world_size=2)
     assert isinstance(policy.agent, torch.nn.parallel.DistributedDataParallel) and policy.agent.device_ids is None
     assert policy.model_list == [("agent", policy.agent)] and policy.network is policy.agent.module
+    digests, wrapper = policy.get_param_digests(), weakref.ref(policy.agent)
+    policy.close()  # the wrapper's reducer holds the group: gone before destroy_process_group
+    assert wrapper() is None and policy.model_list == [("agent", policy.agent)] and policy.agent is policy.network
+    assert policy.get_param_digests() == digests
     toy = ToyPolicy(role_type="train")
     toy.init_train(BOX_META, seed=0)
     with pytest.raises(ValueError, match=r"\['scale'\] are not inside a child module"):

@@ -52,6 +52,7 @@ def main() -> None:
         "weight_version": policy.weight_version,
     }
     Path(out).write_text(json.dumps(result))
+    policy.close()  # releases DDP's hold on the group, as the trainer does
     dist.destroy_process_group()
 
 
