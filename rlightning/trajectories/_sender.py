@@ -236,6 +236,9 @@ class TrajectorySender:
     def wanted(self, version: int) -> bool:
         """Whether a trainer rank may still take a batch of `version` (processes acknowledgements first).
 
+        A rank's room is what its latest message said: an acknowledgement of this evaluator's batch, or the
+        `full` notice a rank sends every evaluator, unasked, when batches from others completed its fill.
+
         Args:
             version (int): The weight version the next batch would be stamped with.
 
