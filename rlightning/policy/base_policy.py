@@ -4,11 +4,11 @@ A subclass builds its network in `construct_network`, acts in `rollout_step`/`po
 outputs it learns from in `rollout_fields` (the dataset layout is `experience_fields`: those plus the env keys of
 `_experience`) and learns in `update_dataset`/`train`. The base class keeps the seed's API, mostly as short
 delegations to private modules with one job each: rollouts and weight updates are mutually exclusive, rollouts
-are admitted in arrival order and a pending update goes first (`_gate`; a rollout that raises still releases it); update requests are counted by generation so none is lost
-(`_weight_updates`); the device and DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints
-and resumes (`_training_state`, `_rng`); phase durations as bounded running aggregates (`_timing`). Weights are
-named by `rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and
-checkpointed like any other tensor.
+are admitted in arrival order and a pending update goes first (`_gate`; a rollout that raises still releases
+it); update requests are counted by generation so none is lost (`_weight_updates`); the device and DDP wrapping
+(`_ddp`); optimizer, counters and weight version in checkpoints and resumes (`_training_state`, `_rng`); phase
+durations as bounded running aggregates (`_timing`). Weights are named by `rlightning.weights.named_state`, so
+bare parameters and buffers are synced, fingerprinted and checkpointed like any other tensor.
 """
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
 
     def get_num_requests(self) -> int:
         """Rollout requests in flight or waiting for admission now: this policy's load, by which a router picks
-        the least-loaded replica. At most 1 is in flight in sync mode.
+        the least-loaded replica (`rlightning.policy.RolloutRouter`). At most 1 is in flight in sync mode.
 
         Returns:
             int: The count.
