@@ -534,8 +534,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
 
         Returns:
             dict[str, Any]: `format_version`, `policy_class`, `weights` (named_state), `optimizer` (state dict
-                or None), `counters` (`iteration`, `env_steps`), `weight_version`, `rng` (python, numpy,
-                torch, cuda).
+                or None), `counters` (`iteration`, `env_steps`), `weight_version`, `extra`
+                (`extra_training_state()`), `rng` (python, numpy, torch, cuda).
         """
         cls = type(self)
         return {
@@ -545,6 +545,23 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             **_training_state.capture(self),
             "rng": _rng.capture_rng_state(),
         }
+
+    def extra_training_state(self) -> dict[str, Any]:
+        """What else a resume needs besides weights, optimizer, counters and RNG (an off-policy learner's replay
+        buffer); checkpointed and, on a DDP resume, broadcast from rank 0 to every rank. None by default.
+
+        Returns:
+            dict[str, Any]: Tensors in plain containers (a checkpoint loads with `weights_only=True`).
+        """
+        return {}
+
+    def load_extra_training_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `extra_training_state` returned (the base class has none to restore).
+
+        Args:
+            state (Mapping[str, Any]): An `extra_training_state()` output, tensors on the CPU.
+        """
+        del state
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
         """Write `checkpoint_state()` atomically (temporary file, then rename).
@@ -558,7 +575,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         return _training_state.write_checkpoint(self.checkpoint_state(), path)
 
     def load_checkpoint(self, path: str | os.PathLike[str], restore_rng: bool = True) -> dict[str, Any]:
-        """Resume from a checkpoint: weights, optimizer, counters, weight version and (optionally) RNG states.
+        """Resume from a checkpoint: weights, optimizer, counters, weight version, extra training state (a replay
+        buffer) and (optionally) RNG states.
 
         Call after `init_train` (or `init_eval`, which ignores the optimizer state).
 
