@@ -13,9 +13,13 @@ lasts about `--seconds` of training; the figures come from its metrics.jsonl, af
 Goal (issue 15): throughput at 4 evaluators >= 3.2x that at 1, at 8 >= 5x. Anchors: Sample Factory, IMPALA/SEED
 RL, RLlib's env runners, TorchRL's distributed collectors.
 
+`--rollout-mode async` sets `policy.rolloutMode: async`: each evaluator steps its copies as one shard per copy at
+once (`eval.rolloutWorkers` defaults to `env.numEnvs`), instead of in turn.
+
 Usage:
     python benchmarks/fleet_throughput.py                          # 1, 2, 4, 8 evaluators
     python benchmarks/fleet_throughput.py --evaluators 1,4 --seconds 15 --json rows.json
+    python benchmarks/fleet_throughput.py --evaluators 1,2 --rollout-mode async
 """
 
 from __future__ import annotations
@@ -40,10 +44,10 @@ ROLLOUT_STEPS = 32
 BATCHES_PER_UPDATE = 8
 """One update learns from 8 batches of [32, 4] (1,024 steps): at 8 evaluators one batch from each."""
 KEYS = ("evaluators", "env_steps_per_second", "mean_policy_lag", "max_policy_lag", "trainer_idle_fraction",
-        "dropped_batches", "trainer_ceiling_steps_per_second")  # fmt: skip
+        "dropped_batches", "trainer_ceiling_steps_per_second", "rollout_mode")  # fmt: skip
 
 
-def manifest(evaluators: int, latency_ms: float, env_steps: int, index: int) -> dict:
+def manifest(evaluators: int, latency_ms: float, env_steps: int, index: int, rollout_mode: str = "sync") -> dict:
     """A PolicyGroup for one benchmark run, on its own ports of BENCH_FLEET."""
     first = 3 * index
     return {
@@ -53,7 +57,8 @@ def manifest(evaluators: int, latency_ms: float, env_steps: int, index: int) -> 
         "spec": {
             "env": {"id": "benchmarks.slow_env:SlowCartPole-v1", "numEnvs": NUM_ENVS,
                     "kwargs": {"step_latency_ms": latency_ms}},
-            "policy": {"policyKwargs": {"hiddenSizes": [64, 64], "updateEpochs": 4, "numMinibatches": 4}},
+            "policy": {"policyKwargs": {"hiddenSizes": [64, 64], "updateEpochs": 4, "numMinibatches": 4},
+                       "rolloutMode": rollout_mode},
             "train": {"nodes": 1, "procsPerNode": 1, "totalEnvSteps": env_steps, "rolloutSteps": ROLLOUT_STEPS,
                       "batchesPerUpdate": BATCHES_PER_UPDATE, "maxPolicyLag": 1,
                       "checkpoint": {"intervalIterations": 1000}},
@@ -65,13 +70,16 @@ def manifest(evaluators: int, latency_ms: float, env_steps: int, index: int) -> 
     }  # fmt: skip
 
 
-def run_once(evaluators: int, latency_ms: float, seconds: float, warmup: int, index: int) -> dict:
+def run_once(
+    evaluators: int, latency_ms: float, seconds: float, warmup: int, index: int, rollout_mode: str = "sync"
+) -> dict:
     """Train with `evaluators` evaluators for about `seconds` s of steady state; return one row (KEYS)."""
-    per_evaluator = 1000.0 / latency_ms  # env steps per second of one evaluator, stepping its copies in turn
+    # Env steps per second of one evaluator: stepping its copies in turn (sync), or all at once (async).
+    per_evaluator = 1000.0 / latency_ms * (NUM_ENVS if rollout_mode == "async" else 1)
     env_steps = int(per_evaluator * evaluators * seconds) + BATCHES_PER_UPDATE * ROLLOUT_STEPS * NUM_ENVS * warmup
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         path = Path(tmp) / "manifest.yaml"
-        path.write_text(yaml.safe_dump(manifest(evaluators, latency_ms, env_steps, index)))
+        path.write_text(yaml.safe_dump(manifest(evaluators, latency_ms, env_steps, index, rollout_mode)))
         run_dir = Path(tmp) / "run"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run(
@@ -95,6 +103,7 @@ def run_once(evaluators: int, latency_ms: float, seconds: float, warmup: int, in
         "trainer_idle_fraction": statistics.fmean(r["trainer_idle_fraction"] for r in steady),
         "dropped_batches": last["dropped_batches"],
         "trainer_ceiling_steps_per_second": statistics.median(ceilings) if ceilings else None,
+        "rollout_mode": rollout_mode,
     }
 
 
@@ -104,6 +113,7 @@ def main() -> int:
     parser.add_argument("--step-latency-ms", type=float, default=5.0, help="added latency per env step (ms)")
     parser.add_argument("--seconds", type=float, default=20.0, help="steady-state training per run (s)")
     parser.add_argument("--warmup", type=int, default=2, help="iterations left out of the figures")
+    parser.add_argument("--rollout-mode", choices=("sync", "async"), default="sync", help="policy.rolloutMode")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args()
     counts = [int(c) for c in args.evaluators.split(",")]
@@ -111,7 +121,7 @@ def main() -> int:
           f"{'dropped':>8} {'trainer ceiling steps/s':>24}")  # fmt: skip
     rows = []
     for index, count in enumerate(counts):
-        row = run_once(count, args.step_latency_ms, args.seconds, args.warmup, index)
+        row = run_once(count, args.step_latency_ms, args.seconds, args.warmup, index, args.rollout_mode)
         rows.append(row)
         base = rows[0]["env_steps_per_second"]
         speedup = row["env_steps_per_second"] / base if base else 0.0

@@ -62,7 +62,11 @@ class PolicyConfig(StrictModel):
         description="Free-form settings the policy class validates itself (network sizes, algorithm coefficients).",
     )
     rollout_mode: Literal["sync", "async"] = Field(
-        default="sync", description="sync: one rollout at a time; async: concurrent rollouts from an asyncio loop."
+        default="sync",
+        description=(
+            "sync: one rollout at a time, callers served in arrival order; async: concurrent rollouts (threads or "
+            "an asyncio loop), and an evaluator steps eval.rolloutWorkers env shards concurrently."
+        ),
     )
     weight_buffer: WeightBufferConfig = Field(
         default_factory=WeightBufferConfig, description="Staging of received weights on evaluators."

@@ -123,6 +123,15 @@ class EvalConfig(StrictModel):
             "the trainers take no data). 0 evaluates every version."
         ),
     )
+    rollout_workers: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "With policy.rolloutMode async: env shards an evaluator steps concurrently when it produces training "
+            "data, one thread each, every request routed to the least-loaded policy replica. Unset: one per env "
+            "copy (env.numEnvs) in async mode, 1 in sync mode. At most env.numEnvs."
+        ),
+    )
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")
 
     @model_validator(mode="after")

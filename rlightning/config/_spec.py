@@ -74,6 +74,33 @@ class PolicyGroupSpec(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _rollout_workers_fit(self) -> PolicyGroupSpec:
+        workers = self.eval.rollout_workers
+        if workers is None:
+            return self
+        if workers > 1 and self.policy.rollout_mode != "async":
+            raise ValueError(
+                f"eval.rolloutWorkers: more than 1 needs policy.rolloutMode async, got {workers} with "
+                f"{self.policy.rollout_mode!r}"
+            )
+        if workers > self.env.num_envs:
+            raise ValueError(
+                f"eval.rolloutWorkers: at most env.numEnvs ({self.env.num_envs}; each worker steps its own env "
+                f"copies), got {workers}"
+            )
+        return self
+
+    def eval_rollout_workers(self) -> int:
+        """Env shards an evaluator steps concurrently (`eval.rolloutWorkers`, or its default).
+
+        Returns:
+            int: `eval.rolloutWorkers` when set; else `env.numEnvs` in async rollout mode, 1 in sync mode.
+        """
+        if self.eval.rollout_workers is not None:
+            return self.eval.rollout_workers
+        return self.env.num_envs if self.policy.rollout_mode == "async" else 1
+
 
 class ObjectMeta(StrictModel):
     """The part of Kubernetes object metadata a manifest file may carry."""

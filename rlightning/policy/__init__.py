@@ -4,7 +4,8 @@ Belongs here: what a policy is and does (build, act, learn, receive weights, che
 keeps evaluators in step with the trainer. `base_policy` holds the seed's API; the private modules behind it
 each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`); `_experience` is
 the layout of experience batches (keys, per-step shapes, dtypes) that collectors write and trainers check;
-`_replay` the bounded replay buffer of off-policy learners (SAC). Not
+`_replay` the bounded replay buffer of off-policy learners (SAC); `_router` sends rollout requests to the
+least-loaded of several policy replicas (async rollout mode). Not
 here: moving bytes between processes (`rlightning.weights`), env stepping loops and process entrypoints
 (`rlightning.runtime`).
 """
@@ -14,6 +15,7 @@ from rlightning.policy._env_meta import EnvMeta, make_env
 from rlightning.policy._experience import ExperienceField, check_batch, env_fields
 from rlightning.policy._loader import build_policy, load_policy_class
 from rlightning.policy._rng import seed_everything
+from rlightning.policy._router import RolloutRouter
 from rlightning.policy._training_state import clone_checkpoint_value
 from rlightning.policy.base_policy import BasePolicy, PolicyRole
 from rlightning.policy.policy_group import PolicyGroup
@@ -28,6 +30,7 @@ __all__ = [
     "PPOPolicy",
     "PolicyGroup",
     "PolicyRole",
+    "RolloutRouter",
     "SACKwargs",
     "SACPolicy",
     "build_policy",

@@ -3,9 +3,12 @@
 TorchRL's `ReplayBuffer` with a `LazyTensorStorage` does this job, but torchrl is not a dependency of rlightning;
 this is the small part an off-policy policy needs. Memory is fixed at `capacity` transitions, allocated on the
 first `extend` from that batch's keys, per-transition shapes and dtypes; the oldest transitions are overwritten.
+`state_dict` holds the transitions held, oldest first (what a checkpoint needs to resume with the buffer).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDict
@@ -93,3 +96,39 @@ class CircularReplayBuffer:
             raise RuntimeError("cannot sample from an empty replay buffer")
         index = torch.randint(self._size, (batch_size,), generator=generator)
         return self._storage[index.to(self.device)]
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The transitions held, oldest first, for a checkpoint; the unfilled part of the storage is left out.
+
+        Returns:
+            dict[str, dict[str, torch.Tensor]]: `{"transitions": {key: [len(self), *F] tensor}}` (copies, on
+                `device`), `{"transitions": {}}` when empty. Bytes: `len(self)` times the bytes of one transition.
+        """
+        if self._storage is None or self._size == 0:
+            return {"transitions": {}}
+        if self._size < self.capacity:  # not wrapped yet: slots 0..size-1, in order
+            order = torch.arange(self._size, device=self.device)
+        else:
+            order = (torch.arange(self.capacity, device=self.device) + self._cursor) % self.capacity
+        held = self._storage[order]
+        keys = list(held.keys())  # flat: one level of keys (iterating a TensorDict yields rows, not keys)
+        return {"transitions": {str(key): held.get(key) for key in keys}}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Hold exactly the transitions of a `state_dict`; with a smaller `capacity` than when it was taken, the
+        newest `capacity` of them.
+
+        Args:
+            state (Mapping[str, Mapping[str, torch.Tensor]]): The output of `state_dict`.
+
+        Raises:
+            ValueError: When the transitions' layout is inconsistent (keys of different lengths).
+        """
+        self._storage, self._cursor, self._size = None, 0, 0
+        transitions = dict(state["transitions"])
+        if not transitions:
+            return
+        lengths = {len(value) for value in transitions.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"replay buffer state: every key must hold as many transitions, got lengths {lengths}")
+        self.extend(TensorDict(transitions, batch_size=[lengths.pop()]))

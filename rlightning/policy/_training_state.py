@@ -1,4 +1,5 @@
-"""A trainer's state besides its weights (optimizer, step counters, weight version) and the checkpoint file.
+"""A trainer's state besides its weights (optimizer, step counters, weight version, the policy's extra training
+state such as a replay buffer) and the checkpoint file.
 
 Two users share one definition of that state: `BasePolicy.save_checkpoint`/`load_checkpoint`, which add the
 weights and the RNG states, and the DDP resume (`rlightning.runtime._resume`), which broadcasts it from rank 0.
@@ -15,8 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
-CHECKPOINT_FORMAT_VERSION = 1
-"""Version of the dict `BasePolicy.save_checkpoint` writes; bumped on incompatible changes."""
+CHECKPOINT_FORMAT_VERSION = 2
+"""Version of the dict `BasePolicy.save_checkpoint` writes; bumped on incompatible changes (2: `extra`)."""
 
 
 class Trainable(Protocol):
@@ -26,6 +27,10 @@ class Trainable(Protocol):
     iteration: int
     env_steps: int
     weight_version: int
+
+    def extra_training_state(self) -> dict[str, Any]: ...
+
+    def load_extra_training_state(self, state: Mapping[str, Any]) -> None: ...
 
 
 def clone_checkpoint_value(value: Any) -> Any:
@@ -53,14 +58,15 @@ def capture(policy: Trainable) -> dict[str, Any]:
         policy (Trainable): The policy.
 
     Returns:
-        dict[str, Any]: `optimizer` (state dict or None), `counters` (`iteration`, `env_steps`) and
-            `weight_version`, the keys a checkpoint holds them under.
+        dict[str, Any]: `optimizer` (state dict or None), `counters` (`iteration`, `env_steps`),
+            `weight_version` and `extra` (`extra_training_state()`), the keys a checkpoint holds them under.
     """
     optimizer = policy.optimizer
     return {
         "optimizer": None if optimizer is None else clone_checkpoint_value(optimizer.state_dict()),
         "counters": {"iteration": policy.iteration, "env_steps": policy.env_steps},
         "weight_version": policy.weight_version,
+        "extra": clone_checkpoint_value(policy.extra_training_state()),
     }
 
 
@@ -78,6 +84,7 @@ def restore(policy: Trainable, state: Mapping[str, Any]) -> None:
     policy.iteration = int(state["counters"]["iteration"])
     policy.env_steps = int(state["counters"]["env_steps"])
     policy.weight_version = int(state["weight_version"])
+    policy.load_extra_training_state(state["extra"])
 
 
 def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:

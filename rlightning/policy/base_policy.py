@@ -3,12 +3,12 @@
 A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess`, declares which rollout
 outputs it learns from in `rollout_fields` (the dataset layout is `experience_fields`: those plus the env keys of
 `_experience`) and learns in `update_dataset`/`train`. The base class keeps the seed's API, mostly as short
-delegations to private modules with one job each: rollouts and weight updates are mutually exclusive (`_gate`; a
-rollout that raises still releases it); update requests are counted by generation so none is lost
-(`_weight_updates`); the device and DDP wrapping (`_ddp`); optimizer, counters and weight version in checkpoints
-and resumes (`_training_state`, `_rng`); phase durations as bounded running aggregates (`_timing`). Weights are
-named by `rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and
-checkpointed like any other tensor.
+delegations to private modules with one job each: rollouts and weight updates are mutually exclusive, rollouts
+are admitted in arrival order and a pending update goes first (`_gate`; a rollout that raises still releases
+it); update requests are counted by generation so none is lost (`_weight_updates`); the device and DDP wrapping
+(`_ddp`); optimizer, counters and weight version in checkpoints and resumes (`_training_state`, `_rng`); phase
+durations as bounded running aggregates (`_timing`). Weights are named by `rlightning.weights.named_state`, so
+bare parameters and buffers are synced, fingerprinted and checkpointed like any other tensor.
 """
 
 from __future__ import annotations
@@ -411,12 +411,13 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         return self._gate.wait_idle(timeout)
 
     def get_num_requests(self) -> int:
-        """Rollouts in flight now (at most 1 in sync mode).
+        """Rollout requests in flight or waiting for admission now: this policy's load, by which a router picks
+        the least-loaded replica (`rlightning.policy.RolloutRouter`). At most 1 is in flight in sync mode.
 
         Returns:
             int: The count.
         """
-        return self._gate.active_rollouts
+        return self._gate.requests
 
     # -- weight updates --------------------------------------------------------------------------------------------
 
@@ -540,8 +541,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
 
         Returns:
             dict[str, Any]: `format_version`, `policy_class`, `weights` (named_state), `optimizer` (state dict
-                or None), `counters` (`iteration`, `env_steps`), `weight_version`, `rng` (python, numpy,
-                torch, cuda).
+                or None), `counters` (`iteration`, `env_steps`), `weight_version`, `extra`
+                (`extra_training_state()`), `rng` (python, numpy, torch, cuda).
         """
         cls = type(self)
         return {
@@ -551,6 +552,23 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             **_training_state.capture(self),
             "rng": _rng.capture_rng_state(),
         }
+
+    def extra_training_state(self) -> dict[str, Any]:
+        """What else a resume needs besides weights, optimizer, counters and RNG (an off-policy learner's replay
+        buffer); checkpointed and, on a DDP resume, broadcast from rank 0 to every rank. None by default.
+
+        Returns:
+            dict[str, Any]: Tensors in plain containers (a checkpoint loads with `weights_only=True`).
+        """
+        return {}
+
+    def load_extra_training_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `extra_training_state` returned (the base class has none to restore).
+
+        Args:
+            state (Mapping[str, Any]): An `extra_training_state()` output, tensors on the CPU.
+        """
+        del state
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
         """Write `checkpoint_state()` atomically (temporary file, then rename).
@@ -564,7 +582,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         return _training_state.write_checkpoint(self.checkpoint_state(), path)
 
     def load_checkpoint(self, path: str | os.PathLike[str], restore_rng: bool = True) -> dict[str, Any]:
-        """Resume from a checkpoint: weights, optimizer, counters, weight version and (optionally) RNG states.
+        """Resume from a checkpoint: weights, optimizer, counters, weight version, extra training state (a replay
+        buffer) and (optionally) RNG states.
 
         Call after `init_train` (or `init_eval`, which ignores the optimizer state).
 

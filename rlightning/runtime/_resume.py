@@ -4,8 +4,8 @@ DDP broadcasts rank 0's parameters only when it wraps a module (`init_train`); a
 would leave the ranks apart if they read different files, and with `train.nodes > 1` every trainer pod has a
 run directory of its own. So rank 0 alone picks and loads the newest checkpoint, then broadcasts its training
 state: every parameter and buffer with `dist.broadcast` (in place, on the policy's device), the optimizer
-state, step counters and weight version with `dist.broadcast_object_list`. The other ranks keep their own RNG
-streams (seed + rank).
+state, step counters, weight version and extra training state (SAC's replay buffer) with
+`dist.broadcast_object_list`. The other ranks keep their own RNG streams (seed + rank).
 """
 
 from __future__ import annotations

@@ -6,21 +6,27 @@ collector writes plus the rollout outputs the policy declares; the collector kno
 vector env resets finished copies in the same step (gymnasium's `AutoresetMode.SAME_STEP`): the step returns the
 new episode's first observation and the finished episode's last one in `info["final_obs"]`, which is what
 `next_observation` holds for that step.
+
+In async rollout mode an evaluator steps several shards of its env copies at once (`ShardedRolloutCollector`,
+one thread per shard, `eval.rolloutWorkers`), each request going to the least-loaded policy replica through a
+`RolloutRouter`; the shards' batches are joined along the env dimension, so the batch layout is the same.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import math
+from collections.abc import Sequence
 
 import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rlightning.config import EnvConfig
-from rlightning.policy import BasePolicy, check_batch, make_env
+from rlightning.config import EnvConfig, PolicyGroupSpec
+from rlightning.policy import BasePolicy, RolloutRouter, check_batch, make_env
 
 RECENT_EPISODES = 100
 """Finished episodes remembered for `RolloutCollector.recent_returns` / `recent_lengths`."""
@@ -54,6 +60,8 @@ class RolloutCollector:
         policy (BasePolicy): An initialised policy that declares `rollout_fields`.
         seed (int): Seeds the env copies (copy i gets seed + i) on the first reset.
         device (str | torch.device, optional): Where the returned TensorDicts live. Defaults to "cpu".
+        router (RolloutRouter | None, optional): Send each request through it (to the least-loaded of its
+            replicas, of `policy`'s class) instead of to `policy`. Defaults to None.
 
     Raises:
         NotImplementedError: When the policy does not declare `rollout_fields`.
@@ -69,9 +77,15 @@ class RolloutCollector:
     """
 
     def __init__(
-        self, env_config: EnvConfig, policy: BasePolicy, seed: int, device: str | torch.device = "cpu"
+        self,
+        env_config: EnvConfig,
+        policy: BasePolicy,
+        seed: int,
+        device: str | torch.device = "cpu",
+        router: RolloutRouter | None = None,
     ) -> None:
         self.policy = policy
+        self._act = policy.rollout if router is None else router.rollout
         self.fields = policy.experience_fields()
         self._rollout_keys = list(policy.rollout_fields())
         self.device = torch.device(device)
@@ -104,7 +118,7 @@ class RolloutCollector:
         rows: dict[str, list[torch.Tensor]] = collections.defaultdict(list)
         for _ in range(num_steps):
             observation = torch.as_tensor(self._obs, dtype=torch.float32)
-            out = self.policy.rollout({"observation": observation, "deterministic": False})
+            out = self._act({"observation": observation, "deterministic": False})
             action = to_env_action(out["action"], self.action_space)
             next_obs, reward, terminated, truncated, info = self.envs.step(action)
             done = terminated | truncated
@@ -152,6 +166,126 @@ class RolloutCollector:
     def close(self) -> None:
         """Close the env copies."""
         self.envs.close()
+
+
+class ShardedRolloutCollector:
+    """Steps `env_config.num_envs` env copies as `workers` shards at once, one thread each, into one `[T, N]` batch.
+
+    Shard k is a `RolloutCollector` of consecutive copies (sizes differ by at most one) whose requests go through
+    `router`; a weight update still never overlaps a forward pass (each replica's gate), and with the env's step
+    time spent outside the GIL (a simulator, a remote env) the shards overlap. Copy i is seeded with seed + i, as
+    in one `RolloutCollector`; which sample a copy draws depends on the order the threads reach the policy.
+
+    Args:
+        env_config (EnvConfig): `spec.env`.
+        router (RolloutRouter): The policy replicas; the batch layout is the first replica's.
+        workers (int): Shards, at most `env_config.num_envs`.
+        seed (int): Seeds the env copies (copy i gets seed + i) on the first reset.
+        device (str | torch.device, optional): Where the returned TensorDicts live. Defaults to "cpu".
+
+    Raises:
+        ValueError: When `workers` is not within 1..`env_config.num_envs`.
+
+    Attributes:
+        fields (dict[str, ExperienceField]): The layout of every batch.
+        recent_returns (collections.deque[float]): Returns of the last finished episodes of all shards, newest last.
+        recent_lengths (collections.deque[int]): Their lengths in steps.
+        episodes_finished (int): Episodes finished since construction.
+        env_steps (int): Env steps taken since construction (all copies).
+    """
+
+    def __init__(
+        self,
+        env_config: EnvConfig,
+        router: RolloutRouter,
+        workers: int,
+        seed: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if not 1 <= workers <= env_config.num_envs:
+            raise ValueError(f"workers must be within 1..{env_config.num_envs} (env.numEnvs), got {workers}")
+        self.num_envs = env_config.num_envs
+        sizes = [len(part) for part in np.array_split(np.arange(self.num_envs), workers)]
+        starts = np.cumsum([0, *sizes[:-1]])
+        self.shards: list[RolloutCollector] = []
+        try:
+            for start, size in zip(starts, sizes, strict=True):
+                shard_config = env_config.model_copy(update={"num_envs": size})
+                self.shards.append(
+                    RolloutCollector(shard_config, router.replicas[0], seed + int(start), device, router=router)
+                )
+        except BaseException:
+            for shard in self.shards:
+                shard.close()
+            raise
+        self.fields = self.shards[0].fields
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rollout-worker")
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
+        self.recent_lengths: collections.deque[int] = collections.deque(maxlen=RECENT_EPISODES)
+        self.episodes_finished = 0
+        self.env_steps = 0
+
+    def collect(self, num_steps: int) -> TensorDict:
+        """Step every shard `num_steps` times, concurrently, and join their batches along the env dimension.
+
+        Args:
+            num_steps (int): T, steps per copy (>= 1).
+
+        Returns:
+            TensorDict: `[T, N]` experience, copies in order, with the layout of `fields`.
+
+        Raises:
+            ValueError: When the policy's rollout outputs do not match its `rollout_fields()` (from any shard,
+                after all shards finished).
+        """
+        finished = [shard.episodes_finished for shard in self.shards]
+        futures = [self._pool.submit(shard.collect, num_steps) for shard in self.shards]
+        concurrent.futures.wait(futures)  # every shard is done before any error is raised: none steps on alone
+        batches = [future.result() for future in futures]
+        for shard, before in zip(self.shards, finished, strict=True):
+            new = min(shard.episodes_finished - before, len(shard.recent_returns))
+            if new:
+                self.recent_returns.extend(list(shard.recent_returns)[-new:])
+                self.recent_lengths.extend(list(shard.recent_lengths)[-new:])
+            self.episodes_finished += shard.episodes_finished - before
+        self.env_steps += num_steps * self.num_envs
+        return TensorDict.cat(batches, dim=1)
+
+    def mean_recent_return(self) -> float:
+        """Mean of `recent_returns`.
+
+        Returns:
+            float: The mean, or NaN before the first finished episode.
+        """
+        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
+
+    def close(self) -> None:
+        """Stop the worker threads (after the batch in progress) and close the env copies."""
+        self._pool.shutdown(wait=True)
+        for shard in self.shards:
+            shard.close()
+
+
+def fleet_collector(
+    spec: PolicyGroupSpec, replicas: Sequence[BasePolicy], seed: int
+) -> RolloutCollector | ShardedRolloutCollector:
+    """The collector of an evaluator that produces training data: `eval.rolloutWorkers` shards whose requests
+    a `RolloutRouter` sends to the least-loaded of `replicas`.
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec (`PolicyGroupSpec.eval_rollout_workers`).
+        replicas (Sequence[BasePolicy]): The evaluator's initialised policy replicas.
+        seed (int): Seeds the env copies (copy i gets seed + i).
+
+    Returns:
+        RolloutCollector | ShardedRolloutCollector: One collector stepping every copy in turn (one worker), else
+            the copies in that many concurrent shards.
+    """
+    router = RolloutRouter(replicas)
+    workers = spec.eval_rollout_workers()
+    if workers == 1:
+        return RolloutCollector(spec.env, router.replicas[0], seed, router=router)
+    return ShardedRolloutCollector(spec.env, router, workers, seed)
 
 
 def evaluate_episodes(

@@ -10,7 +10,8 @@ of its readiness probe, `ENV_HEALTH_FILE`).
 
 When the evaluators produce the training data (`ENV_FLEET_DATA`, `rlightning.launch.fleet_collects`), the main
 thread steps
-`env.numEnvs` env copies with the newest weights it holds and sends `[train.rolloutSteps, env.numEnvs]` batches
+`env.numEnvs` env copies (as concurrent shards in async rollout mode, `collector.fleet_collector`) with the newest
+weights it holds and sends `[train.rolloutSteps, env.numEnvs]` batches
 to the trainer ranks (`rlightning.trajectories.TrajectorySender`, at most `BATCH_CREDITS` unacknowledged), each
 stamped with the version applied at its first step, the ordinal and the episodes that finished in it. Under
 `train.maxPolicyLag: 0` a batch during which a new version was applied is not sent (it could not be trained on),
@@ -256,8 +257,8 @@ class Evaluator:
     def _produce(self, sender: trajectories.TrajectorySender) -> None:
         """Send training batches, evaluating between them when due (module docstring)."""
         spec = self.spec
-        rollouts = collector.RolloutCollector(
-            spec.env, self.policy, seed=spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + TRAINING_SEED_OFFSET
+        rollouts = collector.fleet_collector(
+            spec, [self.policy], seed=spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + TRAINING_SEED_OFFSET
         )
         next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
         idle_since: float | None = None

@@ -84,8 +84,9 @@ class EventLog:
 class ToyPolicy(BasePolicy):
     """Linear -> BatchNorm -> Linear, times a bare scale Parameter on the policy itself.
 
-    `rollout_step` honours `env_ret["fail"]` (raise) and `env_ret["sleep"]` (seconds inside the forward) and
-    logs entry/exit; applying weights logs entry/exit and can be held by `hold_update` (an Event to wait on).
+    `rollout_step` honours `env_ret["fail"]` (raise), `env_ret["sleep"]` (seconds inside the forward) and
+    `env_ret["hold"]` (an Event the forward waits on, at most 10 s) and logs entry/exit; applying weights logs
+    entry/exit and can be held by `hold_update` (an Event to wait on).
     """
 
     def __init__(self, config: PolicyConfig | None = None, role_type: Any = "eval") -> None:
@@ -109,6 +110,8 @@ class ToyPolicy(BasePolicy):
         try:
             if env_ret.get("fail"):
                 raise RuntimeError("boom")
+            if env_ret.get("hold") is not None:
+                assert env_ret["hold"].wait(10.0), "test never released the held rollout"
             time.sleep(env_ret.get("sleep", 0.0))
             return self.net(torch.as_tensor(env_ret["observation"], dtype=torch.float32)) * self.scale
         finally:

@@ -93,7 +93,7 @@ def test_checkpoint_loads_into_an_evaluator_and_rejects_unknown_formats(tmp_path
         state = torch.load(path, weights_only=True)
         state["format_version"] = 99
         torch.save(state, tmp_path / "bad.pt")
-        with pytest.raises(ValueError, match="format_version must be 1"):
+        with pytest.raises(ValueError, match="format_version must be 2"):
             evaluator.load_checkpoint(tmp_path / "bad.pt")
     finally:
         evaluator.close()

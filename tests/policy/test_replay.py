@@ -52,3 +52,26 @@ def test_rejects_bad_input() -> None:
     wrong["obs"] = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="do not fit"):
         buffer.extend(wrong)
+
+
+def test_state_dict_holds_the_transitions_oldest_first_and_loads_back() -> None:
+    buffer = CircularReplayBuffer(5)
+    assert buffer.state_dict() == {"transitions": {}}
+    buffer.extend(_steps(0, 3))
+    assert buffer.state_dict()["transitions"]["id"].tolist() == [0, 1, 2]
+    buffer.extend(_steps(3, 4))  # wrapped: slots hold 5, 6, 2, 3, 4
+    state = buffer.state_dict()
+    assert state["transitions"]["id"].tolist() == [2, 3, 4, 5, 6]
+    assert torch.equal(state["transitions"]["obs"][:, 0], state["transitions"]["id"].float())
+    resumed = CircularReplayBuffer(5)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 5 and resumed.state_dict()["transitions"]["id"].tolist() == [2, 3, 4, 5, 6]
+    resumed.extend(_steps(7, 1))  # and it goes on overwriting the oldest
+    assert resumed.state_dict()["transitions"]["id"].tolist() == [3, 4, 5, 6, 7]
+    smaller = CircularReplayBuffer(2)
+    smaller.load_state_dict(state)  # a smaller bufferSize after a resume keeps the newest
+    assert smaller.state_dict()["transitions"]["id"].tolist() == [5, 6]
+    smaller.load_state_dict({"transitions": {}})
+    assert len(smaller) == 0
+    with pytest.raises(ValueError, match="as many transitions"):
+        smaller.load_state_dict({"transitions": {"id": torch.arange(3), "obs": torch.zeros(2, 3)}})

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from tensordict import TensorDict
 
 from rlightning.config import EnvConfig, PolicyConfig, TrainConfig, format_validation_error
-from rlightning.policy import EnvMeta, PolicyGroup, SACKwargs, SACPolicy
+from rlightning.policy import EnvMeta, PolicyGroup, SACKwargs, SACPolicy, _training_state
 from rlightning.runtime.collector import RolloutCollector
 
 torch.set_num_threads(1)
@@ -163,6 +163,31 @@ def test_checkpoint_resumes_weights_optimizer_and_counters(tmp_path: Path) -> No
     evaluator.close()
     actor = {name: digest for name, digest in trainer.get_param_digests().items() if name.startswith("actor.")}
     assert evaluator.get_param_digests() == actor
+
+
+def test_a_resume_continues_with_the_replay_buffer(tmp_path: Path) -> None:
+    trainer = _trainer(learningStarts=48, bufferSize=64)
+    collector = RolloutCollector(ENV, trainer, seed=0)
+    trainer.update_dataset(collector.collect(16))
+    assert trainer.train()["gradient_steps"] == 0  # 32 transitions: still warming up
+    second = collector.collect(16)
+    collector.close()
+    path = trainer.save_checkpoint(tmp_path / "ckpt.pt")
+    assert torch.load(path, weights_only=True)["extra"]["replay"]["transitions"]["observation"].shape == (32, 3)
+    trainer.update_dataset(second)
+    uninterrupted = trainer.train()
+    peer = _trainer(seed=3, learningStarts=48, bufferSize=64)  # another DDP rank: rank 0's state is broadcast
+    resumed = _trainer(seed=9, learningStarts=48, bufferSize=64)
+    resumed.load_checkpoint(path)  # restores the global RNG state too
+    assert len(resumed.replay) == 32
+    _training_state.restore(peer, _training_state.capture(resumed))  # what `_resume` sends and applies
+    held = peer.replay.state_dict()["transitions"]
+    assert len(held["action"]) == 32
+    assert torch.equal(held["action"], resumed.replay.state_dict()["transitions"]["action"])
+    resumed.update_dataset(second)
+    metrics = resumed.train()  # 64 transitions held: it learns at once, as the trainer it resumes did
+    assert metrics["gradient_steps"] == uninterrupted["gradient_steps"] == 4
+    assert resumed.get_param_digests() == trainer.get_param_digests()  # same buffer, same RNG: the same update
 
 
 @pytest.mark.slow

@@ -80,3 +80,23 @@ def test_a_bfloat16_fleet_holds_the_trainers_weights_as_sent(tmp_path: Path, wri
     assert all(r["consistent"] is not False for r in rows)
     for name in ("eval-0.log", "eval-1.log"):
         assert "was not applied" not in (run.logs_dir / name).read_text()
+
+
+def test_async_rollout_mode_trains_on_batches_of_concurrent_env_shards(
+    tmp_path: Path, write_manifest, run_helpers
+) -> None:
+    """policy.rolloutMode async: each evaluator steps its 4 copies as 2 shards at once (eval.rolloutWorkers), every
+    request routed to its policy; the batches keep their layout, and the fleet ends in sync with the trainer."""
+    summary, rows, run = _run(
+        tmp_path, write_manifest, run_helpers, total_env_steps=3000,
+        policy={"rolloutMode": "async"}, eval={"rolloutWorkers": 2},
+    )  # fmt: skip
+    assert summary["consistent"] is True, summary
+    assert summary["iterations"] >= 3 and len(rows) == summary["iterations"]
+    by_evaluator = summary["env_steps_by_evaluator"]
+    assert set(by_evaluator) == {"0", "1"} and all(n > 0 and n % BATCH_STEPS == 0 for n in by_evaluator.values())
+    assert sum(by_evaluator.values()) == summary["env_steps"]  # no batch was rejected for its layout
+    assert all(e["applied_version"] == summary["weight_version"] for e in summary["evaluators"].values())
+    assert all(r["policy_lag_max"] == 0 for r in rows), rows
+    for name in ("eval-0.log", "eval-1.log"):
+        assert "Traceback" not in (run.logs_dir / name).read_text()
