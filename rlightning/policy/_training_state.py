@@ -115,12 +115,14 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         dict[str, Any]: The checkpoint.
 
     Raises:
-        ValueError: When the file's `format_version` is not `CHECKPOINT_FORMAT_VERSION`.
+        ValueError: When the file's `format_version` is neither `CHECKPOINT_FORMAT_VERSION` nor 1.
     """
     state = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if state.get("format_version") == 1:  # written before `extra` existed: a policy without extra state
+        state = {**state, "format_version": CHECKPOINT_FORMAT_VERSION, "extra": {}}
     if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ValueError(
-            f"{path}: checkpoint format_version must be {CHECKPOINT_FORMAT_VERSION}, "
+            f"{path}: checkpoint format_version must be 1 or {CHECKPOINT_FORMAT_VERSION}, "
             f"got {state.get('format_version')!r}"
         )
     return state

@@ -91,9 +91,13 @@ def test_checkpoint_loads_into_an_evaluator_and_rejects_unknown_formats(tmp_path
         evaluator.load_checkpoint(path)
         assert evaluator.get_param_digests() == trainer.get_param_digests() and evaluator.weight_version == 5
         state = torch.load(path, weights_only=True)
-        state["format_version"] = 99
-        torch.save(state, tmp_path / "bad.pt")
-        with pytest.raises(ValueError, match="format_version must be 2"):
+        del state["extra"]
+        torch.save({**state, "format_version": 1}, tmp_path / "v1.pt")  # written before `extra` existed
+        evaluator.weight_version = 0
+        evaluator.load_checkpoint(tmp_path / "v1.pt")
+        assert evaluator.get_param_digests() == trainer.get_param_digests() and evaluator.weight_version == 5
+        torch.save({**state, "format_version": 99}, tmp_path / "bad.pt")
+        with pytest.raises(ValueError, match="format_version must be 1 or 2, got 99"):
             evaluator.load_checkpoint(tmp_path / "bad.pt")
     finally:
         evaluator.close()
