@@ -1,0 +1,27 @@
+"""Fixtures of the autoscaling tests: the PolicyGroup CRD installed once, an operator process per test.
+
+Every test module here sets ``pytestmark = pytest.mark.autoscaling`` (``cluster`` comes with the fixtures):
+``pytest -m autoscaling`` runs them against the devcluster, within 10 minutes in all (bounded waits only).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.operator.operator_cluster import OperatorProcess, install_crd
+
+
+@pytest.fixture(scope="session")
+def autoscaling_crd(cluster):
+    """The PolicyGroup CRD from crds/, installed and established."""
+    install_crd(cluster)
+    return cluster
+
+
+@pytest.fixture
+def autoscaling_operator(autoscaling_crd, namespace, tmp_path):
+    """`rlightning-operator` serving the test's namespace; its log is printed when the test fails."""
+    process = OperatorProcess(autoscaling_crd, namespace, tmp_path / "operator.log").start()
+    yield process
+    code = process.stop()
+    print(f"--- operator log (exit {code}) ---\n{process.log()[-20000:]}")
