@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+import devcluster
 from tests.operator.operator_cluster import OperatorProcess, install_crd
 
 
@@ -25,3 +26,11 @@ def autoscaling_operator(autoscaling_crd, namespace, tmp_path):
     yield process
     code = process.stop()
     print(f"--- operator log (exit {code}) ---\n{process.log()[-20000:]}")
+
+
+@pytest.fixture(scope="session")
+def metrics_server(autoscaling_crd):
+    """metrics-server serving the session's cluster (built from its module on first use, then cached)."""
+    server = devcluster.MetricsServer(autoscaling_crd).start()
+    yield server
+    server.stop()

@@ -2,8 +2,9 @@
 
 examples/autoscaling/ applied as it is: the operator creates both PodDisruptionBudgets owned by the PolicyGroup,
 trainer pods carry the node autoscalers' annotations and each role its PriorityClass, and the eviction API (what
-`kubectl drain`, Karpenter and the Cluster Autoscaler call) refuses to evict a trainer while it lets evaluators
-go within the evaluators' budget.
+`kubectl drain`, Karpenter and the Cluster Autoscaler call) refuses to evict a trainer while it lets an evaluator
+go within the evaluators' budget (which then allows no second one until the StatefulSet has replaced it: not
+checked here, since kwok replaces a pod within a fraction of a second).
 """
 
 from __future__ import annotations
@@ -73,11 +74,13 @@ def test_trainers_cannot_be_evicted_and_evaluators_go_within_their_budget(autosc
 
     refused = _evict(cluster, namespace, trainer["metadata"]["name"])
     assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
-    first, second = sorted(p["metadata"]["name"] for p in evaluators)
-    evicted = _evict(cluster, namespace, first)
+    victim = evaluators[0]["metadata"]
+    evicted = _evict(cluster, namespace, victim["name"])  # the one disruption the evaluators' budget allows now
     assert evicted.returncode == 0, evicted.stderr
-    # One evaluator is gone (or going): the budget allows no second one until the StatefulSet replaces it.
-    wait_for("the evaluators' budget to count the eviction", lambda: counted(f"{GROUP}-eval", 1))
-    refused = _evict(cluster, namespace, second)
-    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
-    assert running(pods(cluster, namespace, "train")) == 1, "the trainer never left"
+
+    def replaced():
+        current = pods(cluster, namespace, "eval")
+        return running(current) == 2 and victim["uid"] not in {p["metadata"]["uid"] for p in current}
+
+    wait_for("the StatefulSet to replace the evicted evaluator", replaced)
+    assert [p["metadata"]["uid"] for p in pods(cluster, namespace, "train")] == [trainer["metadata"]["uid"]]
