@@ -3,7 +3,8 @@
 What belongs here: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
 (k8s.io/kubernetes at a pinned release), etcd, kwok, helm and CoreDNS from small wrapper modules in ``go/`` into a
 cache outside the repo; starting them as a cluster with fake kwok nodes and, on demand, one real node (kubelet,
-containerd, bridge CNI, CoreDNS; ``_realnode.py``); stopping every process it started and undoing host changes.
+containerd, bridge CNI, CoreDNS; ``_realnode.py``) and metrics-server (an add-on built and cached on its own;
+``_metrics_server.py``); stopping every process it started and undoing host changes.
 Nothing here imports
 ``rlightning`` or the operator; tests reach it through the fixtures in ``tests/conftest.py``.
 
@@ -14,10 +15,11 @@ Command line: ``python -m devcluster build|up [--real-node]|down|status|gomod``.
 from devcluster._build import BuildError, BuildResult, build
 from devcluster._cli import main
 from devcluster._cluster import Cluster, ClusterError, launch
+from devcluster._metrics_server import MetricsServer, MetricsServerError
 from devcluster._nodeconfig import IMAGE, NODE_LABEL, NODE_NAME
 from devcluster._ports import PortInUseError, Ports
 from devcluster._realnode import RealNode, RealNodeError
-from devcluster._versions import ETCD, HELM, KUBERNETES, KWOK
+from devcluster._versions import ETCD, HELM, KUBERNETES, KWOK, METRICS_SERVER
 
 __all__ = [
     "ETCD",
@@ -25,12 +27,15 @@ __all__ = [
     "IMAGE",
     "KUBERNETES",
     "KWOK",
+    "METRICS_SERVER",
     "NODE_LABEL",
     "NODE_NAME",
     "BuildError",
     "BuildResult",
     "Cluster",
     "ClusterError",
+    "MetricsServer",
+    "MetricsServerError",
     "PortInUseError",
     "Ports",
     "RealNode",

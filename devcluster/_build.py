@@ -161,6 +161,18 @@ def targets() -> tuple[Target, ...]:
     )
 
 
+ADDONS = {
+    "metrics-server": Target(
+        "metrics-server", "metrics-server", ("sigs.k8s.io/metrics-server/cmd/metrics-server",), ("metrics-server",)
+    ),
+}
+"""Components built on demand (``build_addon``), each cached under a key of its own: they are not part of the
+control plane's key, so adding or bumping one never rebuilds the control plane."""
+
+ADDON_VERSIONS = {"metrics-server": _versions.METRICS_SERVER}
+"""The pinned upstream version of each add-on (part of its key)."""
+
+
 def cache_root() -> pathlib.Path:
     """Return the cache folder: ``$RLIGHTNING_DEVCLUSTER_CACHE`` or ``~/.cache/rlightning/devcluster``."""
     override = os.environ.get("RLIGHTNING_DEVCLUSTER_CACHE")
@@ -201,9 +213,65 @@ def cache_key(go: str) -> str:
     ):
         digest.update(part.encode() + b"\0")
     for path in sorted(_gomod.GO_DIR.rglob("*")):
-        if path.is_file() and path.suffix in {".mod", ".sum", ".go"}:
-            digest.update(str(path.relative_to(_gomod.GO_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+        relative = path.relative_to(_gomod.GO_DIR)
+        if path.is_file() and path.suffix in {".mod", ".sum", ".go"} and relative.parts[0] not in ADDONS:
+            digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def addon_key(go: str, name: str) -> str:
+    """Hash everything that determines one add-on's binary (as :func:`cache_key` does for the control plane).
+
+    Args:
+        go (str): Path of the ``go`` command.
+        name (str): A key of :data:`ADDONS`.
+
+    Returns:
+        str: 16 hex digits.
+    """
+    digest = hashlib.sha256()
+    for part in (RECIPE, _go_version(go), sys.platform, ADDON_VERSIONS[name], repr(ADDONS[name])):
+        digest.update(part.encode() + b"\0")
+    for path in sorted((_gomod.GO_DIR / ADDONS[name].module).rglob("*")):
+        if path.is_file() and path.suffix in {".mod", ".sum", ".go"}:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_addon(name: str, log: Callable[[str], None] = print) -> pathlib.Path:
+    """Build (or find cached) one add-on, under the same lock-and-marker scheme as :func:`build`.
+
+    Its folder is ``<cache root>/<name>-<addon key>/bin`` (cold build times: README's figures).
+
+    Args:
+        name (str): A key of :data:`ADDONS`.
+        log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
+
+    Returns:
+        pathlib.Path: The binary.
+
+    Raises:
+        KeyError: ``name`` is no add-on.
+        BuildError: When it fails to compile.
+        ToolchainError: When no Go toolchain is found.
+    """
+    target = ADDONS[name]
+    go = _toolchain.go_binary()
+    key_dir = cache_root() / f"{name}-{addon_key(go, name)}"
+    binary = key_dir / "bin" / target.binaries[0]
+    marker = key_dir / "bin" / ".complete"
+    if marker.is_file() and os.access(binary, os.X_OK):
+        return binary
+    key_dir.mkdir(parents=True, exist_ok=True)
+    with open(key_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and os.access(binary, os.X_OK):  # built by another process meanwhile
+            return binary
+        (key_dir / "bin").mkdir(exist_ok=True)
+        log(f"build: add-on {name} is not cached; building it with {go} ({_go_version(go)})")
+        _run_target(target, go, key_dir / "bin", log)
+        marker.write_text(json.dumps({"binaries": list(target.binaries), "key": key_dir.name}))
+        return binary
 
 
 def _marker_ok(key_dir: pathlib.Path) -> bool:

@@ -1,4 +1,4 @@
-"""Command line of the dev cluster: ``build``, ``up [--real-node]``, ``down``, ``status``, ``gomod``."""
+"""Command line of the dev cluster: ``build [--addon NAME]``, ``up [--real-node]``, ``down``, ``status``, ``gomod``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(f"cache hit: {result.bin_dir} (no go invocation, {result.seconds:.2f}s)")
     else:
         print(f"built {result.go_invocations} targets into {result.bin_dir} in {result.seconds:.0f}s")
+    for name in args.addon:
+        print(f"add-on {name}: {_build.build_addon(name, log=_log)}")
     return 0
 
 
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build the binaries (seconds when cached)")
     build.add_argument("--parallel", type=int, default=2, help="go build commands at once (default 2)")
+    build.add_argument("--addon", action="append", default=[], choices=sorted(_build.ADDONS),
+                       help="also build this add-on (repeatable); tests build it on first use otherwise")
     build.set_defaults(func=_cmd_build)
     for name, func, text in (
         ("up", _cmd_up, "start a cluster that keeps running; prints `export KUBECONFIG=...`"),

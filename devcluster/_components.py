@@ -30,6 +30,17 @@ CLIENT_QPS = 200
 CLIENT_BURST = 400
 """Client burst matching :data:`CLIENT_QPS`."""
 
+KWOK_NODE_IP = "127.0.0.1"
+"""kwok ``--node-ip``: the fake nodes' InternalIP. With ``--node-port`` (kwok's own server port) a node's kubelet
+endpoint is kwok's server, which serves each node's resource metrics (:data:`LOCAL_METRICS`) to metrics-server."""
+
+LOCAL_METRICS = tuple(
+    pathlib.Path(__file__).parent / "kwok" / name for name in ("metrics-resource.yaml", "usage-from-annotation.yaml")
+)
+"""kwok configs copied from the pinned module (a ``Metric`` serving kubelet resource metrics per fake node, a
+``ClusterResourceUsage`` taking each pod's usage from its ``kwok.x-k8s.io/usage-cpu`` and ``-memory`` annotations,
+1m CPU and 1Mi memory without them), loaded like :data:`LOCAL_STAGES`."""
+
 LOCAL_STAGES = (pathlib.Path(__file__).parent / "kwok" / "pod-kill-on-delete.yaml",)
 """kwok Stage files of this package, loaded with the pinned module's (``_build.KWOK_STAGES``).
 
@@ -97,6 +108,9 @@ def kube_apiserver(layout: Layout, ports: _ports.Ports) -> list[str]:
 
     It reaches a real node's kubelet (logs, exec) at the node's InternalIP with a ``system:masters`` client
     certificate; the kubelet's self-signed serving certificate is not verified (no ``--kubelet-certificate-authority``).
+    The aggregation layer is configured (front-proxy client certificate and request-header flags, as in
+    kubernetes.io/docs/tasks/extend-kubernetes/configure-aggregation-layer/), so that an aggregated API server such
+    as metrics-server can be registered with an APIService.
     """
     pki = layout.pki
     return [
@@ -118,6 +132,13 @@ def kube_apiserver(layout: Layout, ports: _ports.Ports) -> list[str]:
         f"--kubelet-client-certificate={pki.kubelet_client_cert}",
         f"--kubelet-client-key={pki.kubelet_client_key}",
         "--kubelet-preferred-address-types=InternalIP,Hostname",
+        f"--proxy-client-cert-file={pki.proxy_client_cert}",
+        f"--proxy-client-key-file={pki.proxy_client_key}",
+        f"--requestheader-client-ca-file={pki.ca_cert}",
+        f"--requestheader-allowed-names={_pki.FRONT_PROXY_USER}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         "--allow-privileged=true",
         "--profiling=false",
         "--max-requests-inflight=800",
@@ -175,14 +196,60 @@ def kube_scheduler(layout: Layout, ports: _ports.Ports) -> list[str]:
 
 
 def kwok(layout: Layout, ports: _ports.Ports) -> list[str]:
-    """kwok managing the annotated fake nodes with the pinned Stage configs and :data:`LOCAL_STAGES`."""
+    """kwok managing the annotated fake nodes with the pinned Stage configs, :data:`LOCAL_STAGES` and
+    :data:`LOCAL_METRICS`; its server is every fake node's kubelet endpoint.
+    """
     return [
         str(layout.bin_dir / "kwok"),
         f"--kubeconfig={layout.admin_kubeconfig}",
         f"--config={layout.stages_file}",
-        *(f"--config={path}" for path in LOCAL_STAGES),
+        *(f"--config={path}" for path in LOCAL_STAGES + LOCAL_METRICS),
         f"--manage-nodes-with-annotation-selector={_nodes.KWOK_ANNOTATION}={_nodes.KWOK_ANNOTATION_VALUE}",
         f"--cidr={POD_CIDR}",
         f"--server-address={_ports.HOST}:{ports.kwok}",
+        f"--node-ip={KWOK_NODE_IP}",
+        f"--node-port={ports.kwok}",
         f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+    ]
+
+
+METRICS_RESOLUTION = "10s"
+"""metrics-server ``--metric-resolution``: how often it scrapes (its minimum; the HPA controller syncs every 15 s)."""
+
+
+def metrics_server(
+    workdir: pathlib.Path, kubeconfig: pathlib.Path, ports: _ports.Ports, binary: pathlib.Path
+) -> list[str]:
+    """metrics-server on loopback, serving ``metrics.k8s.io`` behind the API server's aggregation layer.
+
+    It authenticates the API server's proxied requests by the front-proxy certificate (the request-header
+    configuration it reads from ``kube-system/extension-apiserver-authentication``) and serves with a
+    self-signed certificate (the APIService skips verification). It scrapes each node at its InternalIP and
+    status port: kwok's server for fake nodes (plain HTTP, hence the deprecated insecure mode; the per-node path
+    comes from the node annotation ``_nodes.RESOURCE_METRICS_PATH_ANNOTATION``). A real node's kubelet serves
+    HTTPS only, so it is not scraped in this mode.
+
+    Args:
+        workdir (pathlib.Path): The cluster's folder (its serving certificate goes under it).
+        kubeconfig (pathlib.Path): The admin kubeconfig.
+        ports (_ports.Ports): Its port block (``metrics_server``).
+        binary (pathlib.Path): The built metrics-server (``_build.build_addon``).
+
+    Returns:
+        list[str]: The command line (flags of metrics-server v0.9, ``metrics-server --help``).
+    """
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={_ports.HOST}",
+        f"--secure-port={ports.metrics_server}",
+        f"--cert-dir={workdir / 'metrics-server-certs'}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--kubelet-use-node-status-port",
+        "--deprecated-kubelet-completely-insecure",
+        f"--metric-resolution={METRICS_RESOLUTION}",
+        "--kubelet-request-timeout=5s",  # below the resolution, which metrics-server requires
+        "--profiling=false",
     ]

@@ -4,9 +4,10 @@
 modules (k8s.io/api, k8s.io/client-go, ...) at ``v0.0.0`` and points them at ``./staging`` with ``replace``
 directives, which only apply when it is the main module. A wrapper module that requires the release and
 replaces each staging module with its published tag (``v0.34.4``) builds the commands. The replace list is
-read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm, coredns) only carry
-``tool`` directives: their upstream ``replace`` directives point at local paths of their own repositories
-(etcd) or do not exist (kwok, helm, coredns), and the required versions they name are the published ones.
+read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm, coredns,
+metrics-server) only carry ``tool`` directives: their upstream ``replace`` directives point at local paths of their
+own repositories (etcd) or do not exist (kwok, helm, coredns, metrics-server), and the required versions they name
+are the published ones.
 
 Run ``python -m devcluster gomod`` after bumping a version in ``_versions.py``; it rewrites each go.mod, then
 ``go mod tidy`` writes the matching go.sum. Both files are committed.
@@ -174,6 +175,7 @@ def generate(log: Callable[[str], None] = print) -> None:
     kwok_text = upstream_gomod("sigs.k8s.io/kwok", _versions.KWOK)
     helm_text = upstream_gomod("helm.sh/helm/v3", _versions.HELM)
     coredns_text = upstream_gomod("github.com/coredns/coredns", _versions.COREDNS)
+    metrics_server_text = upstream_gomod("sigs.k8s.io/metrics-server", _versions.METRICS_SERVER)
     files = {
         "kubernetes": kubernetes_gomod(k8s_text),
         "etcd": simple_gomod("etcd", "go.etcd.io/etcd/server/v3", _versions.ETCD, [], _go_version_of(etcd_text)),
@@ -189,6 +191,13 @@ def generate(log: Callable[[str], None] = print) -> None:
             _versions.COREDNS,
             ["github.com/coredns/coredns"],
             _go_version_of(coredns_text),
+        ),
+        "metrics-server": simple_gomod(
+            "metrics-server",
+            "sigs.k8s.io/metrics-server",
+            _versions.METRICS_SERVER,
+            ["sigs.k8s.io/metrics-server/cmd/metrics-server"],
+            _go_version_of(metrics_server_text),
         ),
     }
     for name, text in files.items():

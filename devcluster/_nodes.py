@@ -28,6 +28,15 @@ CAPACITY = {"cpu": "32", "memory": "256Gi", "pods": "500", "ephemeral-storage": 
 GPUS_PER_NODE = "8"
 """``nvidia.com/gpu`` on each GPU node."""
 
+RESOURCE_METRICS_PATH_ANNOTATION = "metrics.k8s.io/resource-metrics-path"
+"""Node annotation metrics-server (v0.7+) scrapes instead of ``/metrics/resource``: kwok serves every fake node's
+resource metrics on its one server under a per-node path (``kwok/metrics-resource.yaml``)."""
+
+
+def resource_metrics_path(name: str) -> str:
+    """Return the path of node ``name``'s resource metrics on kwok's server (``Metric`` metrics-resource)."""
+    return f"/metrics/nodes/{name}/metrics/resource"
+
 
 def node_name(index: int) -> str:
     """Return the name of fake node ``index`` (``kwok-node-0`` ...)."""
@@ -62,7 +71,11 @@ def node_manifest(index: int, gpu: bool) -> dict:
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE, "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {
+                KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE,
+                "node.alpha.kubernetes.io/ttl": "0",
+                RESOURCE_METRICS_PATH_ANNOTATION: resource_metrics_path(name),
+            },
             "labels": {
                 "type": "kwok",
                 "kubernetes.io/arch": "amd64",

@@ -24,6 +24,13 @@ ADMIN_USER = "devcluster-admin"
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 """CN of the API server's client certificate towards kubelets (group ``system:masters``: logs, exec)."""
 
+FRONT_PROXY_USER = "front-proxy-client"
+"""CN of the API server's client certificate towards aggregated API servers (``--proxy-client-cert-file``), the one
+name ``--requestheader-allowed-names`` accepts: only it may assert a user through the X-Remote-* headers."""
+
+FRONT_PROXY_GROUP = "rlightning:front-proxy"
+"""Its O: a group with no RBAC binding, so the certificate grants nothing when shown to the API server itself."""
+
 NODE_GROUP = "system:nodes"
 """Group of node identities (the Node authorizer and NodeRestriction act on it)."""
 
@@ -52,6 +59,9 @@ class PKI:
         kubelet_client_cert (pathlib.Path): The API server's client certificate for kubelets
             (:data:`KUBELET_CLIENT_USER`, ``--kubelet-client-certificate``).
         kubelet_client_key (pathlib.Path): Its private key.
+        proxy_client_cert (pathlib.Path): The API server's client certificate towards aggregated API servers
+            (:data:`FRONT_PROXY_USER`), signed by the same CA, which is also ``--requestheader-client-ca-file``.
+        proxy_client_key (pathlib.Path): Its private key.
     """
 
     ca_cert: pathlib.Path
@@ -64,6 +74,8 @@ class PKI:
     admin_token: str
     kubelet_client_cert: pathlib.Path
     kubelet_client_key: pathlib.Path
+    proxy_client_cert: pathlib.Path
+    proxy_client_key: pathlib.Path
 
 
 def _openssl(*args: str, cwd: pathlib.Path) -> None:
@@ -117,6 +129,7 @@ def generate(folder: pathlib.Path) -> PKI:
         "-days", days, "-extfile", "apiserver.ext", "-out", "apiserver.crt", cwd=folder,
     )
     client_certificate(folder, "kubelet-client", KUBELET_CLIENT_USER, "system:masters")
+    client_certificate(folder, "front-proxy-client", FRONT_PROXY_USER, FRONT_PROXY_GROUP)
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key", cwd=folder)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=folder)
     token = secrets.token_hex(24)
@@ -136,6 +149,8 @@ def generate(folder: pathlib.Path) -> PKI:
         admin_token=token,
         kubelet_client_cert=folder / "kubelet-client.crt",
         kubelet_client_key=folder / "kubelet-client.key",
+        proxy_client_cert=folder / "front-proxy-client.crt",
+        proxy_client_key=folder / "front-proxy-client.key",
     )
 
 

@@ -41,7 +41,8 @@ class Ports:
         apiserver (int): kube-apiserver secure port (https).
         controller_manager (int): kube-controller-manager secure port (https, /healthz).
         scheduler (int): kube-scheduler secure port (https, /healthz).
-        kwok (int): kwok's server (/healthz, metrics).
+        kwok (int): kwok's server (/healthz, metrics; the fake nodes' kubelet endpoint).
+        metrics_server (int): metrics-server's secure port (https), when it is started (``MetricsServer``).
     """
 
     etcd_client: int
@@ -50,6 +51,7 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+    metrics_server: int
 
     def named(self) -> dict[str, int]:
         """Return ``{field name: port}``."""
@@ -75,10 +77,10 @@ def for_slot(slot: int) -> Ports:
         slot (int): 0..:data:`MAX_SLOT`.
 
     Returns:
-        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..5.
+        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..6.
     """
     base = BASE_PORT + slot * BLOCK_SIZE
-    return Ports(base, base + 1, base + 2, base + 3, base + 4, base + 5)
+    return Ports(base, base + 1, base + 2, base + 3, base + 4, base + 5, base + 6)
 
 
 def check_free(ports: Ports) -> None:

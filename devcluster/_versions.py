@@ -18,6 +18,10 @@ HELM = "v3.22.0"
 COREDNS = "v1.12.1"
 """github.com/coredns/coredns release: the real node's cluster DNS (kubernetes plugin), run as a host process."""
 
+METRICS_SERVER = "v0.9.0"
+"""sigs.k8s.io/metrics-server release (no replace directives): the resource metrics API behind HPAs, an add-on
+component built on demand (``_build.build_addon``), never with the control plane."""
+
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
     """Return the tag of the staging modules (k8s.io/api, ...) that ship with a Kubernetes release.

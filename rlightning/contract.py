@@ -77,6 +77,15 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "rlightning-operator"
 ANNOTATION_SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
 """Hash of the part of the spec a child's template depends on; replicas are excluded."""
+ANNOTATION_KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+"""Pod annotation: `"true"` keeps Karpenter from voluntarily disrupting (consolidating, drifting) the pod's node
+(https://karpenter.sh/docs/concepts/disruption/#pod-level-controls). Trainer pods carry it."""
+ANNOTATION_CLUSTER_AUTOSCALER_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+"""Pod annotation: `"false"` keeps the Cluster Autoscaler from removing the pod's node (its FAQ, "What types of
+pods can prevent CA from removing a node?"). Trainer pods carry it."""
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+"""Kueue's LocalQueue label: on a PolicyGroup, the operator passes it to the trainer Job, created suspended so that
+Kueue admits the trainers as one unit (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/)."""
 
 # -- Environment variables read by the pod runtime ----------------------------------------------------------
 ENV_GROUP_NAME = "RLIGHTNING_GROUP_NAME"

@@ -12,7 +12,8 @@ RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``
                                      2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
 WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _memory (6), _relay (7, 16, 17),
-                                     _liveness (10-13), _cadence (15), _dtype (18), _ack (19)
+                                     _liveness (10-13), _cadence (15), _dtype (18), _ack (19),
+                                     _scale_down (8)
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
 WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
 WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)

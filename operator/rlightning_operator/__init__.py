@@ -1,4 +1,5 @@
-"""The PolicyGroup operator (kopf): PolicyGroup -> ConfigMap, RBAC, trainer Job, evaluator StatefulSet, status.
+"""The PolicyGroup operator (kopf): PolicyGroup -> ConfigMap, RBAC, disruption budgets, trainer Job, evaluator
+StatefulSet, status.
 
 What belongs here: pure builders (`_builders`), the pure planner (`_planner`) and status function
 (`_status`, with the pods' diagnosis `_pods`), the one module that calls the API (`_kube`), the reconcile
@@ -32,6 +33,8 @@ rbac.authorization.k8s.io rolebindings  get, create, patch                      
 batch jobs                              get, list, watch, create, patch, delete     trainers (recreated on a
                                                                                     template change)
 apps statefulsets                       get, list, watch, create, patch             evaluators
+policy poddisruptionbudgets             get, create, patch                          trainers' and evaluators'
+                                                                                    disruption budgets
 "" pods                                 get, list, watch                            status: crash loops,
                                                                                     unschedulable pods, stuck
                                                                                     rollouts (read only)

@@ -4,8 +4,10 @@ Builders never call the API, read the environment or the clock; the same input g
 Owner references are not set here: the reconciler adds them (`with_owner`). Every child carries the spec-hash
 annotation (contract.ANNOTATION_SPEC_HASH) that the planner compares; the pod templates of the Job and the
 StatefulSet carry a hash that ignores `spec.eval.replicas`, `minReplicas` and `maxReplicas`, so scaling never
-looks like a template change. A pod's command, environment and grace period come from the launch plan
-(`rlightning.launch`) that `rlightning run` starts its processes from too.
+looks like a template change, and `disruptionBudget`, which only the evaluators' PodDisruptionBudget reads. A
+pod's command, environment and grace period come from the launch plan (`rlightning.launch`) that `rlightning run`
+starts its processes from too. Trainer pods carry the node autoscalers' do-not-disrupt annotations; a PolicyGroup
+labelled with a Kueue queue gets a suspended trainer Job (`queued`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ NODE_RANK_FROM_JOB_INDEX = "$(JOB_COMPLETION_INDEX)"
 Indexed Job sets JOB_COMPLETION_INDEX."""
 DOWNWARD_API_FIELDS = {contract.ENV_NAMESPACE: "metadata.namespace", contract.ENV_POD_NAME: "metadata.name"}
 """The pod field (downward API) that fills each variable a launch plan lists in `env_from_pod`."""
+DISRUPTION_BUDGET_FIELD = "disruptionBudget"
+"""The field of spec.eval that only the evaluators' PodDisruptionBudget reads: excluded from the pods' hashes."""
+TRAINER_POD_ANNOTATIONS = {
+    contract.ANNOTATION_CLUSTER_AUTOSCALER_SAFE_TO_EVICT: "false",
+    contract.ANNOTATION_KARPENTER_DO_NOT_DISRUPT: "true",
+}
+"""Node autoscalers leave a trainer's node alone: a DDP gang loses all its ranks' progress since the last
+checkpoint when one of them goes."""
 
 
 def digest(value: Any) -> str:
@@ -89,8 +99,8 @@ def train_master_addr(group: str, namespace: str) -> str:
 
 
 def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
-    """The part of the spec that the pods of `role` depend on: all of it but the scaling fields and the other
-    role's scheduling (`pod`), in wire form.
+    """The part of the spec that the pods of `role` depend on: all of it but the scaling fields, the evaluators'
+    disruption budget and the other role's scheduling (`pod`), in wire form.
 
     Args:
         spec (PolicyGroupSpec): The validated spec.
@@ -100,7 +110,7 @@ def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
         dict[str, Any]: camelCase dict.
     """
     data = spec.model_dump(by_alias=True, mode="json")
-    for key in SCALING_FIELDS:
+    for key in (*SCALING_FIELDS, DISRUPTION_BUDGET_FIELD):
         data[contract.PolicyRole.EVAL].pop(key, None)
     other = contract.PolicyRole.EVAL if role == contract.PolicyRole.TRAIN else contract.PolicyRole.TRAIN
     data[other].pop("pod", None)
@@ -214,6 +224,8 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[
         result["tolerations"] = copy.deepcopy(pod.tolerations)
     if pod.affinity:
         result["affinity"] = copy.deepcopy(pod.affinity)
+    if pod.priority_class_name:
+        result["priorityClassName"] = pod.priority_class_name
     return result
 
 
@@ -344,8 +356,11 @@ def _workload(
     role = contract.PolicyRole.TRAIN if kind == "Job" else contract.PolicyRole.EVAL
     group = manifest.metadata.name
     spec["template"] = {"metadata": {"labels": labels(group, role)}, "spec": pod_spec}
+    if role == contract.PolicyRole.TRAIN:
+        spec["template"]["metadata"]["annotations"] = dict(TRAINER_POD_ANNOTATIONS)
     value = digest([spec, role_view(manifest.spec, role)])
-    spec["template"]["metadata"]["annotations"] = {contract.ANNOTATION_SPEC_HASH: value}
+    annotations = {**spec["template"]["metadata"].get("annotations", {}), contract.ANNOTATION_SPEC_HASH: value}
+    spec["template"]["metadata"]["annotations"] = dict(sorted(annotations.items()))
     name = contract.train_name(group) if role == contract.PolicyRole.TRAIN else contract.eval_name(group)
     metadata = {**_metadata(name, namespace, group, role), "annotations": {contract.ANNOTATION_SPEC_HASH: value}}
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
@@ -416,6 +431,72 @@ def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
     return [_service(manifest, namespace, contract.PolicyRole.EVAL), sts]
 
 
+def build_disruption_budgets(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+    """PodDisruptionBudgets (policy/v1) of the trainers and of the evaluators.
+
+    Trainers: `minAvailable` = spec.train.nodes, so no voluntary disruption (an eviction by a drain or a node
+    autoscaler) ever takes a trainer pod while the gang runs. It says what `maxUnavailable: 0` means, in the only
+    form that holds for a Job's pods: the disruption controller computes `maxUnavailable` and percentages from the
+    scale of the pods' controller, which a Job lacks ("Arbitrary workloads and selectors",
+    https://kubernetes.io/docs/tasks/run-application/configure-pdb/). Evaluators:
+    spec.eval.disruptionBudget as written (a StatefulSet has a scale, so both fields and percentages hold).
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        list[dict[str, Any]]: [trainers' PDB `<name>-train`, evaluators' PDB `<name>-eval`], each hashed on its
+            spec.
+    """
+    group, budget = manifest.metadata.name, manifest.spec.eval.disruption_budget
+    specs = {
+        contract.PolicyRole.TRAIN: {"minAvailable": manifest.spec.train.nodes},
+        contract.PolicyRole.EVAL: budget.model_dump(by_alias=True, mode="json", exclude_none=True),
+    }
+    result = []
+    for role, spec in specs.items():
+        name = contract.train_name(group) if role == contract.PolicyRole.TRAIN else contract.eval_name(group)
+        spec = {**spec, "selector": {"matchLabels": selector(group, role)}}
+        budget_manifest = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _metadata(name, namespace, group, role),
+            "spec": spec,
+        }
+        result.append(_stamp(budget_manifest, spec))
+    return result
+
+
+def queued(manifest: PolicyGroupManifest, job: dict[str, Any]) -> dict[str, Any]:
+    """The trainer Job as Kueue admits it when the PolicyGroup carries `contract.LABEL_KUEUE_QUEUE`: with that
+    label and created suspended, so that no trainer pod exists until Kueue admits the whole gang (its quota for
+    all `parallelism` pods at once) and un-suspends it. Without the label, `job` unchanged.
+
+    The queue name enters the Job's hash: moving a PolicyGroup to another queue (or out of queueing) recreates the
+    Job, which Kueue requires (it refuses a queue change of an admitted Job). The operator never patches
+    `spec.suspend` afterwards: Kueue owns it (it suspends the Job again when it preempts the workload).
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        job (dict[str, Any]): The Job from `build_train`.
+
+    Returns:
+        dict[str, Any]: A new Job manifest, or `job` itself when the PolicyGroup names no queue.
+    """
+    queue = manifest.metadata.labels.get(contract.LABEL_KUEUE_QUEUE)
+    if not queue:
+        return job
+    result = copy.deepcopy(job)
+    result["metadata"]["labels"] = dict(sorted({**result["metadata"]["labels"], contract.LABEL_KUEUE_QUEUE: queue}
+                                               .items()))
+    result["spec"]["suspend"] = True
+    value = digest([job["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH], queue])
+    for metadata in (result["metadata"], result["spec"]["template"]["metadata"]):
+        metadata["annotations"][contract.ANNOTATION_SPEC_HASH] = value
+    return result
+
+
 def build_children(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
     """Every child of a PolicyGroup, in creation order: what pods mount and use first, then workloads.
 
@@ -424,13 +505,17 @@ def build_children(manifest: PolicyGroupManifest, namespace: str) -> list[dict[s
         namespace (str): Its namespace.
 
     Returns:
-        list[dict[str, Any]]: ConfigMap, ServiceAccount, Role, RoleBinding, trainer Service, Job, evaluator
-            Service, StatefulSet.
+        list[dict[str, Any]]: ConfigMap, ServiceAccount, Role, RoleBinding, trainer and evaluator
+            PodDisruptionBudgets (before any pod, so that no pod is ever unprotected), trainer Service, Job
+            (`queued`), evaluator Service, StatefulSet.
     """
+    service, job = build_train(manifest, namespace)
     return [
         build_config_map(manifest, namespace),
         *build_rbac(manifest, namespace),
-        *build_train(manifest, namespace),
+        *build_disruption_budgets(manifest, namespace),
+        service,
+        queued(manifest, job),
         *build_eval(manifest, namespace),
     ]
 

@@ -37,6 +37,7 @@ KINDS: dict[str, Kind] = {
     "Lease": Kind("/apis/coordination.k8s.io/v1", "leases"),
     contract.KIND: Kind(f"/apis/{contract.GROUP_VERSION}", contract.PLURAL),
     "Pod": Kind("/api/v1", "pods"),
+    "PodDisruptionBudget": Kind("/apis/policy/v1", "poddisruptionbudgets"),
     "Role": Kind("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Service": Kind("/api/v1", "services"),

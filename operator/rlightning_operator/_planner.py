@@ -33,6 +33,7 @@ _PATCHED_FIELDS: dict[str, tuple[str, ...]] = {
     "RoleBinding": ("subjects",),
     "Service": ("spec",),
     "StatefulSet": ("spec",),
+    "PodDisruptionBudget": ("spec",),  # all of it mutable since Kubernetes 1.15
 }
 _STATEFULSET_SPEC_FIELDS = ("replicas", "template", "updateStrategy")
 

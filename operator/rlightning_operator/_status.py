@@ -2,7 +2,9 @@
 
 The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `replicas` and `selector`;
 `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge patch
-without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Ready (all of the others).
+without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Admitted (only when the trainer Job
+names a Kueue queue), Ready (all of the others). A suspended trainer Job (waiting for Kueue's admission) is not
+stuck: TrainersReady is False with reason Queued and the phase stays Pending.
 
 Validity has two sources: the operator's structural validation (`Observation.problems`, reason InvalidSpec)
 and the pods' deep checks (policyClass, policyKwargs, env id; only the runtime can run them): a trainer Job
@@ -141,6 +143,8 @@ def compute_status(observation: Observation) -> dict[str, Any]:
     elif obs.job is None:
         train_ok, train_reason = False, "JobMissing"
         train_message = f"Job {contract.train_name(obs.name)} does not exist"
+    elif _suspended(obs.job):  # waiting for admission (Kueue): no pods yet is no problem
+        train_ok, train_reason, train_message = False, *_suspension(obs.job)
     elif train_ready >= obs.nodes:
         train_ok, train_reason, train_message = True, "AllReady", f"{train_ready}/{obs.nodes} trainer pods ready"
     else:
@@ -167,6 +171,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         _condition("TrainersReady", train_ok, train_reason, train_message, obs),
         _condition("EvaluatorsReady", eval_ok, eval_reason, eval_message, obs),
     ]
+    admitted = _admitted_condition(obs)
+    if admitted is not None:
+        conditions.append(admitted)
     if obs.conflicts:
         ready_ok, ready_reason = False, "Conflict"
         ready_message = "children controlled by another owner: " + "; ".join(obs.conflicts)
@@ -202,6 +209,38 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         "replicas": int(sts_status.get("replicas") or 0),
         "selector": selector,
     }
+
+
+# -- Gang admission (Kueue) ------------------------------------------------------------------------------
+QUEUED_REASON = "Queued"
+"""TrainersReady's and Admitted's reason while a queued trainer Job waits for Kueue to admit it."""
+
+
+def _suspended(job: Mapping[str, Any] | None) -> bool:
+    return bool(((job or {}).get("spec") or {}).get("suspend"))
+
+
+def _queue(job: Mapping[str, Any] | None) -> str | None:
+    return (((job or {}).get("metadata") or {}).get("labels") or {}).get(contract.LABEL_KUEUE_QUEUE)
+
+
+def _suspension(job: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(reason, message) of a suspended trainer Job: queued in Kueue, or suspended by someone else."""
+    queue = _queue(job)
+    if queue:
+        return QUEUED_REASON, f"the trainer Job waits in Kueue queue {queue!r} for admission of all its pods at once"
+    return "Suspended", "the trainer Job is suspended (spec.suspend); no trainer pod runs until it is resumed"
+
+
+def _admitted_condition(obs: Observation) -> dict[str, Any] | None:
+    """Condition Admitted of a PolicyGroup whose trainer Job names a Kueue queue: False (reason Queued) while the
+    Job is suspended, True once Kueue un-suspended it; None for a Job in no queue (nothing admits it).
+    """
+    if obs.job is None or not _queue(obs.job):
+        return None
+    if _suspended(obs.job):
+        return _condition("Admitted", False, *_suspension(obs.job), obs)
+    return _condition("Admitted", True, "Admitted", f"Kueue queue {_queue(obs.job)!r} admitted the trainers", obs)
 
 
 def _of_role(group_pods: Sequence[Mapping[str, Any]], role: contract.PolicyRole) -> list[Mapping[str, Any]]:

@@ -54,6 +54,13 @@ _CEL_RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
     ],
+    "DisruptionBudgetConfig": [
+        {
+            "rule": "has(self.maxUnavailable) != has(self.minAvailable)",
+            "message": "set exactly one of maxUnavailable and minAvailable",
+            "reason": "FieldValueInvalid",
+        },
+    ],
     "PortsConfig": [
         {
             "rule": (
@@ -99,6 +106,8 @@ def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str
     any_of = node.pop("anyOf", None)
     if any_of is not None:
         options = [option for option in any_of if option.get("type") != "null"]
+        if sorted(option.get("type", "") for option in options) == ["integer", "string"]:
+            options = [_int_or_string(options)]
         if len(options) != 1:
             raise ValueError(f"cannot express anyOf {any_of} in a structural schema")
         merged = _convert(options[0], defs, keep_defaults=keep_defaults)
@@ -136,6 +145,17 @@ def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str
     if node.get("type") == "array" and "items" in node:
         node["items"] = _convert(node["items"], defs, keep_defaults=keep_defaults)
     return _clean(node, keep_defaults)
+
+
+def _int_or_string(options: list[dict[str, Any]]) -> dict[str, Any]:
+    """One structural schema for `anyOf [integer, string]` (Kubernetes IntOrString): no type, the marker
+    `x-kubernetes-int-or-string`, and each option's constraints (the API server checks a number's only against
+    numbers, a pattern only against strings).
+    """
+    merged: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+    for option in options:
+        merged.update({key: value for key, value in option.items() if key != "type"})
+    return merged
 
 
 _KEY_ORDER = ("type", "description", "nullable", "default", "enum", "pattern", "minLength", "maxLength", "minimum",

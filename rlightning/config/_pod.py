@@ -17,6 +17,8 @@ QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkM
 # unbounded strings exceeds its budget); far above any real container's resources.
 QUANTITY_MAX_LENGTH = 64
 MAX_RESOURCES = 32
+# RFC 1123 subdomain: what Kubernetes requires of object names such as a PriorityClass's (at most 253 characters).
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _SUFFIX_FACTORS: dict[str, decimal.Decimal | int] = {
     "": 1, "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"), "m": decimal.Decimal("1e-3"),
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
@@ -119,4 +121,13 @@ class PodConfig(StrictModel):
     )
     image: str | None = Field(
         default=None, description="Container image for this role; defaults to spec.image."
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "PriorityClass of this role's pods (pod.spec.priorityClassName): the scheduler preempts lower-priority "
+            "pods for them, and node autoscalers order their work by it. The PriorityClass must exist."
+        ),
     )

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from rlightning.config._base import StrictModel
-from rlightning.config._pod import PodConfig
+from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN, PodConfig
 
-# RFC 1123 subdomain, what Kubernetes requires of a PersistentVolumeClaim's name (at most 253 characters).
-PVC_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
+"""A percentage of pods, as a PodDisruptionBudget's int-or-string fields take it: `0%` to `100%`."""
+PodCount = Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern=PERCENT_PATTERN)]
+"""A number of pods or a percentage of the desired pods (Kubernetes IntOrString)."""
 
 
 class CheckpointConfig(StrictModel):
@@ -26,7 +28,7 @@ class CheckpointConfig(StrictModel):
     persistent_volume_claim: str | None = Field(
         default=None,
         max_length=253,
-        pattern=PVC_NAME_PATTERN,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
             "Name of a PersistentVolumeClaim in the group's namespace that the operator mounts as the trainer's run "
             "directory instead of an emptyDir, so a replaced trainer pod resumes weights, optimizer and weight "
@@ -102,6 +104,33 @@ class TrainConfig(StrictModel):
         return self.nodes * self.procs_per_node
 
 
+class DisruptionBudgetConfig(StrictModel):
+    """The evaluators' PodDisruptionBudget (policy/v1): how many may be evicted at once by a node drain or a node
+    autoscaler's consolidation. Exactly one of the two fields is set.
+
+    See https://kubernetes.io/docs/tasks/run-application/configure-pdb/ (a StatefulSet's pods accept both
+    fields, as numbers or percentages).
+    """
+
+    max_unavailable: PodCount | None = Field(
+        default=None,
+        description="Evaluators that may be unavailable during voluntary disruptions: a number or a percentage.",
+    )
+    min_available: PodCount | None = Field(
+        default=None,
+        description="Evaluators that must stay available during voluntary disruptions: a number or a percentage.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DisruptionBudgetConfig:
+        if (self.max_unavailable is None) == (self.min_available is None):
+            raise ValueError(
+                f"set exactly one of maxUnavailable and minAvailable, got maxUnavailable={self.max_unavailable!r}, "
+                f"minAvailable={self.min_available!r}"
+            )
+        return self
+
+
 class EvalConfig(StrictModel):
     """The evaluation fleet: replicas that roll out the newest weights they received."""
 
@@ -133,6 +162,15 @@ class EvalConfig(StrictModel):
         ),
     )
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")
+    disruption_budget: DisruptionBudgetConfig = Field(
+        default_factory=lambda: DisruptionBudgetConfig(max_unavailable="100%"),
+        json_schema_extra={"default": {"maxUnavailable": "100%"}},  # the CRD's default (a factory has none)
+        description=(
+            "The evaluators' PodDisruptionBudget. The default lets every evaluator be evicted (an evaluator that "
+            "leaves drops its batch and is never counted as a failure); set it to keep a share of the fleet "
+            "through node drains and consolidation."
+        ),
+    )
 
     @model_validator(mode="after")
     def _replicas_within_bounds(self) -> EvalConfig:

@@ -14,9 +14,12 @@ from operator_manifests import edited, example, example_document  # noqa: F401 (
 NS = "team-a"
 
 
+_ONE_PER_ROLE = ("Service", "PodDisruptionBudget")
+
+
 def _by_kind(children):
-    return {child["kind"]: child for child in children if child["kind"] not in ("Service",)} | {
-        f"Service/{child['metadata']['name']}": child for child in children if child["kind"] == "Service"
+    return {child["kind"]: child for child in children if child["kind"] not in _ONE_PER_ROLE} | {
+        f"{child['kind']}/{child['metadata']['name']}": child for child in children if child["kind"] in _ONE_PER_ROLE
     }
 
 
@@ -35,6 +38,8 @@ def test_children_names_kinds_and_labels(example):
         ("ServiceAccount", "cartpole-runtime"),
         ("Role", "cartpole-runtime"),
         ("RoleBinding", "cartpole-runtime"),
+        ("PodDisruptionBudget", "cartpole-train"),
+        ("PodDisruptionBudget", "cartpole-eval"),
         ("Service", "cartpole-train"),
         ("Job", "cartpole-train"),
         ("Service", "cartpole-eval"),
@@ -107,7 +112,9 @@ def test_trainer_job_and_headless_service(example):
     mounts = {m["name"]: m["mountPath"] for m in _container(job)["volumeMounts"]}
     assert mounts["spec"] == contract.SPEC_MOUNT_DIR
     assert _container(job)["resources"] == {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
-    assert spec["template"]["metadata"]["annotations"] == job["metadata"]["annotations"]
+    template_annotations = spec["template"]["metadata"]["annotations"]
+    assert template_annotations[contract.ANNOTATION_SPEC_HASH] == job["metadata"]["annotations"][
+        contract.ANNOTATION_SPEC_HASH]
 
 
 def test_evaluator_statefulset(example):
@@ -134,6 +141,10 @@ HASH_CASES = [
     ({"spec.eval.pod": {"nodeSelector": {"pool": "cpu"}}}, False, True),
     ({"spec.train.pod": {"nodeSelector": {"pool": "gpu"}}}, True, False),
     ({"spec.eval.episodesPerReport": 9}, True, True),
+    ({"spec.eval.disruptionBudget": {"minAvailable": "50%"}}, False, False),
+    ({"spec.eval.pod": {"priorityClassName": "rl-eval"}}, False, True),
+    ({"spec.train.pod": {"priorityClassName": "rl-train"}}, True, False),
+    ({"metadata.labels": {contract.LABEL_KUEUE_QUEUE: "team-a"}}, True, False),
 ]
 
 
@@ -142,7 +153,7 @@ def test_template_hash_ignores_scaling_only(example, edit, train_changes, eval_c
     before = _by_kind(build_children(example, NS))
     after = _by_kind(build_children(parse_manifest(edited(example_document(), **edit)), NS))
 
-    def template_hash(child):
+    def template_hash(child):  # the hash the planner compares is the Job's, the same as its template's
         return child["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
 
     assert (template_hash(before["Job"]) != template_hash(after["Job"])) == train_changes
@@ -264,3 +275,80 @@ def test_pods_probe_weights_held_and_a_moving_training_loop(example):
         assert probe["periodSeconds"] > 0 and probe["failureThreshold"] >= 1
     env = {e["name"]: e.get("value") for e in evaluator["env"]}
     assert env[contract.ENV_HEALTH_FILE] == contract.HEALTH_FILE_IN_POD
+
+
+def test_trainer_pods_keep_node_autoscalers_away_and_evaluator_pods_do_not(example):
+    children = _by_kind(build_children(example, NS))
+    trainer = children["Job"]["spec"]["template"]["metadata"]["annotations"]
+    assert trainer["karpenter.sh/do-not-disrupt"] == "true"
+    assert trainer["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    evaluator = children["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
+    assert set(evaluator) == {contract.ANNOTATION_SPEC_HASH}, "evaluators leave cleanly: node autoscalers may move them"
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_trainer_disruption_budget_allows_no_eviction(nodes):
+    children = _by_kind(build_children(parse_manifest(edited(example_document(), **{"spec.train.nodes": nodes})), NS))
+    budget = children["PodDisruptionBudget/cartpole-train"]
+    assert budget["apiVersion"] == "policy/v1"
+    # minAvailable = every trainer pod: maxUnavailable 0 in the form the disruption controller accepts for a Job.
+    selected = {"matchLabels": builders.selector("cartpole", "train")}
+    assert budget["spec"] == {"minAvailable": nodes, "selector": selected}
+    assert budget["metadata"]["labels"][contract.LABEL_ROLE] == "train"
+
+
+@pytest.mark.parametrize(("written", "expected"), [
+    (None, {"maxUnavailable": "100%"}),
+    ({"maxUnavailable": 1}, {"maxUnavailable": 1}),
+    ({"minAvailable": "50%"}, {"minAvailable": "50%"}),
+    ({"minAvailable": 0}, {"minAvailable": 0}),
+])
+def test_evaluator_disruption_budget_follows_the_spec(written, expected):
+    document = example_document()
+    if written is not None:
+        document = edited(document, **{"spec.eval.disruptionBudget": written})
+    budget = _by_kind(build_children(parse_manifest(document), NS))["PodDisruptionBudget/cartpole-eval"]
+    assert budget["spec"] == {**expected, "selector": {"matchLabels": builders.selector("cartpole", "eval")}}
+
+
+@pytest.mark.parametrize(("budget", "message"), [
+    ({}, "exactly one of maxUnavailable and minAvailable"),
+    ({"maxUnavailable": 1, "minAvailable": 1}, "exactly one of maxUnavailable and minAvailable"),
+    ({"maxUnavailable": "101%"}, "maxUnavailable"),
+    ({"maxUnavailable": "half"}, "maxUnavailable"),
+    ({"minAvailable": -1}, "minAvailable"),
+])
+def test_evaluator_disruption_budget_is_checked(budget, message):
+    with pytest.raises(ManifestError, match=message):
+        parse_manifest(edited(example_document(), **{"spec.eval.disruptionBudget": budget}))
+
+
+def test_priority_class_per_role():
+    pods = {"spec.train.pod": {"priorityClassName": "rl-train"}, "spec.eval.pod": {"priorityClassName": "rl-eval"}}
+    children = _by_kind(build_children(parse_manifest(edited(example_document(), **pods)), NS))
+    assert children["Job"]["spec"]["template"]["spec"]["priorityClassName"] == "rl-train"
+    assert children["StatefulSet"]["spec"]["template"]["spec"]["priorityClassName"] == "rl-eval"
+    unset = _by_kind(build_children(parse_manifest(example_document()), NS))
+    assert "priorityClassName" not in unset["Job"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("name", ["High", "rl_train", "-x", "a" * 254])
+def test_priority_class_must_be_a_dns_subdomain(name):
+    with pytest.raises(ManifestError, match="priorityClassName"):
+        parse_manifest(edited(example_document(), **{"spec.train.pod": {"priorityClassName": name}}))
+
+
+def test_a_queue_label_makes_a_suspended_trainer_job_for_kueue():
+    labelled = edited(example_document(), **{"metadata.labels": {contract.LABEL_KUEUE_QUEUE: "team-a"}})
+    job = _by_kind(build_children(parse_manifest(labelled), NS))["Job"]
+    assert job["metadata"]["labels"][contract.LABEL_KUEUE_QUEUE] == "team-a"
+    assert job["spec"]["suspend"] is True
+    assert list(job["metadata"]["labels"]) == sorted(job["metadata"]["labels"])
+    assert job["metadata"]["annotations"] == {
+        contract.ANNOTATION_SPEC_HASH: job["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
+    }
+    plain = _by_kind(build_children(parse_manifest(example_document()), NS))["Job"]
+    assert "suspend" not in plain["spec"] and contract.LABEL_KUEUE_QUEUE not in plain["metadata"]["labels"]
+    other = edited(example_document(), **{"metadata.labels": {contract.LABEL_KUEUE_QUEUE: "team-b"}})
+    moved = _by_kind(build_children(parse_manifest(other), NS))["Job"]
+    assert moved["metadata"]["annotations"] != job["metadata"]["annotations"], "another queue: a new Job"

@@ -13,12 +13,14 @@ EXPECTED_CHILDREN = {
     ("ServiceAccount", "cartpole-runtime"),
     ("Role", "cartpole-runtime"),
     ("RoleBinding", "cartpole-runtime"),
+    ("PodDisruptionBudget", "cartpole-train"),
+    ("PodDisruptionBudget", "cartpole-eval"),
     ("Service", "cartpole-train"),
     ("Service", "cartpole-eval"),
     ("Job", "cartpole-train"),
     ("StatefulSet", "cartpole-eval"),
 }
-KINDS = "configmaps,serviceaccounts,roles,rolebindings,services,jobs,statefulsets"
+KINDS = "configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets,services,jobs,statefulsets"
 
 
 def owned_children(cluster, namespace, uid):
@@ -40,7 +42,7 @@ def ready(cluster, namespace, name="cartpole"):
 def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, namespace, operator):
     apply(crd, namespace, example())
     uid = get_json(crd, "pg", "cartpole", "-n", namespace)["metadata"]["uid"]
-    wait_for("8 owned children", lambda: owned_children(crd, namespace, uid) == EXPECTED_CHILDREN)
+    wait_for("10 owned children", lambda: owned_children(crd, namespace, uid) == EXPECTED_CHILDREN)
 
     job = get_json(crd, "job", "cartpole-train", "-n", namespace)
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 1, 1)

@@ -106,12 +106,12 @@ def children(api):
 
 def test_first_reconcile_creates_children_and_writes_status_once(api, events, reconciler):
     outcome = reconciler.reconcile(group())
-    assert [a.type for a in outcome.actions] == ["create"] * 8
-    assert len(children(api)) == 8
+    assert [a.type for a in outcome.actions] == ["create"] * 10
+    assert len(children(api)) == 10
     assert api.requests.count("patch/status") == 1
     status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
     assert status["phase"] == "Pending" and status["eval"]["summary"] == "0/2"
-    assert [e[1] for e in events] == ["Created"] * 8
+    assert [e[1] for e in events] == ["Created"] * 10
     for (kind, _, _), obj in api.objects.items():
         if kind != contract.KIND:
             assert obj["metadata"]["ownerReferences"][0]["uid"] == "pg-uid"

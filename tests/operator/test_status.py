@@ -18,6 +18,12 @@ def job(ready=0, succeeded=0, failed=0, conditions=(), reason="BackoffLimitExcee
 REJECTED = job(failed=1, conditions=["FailureTarget", "Failed"], reason="PodFailurePolicy")
 
 
+def queued(suspend, queue="rl-trainers", **kwargs):
+    """A trainer Job in a Kueue queue; suspended until Kueue admits it."""
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    return {"metadata": {"labels": labels}, "spec": {"suspend": suspend}, **job(**kwargs)}
+
+
 def sts(replicas=0, ready=0):
     return {"status": {"replicas": replicas, "readyReplicas": ready}}
 
@@ -50,6 +56,16 @@ CASES = [
      "Failed", {"Valid": ("True", "Validated"), "TrainersReady": ("False", "JobFailed")}, "0/2", "0/3", 3),
     ("foreign child", dict(job=job(ready=2), stateful_set=sts(3, 3), conflicts=["ConfigMap/g-spec"]), "Running",
      {"Ready": ("False", "Conflict")}, "2/2", "3/3", 3),
+    ("queued in Kueue", dict(job=queued(True), stateful_set=sts(3, 3)), "Pending",
+     {"TrainersReady": ("False", "Queued"), "Admitted": ("False", "Queued"), "Ready": ("False", "Queued")},
+     "0/2", "3/3", 3),
+    ("admitted by Kueue, pods starting", dict(job=queued(False, ready=1), stateful_set=sts(3, 3)), "Pending",
+     {"TrainersReady": ("False", "Waiting"), "Admitted": ("True", "Admitted"), "Ready": ("False", "Waiting")},
+     "1/2", "3/3", 3),
+    ("admitted by Kueue and running", dict(job=queued(False, ready=2), stateful_set=sts(3, 3)), "Running",
+     {"Admitted": ("True", "Admitted"), "Ready": ("True", "AllReady")}, "2/2", "3/3", 3),
+    ("suspended outside any queue", dict(job=queued(True, queue=None), stateful_set=sts(3, 3)), "Pending",
+     {"TrainersReady": ("False", "Suspended"), "Ready": ("False", "Suspended")}, "0/2", "3/3", 3),
 ]
 
 
@@ -91,3 +107,10 @@ def test_spec_rejected_in_pod_points_to_the_validate_logs():
     valid = next(c for c in status["conditions"] if c["type"] == "Valid")
     assert "kubectl logs job/g-train -c validate" in valid["message"]
     assert valid["observedGeneration"] == 3
+
+
+def test_admitted_condition_only_for_a_job_in_a_queue():
+    plain = compute_status(Observation("g", 1, nodes=2, replicas=3, job=job(ready=2), stateful_set=sts(3, 3)))
+    assert "Admitted" not in conditions(plain)
+    waiting = compute_status(Observation("g", 1, nodes=2, replicas=3, job=queued(True), stateful_set=sts(3, 3)))
+    assert "rl-trainers" in next(c["message"] for c in waiting["conditions"] if c["type"] == "Admitted")

@@ -4,6 +4,7 @@ Exits when the sender closes, unless --keep-after-close. With --apply-in-receive
 version inside `receive` (its `apply` hook: the acknowledgement means applied) and --fail-apply-version N makes
 that apply raise for version N. --die-in-version N sends SIGKILL to itself in the
 middle of receiving version N (after its first transfers), to test a receiver that dies mid-broadcast.
+--leave-after-version N leaves cleanly once it applied version N (a scale-down: what an evaluator does on SIGTERM).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> None:
     parser.add_argument("--raw", action="store_true", help="keep what arrives as is, with no policy (any model)")
     parser.add_argument("--dtype", default=None, help="weightSync.dtype: the policy holds floating tensors in it")
     parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
+    parser.add_argument("--leave-after-version", type=int, default=0,
+                        help="leave cleanly (as on SIGTERM in a pod) once this version is applied: a scale-down")
     parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
     args = parser.parse_args()
     if args.log:
@@ -88,6 +91,8 @@ def main() -> None:
             continue
         if not args.apply_in_receive:
             apply(*got)
+        if args.leave_after_version and receiver.version >= args.leave_after_version:
+            break
     receiver.close()
     print(json.dumps({"event": "exit"}), flush=True)
     sys.exit(0)

@@ -45,6 +45,11 @@ present at start-up (Helm installs crds/ before the Deployment).
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The trainers' and evaluators' PodDisruptionBudgets: created, patched when spec.eval.disruptionBudget or
+# spec.train.nodes changes; deleted only by garbage collection.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # Pods of the managed Jobs and StatefulSets, read only: status says when they crash-loop, cannot be scheduled or
 # hold a rollout (kopf watches them with the managed-by label selector; the operator lists a group's pods).
 - apiGroups: [""]

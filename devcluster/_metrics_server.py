@@ -1,0 +1,163 @@
+"""metrics-server on a running dev cluster: the resource metrics API (``metrics.k8s.io``) that HPAs and
+``kubectl top`` read, as a host process registered through the API server's aggregation layer.
+
+Built on demand from its Go module (``_build.build_addon("metrics-server")``, cached under its own key), started
+with :func:`_components.metrics_server`, registered with a Service of type ExternalName pointing at 127.0.0.1
+(the aggregator resolves such a Service to its external name and the APIService's port, the way kwokctl
+registers a local metrics-server) and an APIService ``v1beta1.metrics.k8s.io``. It scrapes kwok's simulated
+kubelet metrics of the fake nodes; a pod's usage comes from its ``kwok.x-k8s.io/usage-cpu`` and ``-memory``
+annotations (``kwok/usage-from-annotation.yaml``). Stopped by pid; the APIService and Service are deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from devcluster import _build
+from devcluster import _cluster
+from devcluster import _components
+from devcluster import _http
+from devcluster import _ports
+from devcluster import _process
+
+NAMESPACE = "kube-system"
+SERVICE = "metrics-server"
+API_SERVICE = "v1beta1.metrics.k8s.io"
+START_TIMEOUT_SECONDS = 120.0
+"""Bound for the APIService to be Available and the resource metrics API to answer through it."""
+
+
+class MetricsServerError(RuntimeError):
+    """Raised when metrics-server exits or does not serve node metrics in time (with its log tail)."""
+
+
+def service_manifest(port: int) -> dict:
+    """The ExternalName Service through which the aggregator reaches metrics-server on loopback.
+
+    Args:
+        port (int): metrics-server's secure port.
+
+    Returns:
+        dict: A v1 Service in :data:`NAMESPACE`.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": SERVICE}},
+        "spec": {"type": "ExternalName", "externalName": _ports.HOST, "ports": [{"name": "https", "port": port}]},
+    }
+
+
+def api_service_manifest(port: int) -> dict:
+    """The APIService that registers ``metrics.k8s.io/v1beta1`` (as metrics-server's own manifests do, with TLS
+    verification skipped: it serves a self-signed certificate).
+
+    Args:
+        port (int): metrics-server's secure port.
+
+    Returns:
+        dict: An apiregistration.k8s.io/v1 APIService.
+    """
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": API_SERVICE, "labels": {"app.kubernetes.io/name": SERVICE}},
+        "spec": {
+            "group": "metrics.k8s.io",
+            "version": "v1beta1",
+            "service": {"namespace": NAMESPACE, "name": SERVICE, "port": port},
+            "insecureSkipTLSVerify": True,
+            "groupPriorityMinimum": 100,
+            "versionPriority": 100,
+        },
+    }
+
+
+class MetricsServer:
+    """metrics-server serving a started :class:`devcluster.Cluster`.
+
+    Args:
+        cluster (_cluster.Cluster): The running control plane (started by this process or attached).
+        log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
+
+    Example:
+        >>> with MetricsServer(cluster):  # doctest: +SKIP
+        ...     cluster.kubectl("top", "nodes")
+    """
+
+    def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
+        self.cluster = cluster
+        self.process: _process.Managed | None = None
+        self.start_seconds = 0.0
+        self._log = log
+        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> MetricsServer:
+        """Build (or find cached) metrics-server, start it, register it and wait until its API answers.
+
+        Samples come later: a node or pod appears in the API after two scrapes (CPU is a rate), and a fake node
+        only while it runs pods (kwok reports an empty node's usage as 0, which metrics-server drops).
+
+        Args:
+            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
+
+        Returns:
+            MetricsServer: ``self``.
+
+        Raises:
+            MetricsServerError: It exited, or the API or node metrics did not appear in time.
+            _build.BuildError: The build failed.
+        """
+        binary = _build.build_addon("metrics-server", log=self._log)
+        began = time.monotonic()
+        cluster = self.cluster
+        argv = _components.metrics_server(cluster.workdir, cluster.kubeconfig, cluster.ports, binary)
+        self.process = _process.start("metrics-server", argv, cluster.log_dir / "metrics-server.log", detach=False)
+        try:
+            port = cluster.ports.metrics_server
+            for path, manifest in (
+                (f"/api/v1/namespaces/{NAMESPACE}/services", service_manifest(port)),
+                ("/apis/apiregistration.k8s.io/v1/apiservices", api_service_manifest(port)),
+            ):
+                status, text = self._api.request("POST", path, manifest)
+                if status not in (201, 409):
+                    raise MetricsServerError(f"POST {path}: HTTP {status}: {text[:500]}")
+            self._wait("APIService Available", began + timeout, self.available)
+            self._wait("the metrics API to answer", began + timeout, self._serving)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        self._log(f"devcluster: metrics-server serving the metrics API after {self.start_seconds:.1f}s")
+        return self
+
+    def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
+        failure = _process.wait_until(check, deadline, [self.process])
+        if failure is not None:
+            tail = _process.log_tail(self.process.log_path)
+            reason = "timed out" if failure == _process.TIMED_OUT else failure
+            raise MetricsServerError(f"metrics-server: waiting for {what}: {reason}\n{tail}")
+
+    def available(self) -> bool:
+        """Whether the APIService reports Available=True (the aggregator reaches metrics-server)."""
+        service = self._api.get_json(f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}") or {}
+        conditions = (service.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
+
+    def _serving(self) -> bool:
+        return self._api.request("GET", "/apis/metrics.k8s.io/v1beta1/nodes")[0] == 200
+
+    def stop(self) -> None:
+        """Unregister and stop it (SIGTERM, then SIGKILL, by its process group); idempotent."""
+        self._api.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}")
+        self._api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}")
+        if self.process is not None:
+            _process.stop(self.process)
+            self.process = None
+
+    def __enter__(self) -> MetricsServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

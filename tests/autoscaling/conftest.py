@@ -1,0 +1,36 @@
+"""Fixtures of the autoscaling tests: the PolicyGroup CRD installed once, an operator process per test.
+
+Every test module here sets ``pytestmark = pytest.mark.autoscaling`` (``cluster`` comes with the fixtures):
+``pytest -m autoscaling`` runs them against the devcluster, within 10 minutes in all (bounded waits only).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import devcluster
+from tests.operator.operator_cluster import OperatorProcess, install_crd
+
+
+@pytest.fixture(scope="session")
+def autoscaling_crd(cluster):
+    """The PolicyGroup CRD from crds/, installed and established."""
+    install_crd(cluster)
+    return cluster
+
+
+@pytest.fixture
+def autoscaling_operator(autoscaling_crd, namespace, tmp_path):
+    """`rlightning-operator` serving the test's namespace; its log is printed when the test fails."""
+    process = OperatorProcess(autoscaling_crd, namespace, tmp_path / "operator.log").start()
+    yield process
+    code = process.stop()
+    print(f"--- operator log (exit {code}) ---\n{process.log()[-20000:]}")
+
+
+@pytest.fixture(scope="session")
+def metrics_server(autoscaling_crd):
+    """metrics-server serving the session's cluster (built from its module on first use, then cached)."""
+    server = devcluster.MetricsServer(autoscaling_crd).start()
+    yield server
+    server.stop()
