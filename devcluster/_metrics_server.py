@@ -113,7 +113,9 @@ class MetricsServer:
         began = time.monotonic()
         cluster = self.cluster
         argv = _components.metrics_server(cluster.workdir, cluster.kubeconfig, cluster.ports, binary)
-        self.process = _process.start("metrics-server", argv, cluster.log_dir / "metrics-server.log", detach=False)
+        self.process = process = _process.start(
+            "metrics-server", argv, cluster.log_dir / "metrics-server.log", detach=False
+        )
         try:
             port = cluster.ports.metrics_server
             for path, manifest in (
@@ -123,8 +125,8 @@ class MetricsServer:
                 status, text = self._api.request("POST", path, manifest)
                 if status not in (201, 409):
                     raise MetricsServerError(f"POST {path}: HTTP {status}: {text[:500]}")
-            self._wait("APIService Available", began + timeout, self.available)
-            self._wait("the metrics API to answer", began + timeout, self._serving)
+            self._wait(process, "APIService Available", began + timeout, self.available)
+            self._wait(process, "the metrics API to answer", began + timeout, self._serving)
         except BaseException:
             self.stop()
             raise
@@ -132,10 +134,11 @@ class MetricsServer:
         self._log(f"devcluster: metrics-server serving the metrics API after {self.start_seconds:.1f}s")
         return self
 
-    def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        failure = _process.wait_until(check, deadline, [self.process])
+    @staticmethod
+    def _wait(process: _process.Managed, what: str, deadline: float, check: Callable[[], bool]) -> None:
+        failure = _process.wait_until(check, deadline, [process])
         if failure is not None:
-            tail = _process.log_tail(self.process.log_path)
+            tail = _process.log_tail(process.log_path)
             reason = "timed out" if failure == _process.TIMED_OUT else failure
             raise MetricsServerError(f"metrics-server: waiting for {what}: {reason}\n{tail}")
 
