@@ -77,6 +77,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "rlightning-operator"
 ANNOTATION_SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
 """Hash of the part of the spec a child's template depends on; replicas are excluded."""
+LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
+"""The trainer gang's attempt (0, 1, ...) on the trainers' Job and its pods: the operator replaces the whole gang
+under attempt N+1 when a pod of attempt N fails or goes, so pods of two attempts never meet."""
 
 # -- Environment variables read by the pod runtime ----------------------------------------------------------
 ENV_GROUP_NAME = "RLIGHTNING_GROUP_NAME"
@@ -114,6 +117,8 @@ ENV_HEALTH_FILE = "RLIGHTNING_HEALTH_FILE"
 trainer pod's local rank 0 touches it as its loop goes on (liveness)."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
+ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
+"""Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
 
 # -- Files -------------------------------------------------------------------------------------------------
 SPEC_MOUNT_DIR = "/etc/rlightning"

@@ -1,8 +1,15 @@
 """The pure status function: observed children -> the part of a PolicyGroup's status the operator owns.
 
-The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `replicas` and `selector`;
-`training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge patch
-without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Ready (all of the others).
+The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `restarts`, `replicas` and
+`selector`; `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge
+patch without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, CheckpointsPersistent,
+TrainerRestarting (once the gang restarted), Ready (Valid, TrainersReady and EvaluatorsReady).
+
+Restarts of the trainer gang (`_planner.plan_restart`): while attempt N+1 forms (the Job of attempt N goes, the
+new one's pods are not all ready) the phase is `Restarting`, TrainersReady says `Restarting` with the lost pod,
+and TrainerRestarting is True with the loss's reason (PodFailed, PodDeleted, EvictionByEvictionAPI, ...). A Job
+failed after spec.train.maxRestarts restarts caused by failures gives reason MaxRestartsReached. Once training
+has ended, evaluators are `Stopped` (scaled to zero) or `Serving` (spec.eval.afterTraining).
 
 Validity has two sources: the operator's structural validation (`Observation.problems`, reason InvalidSpec)
 and the pods' deep checks (policyClass, policyKwargs, env id; only the runtime can run them): a trainer Job
@@ -26,9 +33,16 @@ from rlightning import contract
 from rlightning_operator import _builders as builders
 from rlightning_operator import _pods as pods
 
-OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "replicas", "selector")
+OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "restarts", "replicas", "selector")
 POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 """Reason of a Job's Failed condition when a FailJob rule of its pod failure policy matched."""
+RESTARTING = "Restarting"
+MAX_RESTARTS_REACHED = "MaxRestartsReached"
+CHECKPOINTS_NOT_PERSISTENT = "CheckpointsNotPersistent"
+WARNING_REASONS = (MAX_RESTARTS_REACHED,)
+"""Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
+RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
+"""Keys of status.restarts (`rlightning.config.RestartStatus`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +61,11 @@ class Observation:
         conflicts (Sequence[str]): Children that another owner controls, as `Kind/name: <reason>`.
         previous (Sequence[Mapping[str, Any]]): The conditions currently in status (for lastTransitionTime).
         now (str): RFC 3339 time used for conditions that change.
+        attempt (int): The trainer gang's current attempt; a Job of another one is being replaced.
+        restarts (Mapping[str, Any]): status.restarts to write (keys `RESTART_FIELDS`).
+        max_restarts (int): spec.train.maxRestarts.
+        after_training (str): spec.eval.afterTraining, `Stop` or `Serve`.
+        checkpoints_persistent (bool): Whether the trainers' run directory is a PersistentVolumeClaim.
     """
 
     name: str
@@ -60,6 +79,11 @@ class Observation:
     conflicts: Sequence[str] = ()
     previous: Sequence[Mapping[str, Any]] = ()
     now: str = ""
+    attempt: int = 0
+    restarts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_restarts: int = 0
+    after_training: str = "Stop"
+    checkpoints_persistent: bool = True
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -68,6 +92,22 @@ def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, An
         if condition.get("type") == type_ and condition.get("status") == "True":
             return condition
     return None
+
+
+def training_ended(job: Mapping[str, Any] | None, attempt: int) -> bool:
+    """Whether the Job of the gang's current attempt is Complete or Failed (no restart follows a Failed one that
+    `_planner.plan_restart` left alone: exit code 2, or no restart left).
+
+    Args:
+        job (Mapping[str, Any] | None): The trainers' Job as read.
+        attempt (int): The current attempt.
+
+    Returns:
+        bool: True once training has ended.
+    """
+    if job is None or builders.attempt_of(job) != attempt:
+        return False
+    return bool(_job_condition(job, "Complete") or _job_condition(job, "Failed"))
 
 
 def _rejected_in_pod(failed: Mapping[str, Any] | None) -> bool:
@@ -115,16 +155,22 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             "phase": "Invalid",
             "observedGeneration": obs.generation,
             "conditions": [valid, ready],
-            "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0"},
-            "eval": {"desired": 0, "ready": 0, "summary": "0/0"},
+            "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0", "attempt": obs.attempt},
+            "eval": {"desired": 0, "ready": 0, "summary": "0/0", "afterTraining": ""},
+            "restarts": _restarts(obs),
             "replicas": 0,
             "selector": selector,
         }
-    job_status = (obs.job or {}).get("status") or {}
+    # A Job of another attempt is on its way out: the current attempt has no Job yet.
+    job = obs.job if obs.job is not None and builders.attempt_of(obs.job) == obs.attempt else None
+    restarts = _restarts(obs)
+    job_status = (job or {}).get("status") or {}
     sts_status = (obs.stateful_set or {}).get("status") or {}
     train_ready = int(job_status.get("ready") or 0)
     eval_ready = int(sts_status.get("readyReplicas") or 0)
-    complete, failed = _job_condition(obs.job, "Complete"), _job_condition(obs.job, "Failed")
+    complete, failed = _job_condition(job, "Complete"), _job_condition(job, "Failed")
+    restarting = bool(restarts["total"]) and not (complete or failed) and (job is None or train_ready < obs.nodes)
+    trainers = [p for p in _of_role(obs.pods, contract.PolicyRole.TRAIN) if builders.attempt_of(p) == obs.attempt]
 
     rejected = _rejected_in_pod(failed)
     if rejected:
@@ -134,21 +180,37 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             f"a trainer pod rejected the spec ({detail}); see `kubectl logs job/{contract.train_name(obs.name)} "
             f"-c {builders.VALIDATE_CONTAINER}`"
         )
-    elif failed:
-        train_ok, train_reason, train_message = False, "JobFailed", "the trainer Job failed"
+    elif failed:  # `_planner.plan_restart` restarts a failed attempt while it may: none is left
+        train_ok, train_reason = False, MAX_RESTARTS_REACHED
+        last = f"; the last restart: {restarts['message']}" if restarts["message"] else ""
+        train_message = (f"the trainer Job failed ({failed.get('reason') or 'Failed'}) with no restart left: "
+                         f"{restarts['failures']} of spec.train.maxRestarts {obs.max_restarts} used{last}")
     elif complete:
         train_ok, train_reason, train_message = True, "Completed", "training completed"
-    elif obs.job is None:
+    elif restarting:
+        train_ok, train_reason = False, RESTARTING
+        train_message = (f"attempt {obs.attempt} forming after {restarts['message']}; "
+                         f"{train_ready}/{obs.nodes} trainer pods ready")
+        problem = pods.diagnose(trainers)
+        if problem is not None:
+            train_message = f"{train_message}; {problem.message}"
+    elif job is None:
         train_ok, train_reason = False, "JobMissing"
         train_message = f"Job {contract.train_name(obs.name)} does not exist"
     elif train_ready >= obs.nodes:
         train_ok, train_reason, train_message = True, "AllReady", f"{train_ready}/{obs.nodes} trainer pods ready"
     else:
         train_ok, train_reason, train_message = False, "Waiting", f"{train_ready}/{obs.nodes} trainer pods ready"
-        problem = pods.diagnose(_of_role(obs.pods, contract.PolicyRole.TRAIN), int(job_status.get("failed") or 0))
+        problem = pods.diagnose(trainers, int(job_status.get("failed") or 0))
         if problem is not None:
             train_reason, train_message = problem.reason, f"{train_message}; {problem.message}"
-    if obs.stateful_set is None:
+    ended = complete or failed
+    after_training = ("Stopped" if obs.after_training == "Stop" else "Serving") if ended else ""
+    eval_desired = 0 if after_training == "Stopped" else obs.replicas
+    if after_training == "Stopped":
+        eval_ok, eval_reason = True, "Stopped"
+        eval_message = "training has ended: evaluators scaled to zero (spec.eval.afterTraining: Stop)"
+    elif obs.stateful_set is None:
         eval_ok, eval_reason = False, "StatefulSetMissing"
         eval_message = f"StatefulSet {contract.eval_name(obs.name)} does not exist"
     else:
@@ -167,6 +229,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         _condition("TrainersReady", train_ok, train_reason, train_message, obs),
         _condition("EvaluatorsReady", eval_ok, eval_reason, eval_message, obs),
     ]
+    extra = [_checkpoints_condition(obs)]
+    if restarts["total"]:
+        extra.append(_restarting_condition(obs, restarts, restarting, bool(ended)))
     if obs.conflicts:
         ready_ok, ready_reason = False, "Conflict"
         ready_message = "children controlled by another owner: " + "; ".join(obs.conflicts)
@@ -175,7 +240,7 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         ready_ok = not not_ready
         ready_reason = "AllReady" if ready_ok else not_ready[0]["reason"]
         ready_message = "trainers and evaluators ready" if ready_ok else not_ready[0]["message"]
-    conditions.append(_condition("Ready", ready_ok, ready_reason, ready_message, obs))
+    conditions += [*extra, _condition("Ready", ready_ok, ready_reason, ready_message, obs)]
 
     if rejected:
         phase = "Invalid"
@@ -183,7 +248,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         phase = "Failed"
     elif complete:
         phase = "Succeeded"
-    elif obs.job is not None and train_ready >= obs.nodes:
+    elif restarting:
+        phase = RESTARTING
+    elif job is not None and train_ready >= obs.nodes:
         phase = "Running"
     else:
         phase = "Pending"
@@ -197,11 +264,44 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             "succeeded": int(job_status.get("succeeded") or 0),
             "failed": int(job_status.get("failed") or 0),
             "summary": f"{train_ready}/{obs.nodes}",
+            "attempt": obs.attempt,
         },
-        "eval": {"desired": obs.replicas, "ready": eval_ready, "summary": f"{eval_ready}/{obs.replicas}"},
+        "eval": {
+            "desired": eval_desired,
+            "ready": eval_ready,
+            "summary": f"{eval_ready}/{eval_desired}" + (f" {after_training.lower()}" if after_training else ""),
+            "afterTraining": after_training,
+        },
+        "restarts": restarts,
         "replicas": int(sts_status.get("replicas") or 0),
         "selector": selector,
     }
+
+
+def _restarts(obs: Observation) -> dict[str, Any]:
+    return {field: obs.restarts.get(field, 0 if field in RESTART_FIELDS[:3] else "") for field in RESTART_FIELDS}
+
+
+def _checkpoints_condition(obs: Observation) -> dict[str, Any]:
+    if obs.checkpoints_persistent:
+        return _condition("CheckpointsPersistent", True, "PersistentVolumeClaim",
+                          "the trainers' run directory is spec.train.checkpoint.persistentVolumeClaim", obs)
+    return _condition("CheckpointsPersistent", False, CHECKPOINTS_NOT_PERSISTENT,
+                      "the trainers' run directory is an emptyDir: a restarted trainer gang keeps only the weight "
+                      "version (from the evaluators), not weights, optimizer and progress; set "
+                      "spec.train.checkpoint.persistentVolumeClaim", obs)
+
+
+def _restarting_condition(
+    obs: Observation, restarts: Mapping[str, Any], restarting: bool, ended: bool
+) -> dict[str, Any]:
+    counts = f"{restarts['total']} restarts ({restarts['failures']} failures, {restarts['disruptions']} disruptions)"
+    if restarting:
+        return _condition("TrainerRestarting", True, restarts["reason"] or RESTARTING,
+                          f"attempt {obs.attempt} forming after {restarts['message']}; {counts}", obs)
+    reason = "TrainingEnded" if ended else "AttemptRunning"
+    return _condition("TrainerRestarting", False, reason,
+                      f"attempt {obs.attempt}; {counts}; the last after {restarts['message']}", obs)
 
 
 def _of_role(group_pods: Sequence[Mapping[str, Any]], role: contract.PolicyRole) -> list[Mapping[str, Any]]:

@@ -89,8 +89,9 @@ def test_trainer_job_and_headless_service(example):
                                                                       "trajectories": 29700,
                                                                       "trajectories-1": 29701, "metrics": 9400}
     spec = job["spec"]
-    counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"])
-    assert counts == ("Indexed", 1, 1, 3)
+    counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"],
+              spec["podReplacementPolicy"])
+    assert counts == ("Indexed", 1, 1, 0, "Failed")  # no retry inside an attempt: the operator restarts the gang
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "cartpole-train" and pod["restartPolicy"] == "Never"
     assert pod["serviceAccountName"] == "cartpole-runtime"
@@ -159,7 +160,6 @@ SPEC_CASES = [
     ({"spec.train.nodes": 3},
      lambda c: (c["Job"]["spec"]["completions"], c["Job"]["spec"]["parallelism"]) == (3, 3)
      and "--nnodes=3" in _container(c["Job"])["command"]),
-    ({"spec.train.backoffLimit": 0}, lambda c: c["Job"]["spec"]["backoffLimit"] == 0),
     ({"spec.imagePullPolicy": "Always"}, lambda c: _container(c["StatefulSet"])["imagePullPolicy"] == "Always"),
     ({"spec.eval.pod": {"image": "eval:1"}},
      lambda c: _container(c["StatefulSet"])["image"] == "eval:1"
@@ -264,3 +264,18 @@ def test_pods_probe_weights_held_and_a_moving_training_loop(example):
         assert probe["periodSeconds"] > 0 and probe["failureThreshold"] >= 1
     env = {e["name"]: e.get("value") for e in evaluator["env"]}
     assert env[contract.ENV_HEALTH_FILE] == contract.HEALTH_FILE_IN_POD
+
+
+def test_an_attempt_is_a_label_an_env_var_and_part_of_the_hash(example):
+    job = _by_kind(build_children(example, NS))["Job"]
+    first, second = builders.with_attempt(job, 0), builders.with_attempt(job, 1)
+    for attempt, built in ((0, first), (1, second)):
+        assert built["metadata"]["labels"][contract.LABEL_ATTEMPT] == str(attempt)
+        assert built["spec"]["template"]["metadata"]["labels"][contract.LABEL_ATTEMPT] == str(attempt)
+        assert _env(built)[contract.ENV_TRAIN_ATTEMPT] == str(attempt)
+        assert builders.attempt_of(built) == attempt
+        assert built["spec"]["template"]["metadata"]["annotations"] == built["metadata"]["annotations"]
+    hashes = {b["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] for b in (job, first, second)}
+    assert len(hashes) == 3  # the planner replaces a Job of another attempt
+    assert contract.LABEL_ATTEMPT not in job["metadata"]["labels"]  # the input is left alone
+    assert builders.attempt_of(None) == 0 and builders.attempt_of({"metadata": {"labels": {}}}) == 0
