@@ -90,6 +90,24 @@ class Reconciler:
         # under the same name while a reconcile runs still gets the same lock).
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
+        # The last state of each trainer pod seen by the pod watch, per PolicyGroup: a pod deleted (or failed)
+        # may be gone, and the Job failed because of it, before the next pass lists pods; this is its evidence.
+        self._trainers_seen: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self._trainers_guard = threading.Lock()
+
+    def note_pod(self, pod: Mapping[str, Any]) -> None:
+        """Remember the last state of a trainer pod as the pod watch delivered it (a DELETED event included).
+
+        Args:
+            pod (Mapping[str, Any]): A pod of a managed workload; others than trainers are ignored.
+        """
+        metadata = pod.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if labels.get(contract.LABEL_ROLE) != contract.PolicyRole.TRAIN or not labels.get(contract.LABEL_GROUP):
+            return
+        with self._trainers_guard:
+            seen = self._trainers_seen.setdefault((metadata.get("namespace", ""), labels[contract.LABEL_GROUP]), {})
+            seen[metadata.get("name", "")] = dict(pod)
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -266,9 +284,15 @@ class Reconciler:
         job: Mapping[str, Any] | None,
         current: planner.Restarts,
     ) -> list[dict[str, Any]]:
-        """The trainer pods, read only when the Job of the current attempt may have lost one (some pod not ready,
-        or the Job failing); none otherwise, so a steady gang costs no pod list.
+        """The trainer pods of the current attempt: as listed when the Job may have lost one (some pod not ready, or
+        the Job failing; a steady gang costs no pod list), and as last seen by the pod watch for the others (a pod
+        gone already). Pods of other attempts are forgotten.
         """
+        with self._trainers_guard:
+            seen = self._trainers_seen.get((namespace, name), {})
+            for pod_name in [n for n, pod in seen.items() if builders.attempt_of(pod) != current.attempt]:
+                del seen[pod_name]
+            remembered = dict(seen)
         if job is None or builders.attempt_of(job) != current.attempt:
             return []
         job_status = job.get("status") or {}
@@ -276,9 +300,11 @@ class Reconciler:
         if "Complete" in conditions:
             return []
         failing = conditions & {"FailureTarget", "Failed"} or job_status.get("failed") or job_status.get("terminating")
-        if not failing and int(job_status.get("ready") or 0) >= manifest.spec.train.nodes:
-            return []
-        return self._client.list("Pod", namespace, _trainer_selector(name))
+        listed = []
+        if failing or int(job_status.get("ready") or 0) < manifest.spec.train.nodes:
+            listed = self._client.list("Pod", namespace, _trainer_selector(name))
+        names = {(p.get("metadata") or {}).get("name") for p in listed}
+        return listed + [pod for pod_name, pod in sorted(remembered.items()) if pod_name not in names]
 
     def _restart(
         self, body: Mapping[str, Any], manifest: PolicyGroupManifest, decision: planner.RestartDecision,

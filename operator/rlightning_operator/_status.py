@@ -341,7 +341,8 @@ def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any,
         pod (Mapping[str, Any]): A pod as watched.
 
     Returns:
-        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), phase, conditions, container states).
+        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), phase, conditions, container states, revision,
+            deletion mark).
     """
     pod_status = pod.get("status") or {}
     conditions = tuple(sorted((c.get("type"), c.get("status"), c.get("reason")) for c in pod_status.get("conditions")
@@ -352,7 +353,8 @@ def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any,
         for c in [*(pod_status.get("initContainerStatuses") or []), *(pod_status.get("containerStatuses") or [])]
     )
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return ("Pod",), (pod_status.get("phase"), conditions, containers, labels.get(pods.REVISION_LABEL))
+    deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))  # a trainer pod deleted ends its attempt
+    return ("Pod",), (pod_status.get("phase"), conditions, containers, labels.get(pods.REVISION_LABEL), deleting)
 
 
 REFUSAL_REASONS = {403: "Forbidden", 422: "Invalid"}

@@ -415,3 +415,19 @@ def test_evaluators_stop_or_serve_once_training_has_ended(api, reconciler, after
     status = stored_status(api)
     assert status["phase"] == "Succeeded" and status["eval"]["summary"] == summary
     assert status["eval"]["afterTraining"] == ("Stopped" if after == "Stop" else "Serving")
+
+
+def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, events, reconciler):
+    reconciler.reconcile(group())
+    # kubectl delete pod: the watch saw it deleted; by the pass it is gone and the Job failed because of it.
+    deleted = trainer_pod("cartpole-train-0-abcde", 0, phase="Failed")
+    deleted["metadata"]["deletionTimestamp"] = "2026-12-01T10:01:15Z"
+    reconciler.note_pod(deleted)
+    reconciler.note_pod({**group(), "kind": "PolicyGroup"})  # not a pod of a role: ignored
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {
+        "failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    body = group()
+    body["status"] = stored_status(api)
+    reconciler.reconcile(body)
+    restarts = stored_status(api)["restarts"]
+    assert (restarts["disruptions"], restarts["failures"], restarts["reason"]) == (1, 0, "PodDeleted")
