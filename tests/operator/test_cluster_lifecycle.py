@@ -71,7 +71,8 @@ def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, nam
 
     table = crd.kubectl("get", "pg", "-n", namespace).stdout.splitlines()
     assert table[0].split() == [
-        "NAME", "PHASE", "TRAINERS", "EVALUATORS", "RESTARTS", "WEIGHTS", "CONSISTENT", "STEPS/S", "LAG", "REASON", "AGE"
+        "NAME", "PHASE", "TRAINERS", "EVALUATORS", "RESTARTS", "WEIGHTS", "CONSISTENT", "STEPS/S", "LAG", "REASON",
+        "AGE",
     ]  # fmt: skip
     assert table[1].split()[:5] == ["cartpole", "Running", "1/1", "2/2", "0"] and "AllReady" in table[1].split()
     described = crd.kubectl("describe", "pg", "cartpole", "-n", namespace).stdout
