@@ -239,7 +239,7 @@ def trainer_loss(pods: Sequence[Mapping[str, Any]]) -> TrainerLoss | None:
     disruption; so is a pod whose peers failed only after it was lost (DDP ranks fail when a peer goes). A pod
     that failed by itself at or before the first disruption is a failure: the Job controller deletes the other
     pods of a failed Job, and those deletions must not hide it. Exit code 2 (`rejected`) wins over both.
-    Succeeded pods are never a loss.
+    A pod that succeeded is no loss unless it was deleted (`plan_restart` ignores a Complete Job).
 
     Args:
         pods (Sequence[Mapping[str, Any]]): The trainer pods of one attempt, as read.
@@ -249,11 +249,13 @@ def trainer_loss(pods: Sequence[Mapping[str, Any]]) -> TrainerLoss | None:
     """
     failures, disruptions = [], []
     for pod in sorted(pods, key=_name):
-        if (pod.get("status") or {}).get("phase") == "Succeeded":
-            continue
+        # A trainer exits 0 on SIGTERM (it checkpoints first): deleted before its Job completed, it is lost all
+        # the same.
         disruption = _disruption(pod)
         if disruption is not None:
             disruptions.append(disruption)
+            continue
+        if (pod.get("status") or {}).get("phase") == "Succeeded":
             continue
         failure = _failure(pod)
         if failure is not None:

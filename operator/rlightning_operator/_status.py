@@ -269,7 +269,8 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         "eval": {
             "desired": eval_desired,
             "ready": eval_ready,
-            "summary": f"{eval_ready}/{eval_desired}" + (f" {after_training.lower()}" if after_training else ""),
+            # No space: `kubectl get pg` shows it as one column.
+            "summary": f"{eval_ready}/{eval_desired}" + (f":{after_training.lower()}" if after_training else ""),
             "afterTraining": after_training,
         },
         "restarts": restarts,

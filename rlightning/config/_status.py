@@ -59,7 +59,7 @@ class EvalStatus(StrictModel):
     ready: int = Field(default=0, ge=0, description="Evaluators running and ready.")
     summary: str = Field(
         default="",
-        description="'<ready>/<desired>', then ' stopped' or ' serving' after training: the EVALUATORS column.",
+        description="'<ready>/<desired>', then ':stopped' or ':serving' after training: the EVALUATORS column.",
     )
     after_training: Literal["", "Stopped", "Serving"] = Field(
         default="",

@@ -403,7 +403,7 @@ def test_a_failure_with_no_restart_left_fails_the_group_and_warns_once(api, even
     assert [e[1] for e in events if e[0] == "Warning"] == ["MaxRestartsReached"]
 
 
-@pytest.mark.parametrize(("after", "replicas", "summary"), [("Stop", 0, "0/0 stopped"), ("Serve", 2, "0/2 serving")])
+@pytest.mark.parametrize(("after", "replicas", "summary"), [("Stop", 0, "0/0:stopped"), ("Serve", 2, "0/2:serving")])
 def test_evaluators_stop_or_serve_once_training_has_ended(api, reconciler, after, replicas, summary):
     body = group(**{"spec.eval.afterTraining": after})
     reconciler.reconcile(body)
