@@ -2,15 +2,17 @@
 resumes from its newest checkpoint on the claim and trains to its target; evaluators keep their pods and weights
 throughout, and the weight version never goes back.
 
-Two trainer pods with one rank each (DDP across pods): the pod of rank 1 is deleted once a checkpoint exists. The
-operator deletes the Job of attempt 0 (Foreground: both pods go) and creates the Job of attempt 1 only then, so
-no pod of attempt 0 ever meets attempt 1's rendezvous.
+Two trainer pods with one rank each (DDP across pods). Once a checkpoint exists, rank 1 is lost: its pod deleted
+(a disruption) or its trainer process killed with SIGKILL (torchrun exits 1: a failure, counted against
+maxRestarts). The operator deletes the Job of attempt 0 (Foreground: both pods go) and creates the Job of attempt
+1 only then, so no pod of attempt 0 ever meets attempt 1's rendezvous.
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
 from rlightning import contract
 from tests.operator.operator_cluster import apply, get_json
@@ -51,8 +53,34 @@ class Observer:
         return group if status.get("phase") == phase else None
 
 
-def test_a_deleted_trainer_pod_restarts_the_gang_which_resumes_and_reaches_its_target(
-    cluster, real_namespace, real_operator, checkpoint_claim
+KILL_TRAINER = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"rlightning.runtime.train" in argv and b"torch.distributed.run" not in argv:
+        os.kill(int(pid), signal.SIGKILL)
+        print("killed", pid)
+"""
+"""Run in the trainer container: SIGKILL its training process (torchrun's worker), not torchrun itself."""
+
+
+def lose(cluster, namespace: str, pod: str, how: str) -> None:
+    if how == "delete":
+        cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
+    else:
+        out = cluster.kubectl("exec", pod, "-n", namespace, "-c", "train", "--", "python", "-c", KILL_TRAINER).stdout
+        assert "killed" in out, out
+
+
+@pytest.mark.parametrize(("how", "reason", "counts"), [
+    ("delete", "PodDeleted", (1, 1, 0)),  # (total, disruptions, failures)
+    ("kill -9", "PodFailed", (1, 0, 1)),
+])
+def test_a_lost_trainer_restarts_the_gang_which_resumes_and_reaches_its_target(
+    cluster, real_namespace, real_operator, checkpoint_claim, how, reason, counts
 ):
     run_dir = checkpoint_claim
     group = real_cartpole(NAME, **{
@@ -68,7 +96,7 @@ def test_a_deleted_trainer_pod_restarts_the_gang_which_resumes_and_reaches_its_t
     evaluators = {p["metadata"]["name"]: p["metadata"]["uid"] for p in watch.pods("eval")}
     (victim,) = [p["metadata"]["name"] for p in watch.pods("train")
                  if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"]
-    cluster.kubectl("delete", "pod", victim, "-n", real_namespace, "--wait=false")
+    lose(cluster, real_namespace, victim, how)
 
     def new_gang_running():
         group = watch.phase("Running") or watch.phase("Succeeded")
@@ -76,8 +104,8 @@ def test_a_deleted_trainer_pod_restarts_the_gang_which_resumes_and_reaches_its_t
 
     restarted = wait_for("attempt 1 running", new_gang_running, timeout=180.0, interval=1.0)
     restarts = restarted["status"]["restarts"]
-    assert (restarts["total"], restarts["disruptions"], restarts["failures"]) == (1, 1, 0), restarts
-    assert restarts["pod"] == victim and restarts["reason"] == "PodDeleted", restarts
+    assert (restarts["total"], restarts["disruptions"], restarts["failures"]) == counts, restarts
+    assert restarts["pod"] == victim and restarts["reason"] == reason, restarts
     # Evaluators rode through: same pods, never restarted (they kept their weights and waited for the new gang).
     still = {p["metadata"]["name"]: p for p in watch.pods("eval")}
     assert {name: p["metadata"]["uid"] for name, p in still.items()} == evaluators
