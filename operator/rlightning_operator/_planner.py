@@ -220,7 +220,7 @@ def plan_restart(
     conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []
                   if c.get("status") == "True"}
     failed = _job_failed(job)
-    if "Complete" in conditions or (failed is not None and failed.get("reason") == "PodFailurePolicy"):
+    if "Complete" in conditions or (failed is not None and failed.get("reason") == pods.POD_FAILURE_POLICY_REASON):
         return None
     loss = pods.trainer_loss([p for p in train_pods if builders.attempt_of(p) == current.attempt and
                               ((p.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE) == "train"])

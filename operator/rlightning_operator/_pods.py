@@ -165,6 +165,8 @@ def stuck_rollout(
     return None
 
 
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+"""Reason of a Job's Failed condition when a FailJob rule of its pod failure policy matched (exit code 2)."""
 POD_FAILED = "PodFailed"
 """Reason of a trainer loss: a container of the pod exited with a non-zero code (other than exit code 2)."""
 POD_DELETED = "PodDeleted"

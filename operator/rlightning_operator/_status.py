@@ -34,8 +34,6 @@ from rlightning_operator import _builders as builders
 from rlightning_operator import _pods as pods
 
 OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "restarts", "replicas", "selector")
-POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
-"""Reason of a Job's Failed condition when a FailJob rule of its pod failure policy matched."""
 RESTARTING = "Restarting"
 MAX_RESTARTS_REACHED = "MaxRestartsReached"
 CHECKPOINTS_NOT_PERSISTENT = "CheckpointsNotPersistent"
@@ -117,7 +115,7 @@ def _rejected_in_pod(failed: Mapping[str, Any] | None) -> bool:
     The Job controller gives its Failed condition the reason `PodFailurePolicy` then (Kubernetes API reference,
     JobCondition; `batch.JobReasonPodFailurePolicy`).
     """
-    return failed is not None and failed.get("reason") == POD_FAILURE_POLICY_REASON
+    return failed is not None and failed.get("reason") == pods.POD_FAILURE_POLICY_REASON
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str, observation: Observation) -> dict[str, Any]:
