@@ -162,8 +162,9 @@ class Reconciler:
             manifest = self._validate(body, namespace, name)
             job = self._client.read("Job", namespace, contract.train_name(name))
             current = _current_restarts(body, job)
-            if planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
-                                    manifest.spec.train.max_restarts) is not None:
+            decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+                                            manifest.spec.train.max_restarts)
+            if decision is not None and decision.restart:
                 return self._reconcile_locked(body, namespace, name)
             stateful_set = self._client.read("StatefulSet", namespace, contract.eval_name(name))
             if _stop_evaluators(manifest, job, current) and ((stateful_set or {}).get("spec") or {}).get("replicas"):
