@@ -86,6 +86,9 @@ pods can prevent CA from removing a node?"). Trainer pods carry it."""
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 """Kueue's LocalQueue label: on a PolicyGroup, the operator passes it to the trainer Job, created suspended so that
 Kueue admits the trainers as one unit (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/)."""
+LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
+"""The trainer gang's attempt (0, 1, ...) on the trainers' Job and its pods: the operator replaces the whole gang
+under attempt N+1 when a pod of attempt N fails or goes, so pods of two attempts never meet."""
 
 # -- Environment variables read by the pod runtime ----------------------------------------------------------
 ENV_GROUP_NAME = "RLIGHTNING_GROUP_NAME"
@@ -123,6 +126,8 @@ ENV_HEALTH_FILE = "RLIGHTNING_HEALTH_FILE"
 trainer pod's local rank 0 touches it as its loop goes on (liveness)."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
+ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
+"""Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
 
 # -- Files -------------------------------------------------------------------------------------------------
 SPEC_MOUNT_DIR = "/etc/rlightning"

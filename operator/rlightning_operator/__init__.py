@@ -31,13 +31,15 @@ rlightning.io policygroups/finalizers   update                                  
 rbac.authorization.k8s.io roles         get, create, patch                          the pods' Role
 rbac.authorization.k8s.io rolebindings  get, create, patch                          the pods' RoleBinding
 batch jobs                              get, list, watch, create, patch, delete     trainers (recreated on a
-                                                                                    template change)
+                                                                                    template change and for each
+                                                                                    attempt of the gang)
 apps statefulsets                       get, list, watch, create, patch             evaluators
 policy poddisruptionbudgets             get, create, patch                          trainers' and evaluators'
                                                                                     disruption budgets
 "" pods                                 get, list, watch                            status: crash loops,
                                                                                     unschedulable pods, stuck
-                                                                                    rollouts (read only)
+                                                                                    rollouts, trainers lost (read
+                                                                                    only)
 "" events                               create                                      Events (kopf posts core/v1)
 coordination.k8s.io leases              create; get, update (one name)              leader election, in the
                                                                                     Lease's namespace only

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -373,7 +374,8 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     --node-rank=$(JOB_COMPLETION_INDEX) --master-addr=<pod 0 DNS> --master-port=<ports.torchrun> ...
     -m rlightning.runtime.train`. The pod failure
     policy fails the Job at once on exit code 2 (a manifest the runtime rejects; retrying cannot help) and
-    does not count disruptions (preemption, eviction, node drain) against `backoffLimit`. An init container
+    does not count disruptions (preemption, eviction, node drain) as failures; `backoffLimit` 0 fails the Job on
+    the first other failure, and the operator restarts the gang as a new attempt (`with_attempt`). An init container
     (`VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the runtime
     can reject fails the Job that way too (torchrun itself exits 1 on any failed worker).
 
@@ -393,7 +395,10 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         "completionMode": "Indexed",
         "completions": spec.train.nodes,
         "parallelism": spec.train.nodes,
-        "backoffLimit": spec.train.backoff_limit,
+        # No retry of one index inside an attempt: a replaced pod would join the old attempt's rendezvous. The
+        # operator restarts the whole gang instead (`with_attempt`, spec.train.maxRestarts).
+        "backoffLimit": 0,
+        "podReplacementPolicy": "Failed",
         "podFailurePolicy": {
             "rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": container, **bad_manifest}}
@@ -404,6 +409,47 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     }
     job = _workload("batch/v1", "Job", manifest, namespace, job_spec, pod_spec)
     return [_service(manifest, namespace, contract.PolicyRole.TRAIN), job]
+
+
+def attempt_of(child: Mapping[str, Any] | None) -> int:
+    """The trainer gang's attempt a Job or pod belongs to (its `contract.LABEL_ATTEMPT` label; 0 when absent).
+
+    Args:
+        child (Mapping[str, Any] | None): A Job or pod as built or read.
+
+    Returns:
+        int: The attempt, 0 for a child without the label or an unreadable one.
+    """
+    value = (((child or {}).get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ATTEMPT, "0")
+    return int(value) if str(value).isdigit() else 0
+
+
+def with_attempt(job: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """A copy of the trainers' Job (from `build_train`) for one attempt of the gang.
+
+    The attempt is a label of the Job and its pods, `contract.ENV_TRAIN_ATTEMPT` in the trainer container, and
+    part of the spec hash, so the planner replaces the Job of another attempt (JobSet's restart attempts, done by
+    this operator: the whole gang goes before the next attempt starts).
+
+    Args:
+        job (dict[str, Any]): The Job built by `build_train`.
+        attempt (int): The attempt, 0 first.
+
+    Returns:
+        dict[str, Any]: The Job with the attempt stamped on.
+    """
+    result = copy.deepcopy(job)
+    template = result["spec"]["template"]
+    for metadata in (result["metadata"], template["metadata"]):
+        metadata["labels"] = dict(sorted({**metadata["labels"], contract.LABEL_ATTEMPT: str(attempt)}.items()))
+    container = next(c for c in template["spec"]["containers"] if c["name"] == str(contract.PolicyRole.TRAIN))
+    env = [e for e in container["env"] if e["name"] != contract.ENV_TRAIN_ATTEMPT]
+    container["env"] = sorted([*env, {"name": contract.ENV_TRAIN_ATTEMPT, "value": str(attempt)}],
+                              key=lambda e: e["name"])
+    value = digest([result["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH], attempt])
+    result["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = value
+    template["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = value
+    return result
 
 
 def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:

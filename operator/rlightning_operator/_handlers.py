@@ -7,7 +7,9 @@
   reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
   change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped.
 - events of their pods (same selector; read-only): a debounced status refresh, so that status says when pods
-  crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest).
+  crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest); a refresh that
+  finds a trainer pod failed or gone reconciles whole (a gang restart). The reconciler keeps each trainer pod's
+  last state from these events, the evidence of a pod that is gone before the pass runs.
 
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
 """
@@ -160,8 +162,10 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
     """
     group = body.metadata.labels.get(contract.LABEL_GROUP)
     if group and memo.refresher is not None and body.metadata.namespace:
+        pod = _plain(body)
+        memo.reconciler.note_pod(pod)  # a trainer pod's last state: evidence of a loss once it is gone
         memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
-                              status.pod_fingerprint(_plain(body)), deleted=type == "DELETED", child=False)
+                              status.pod_fingerprint(pod), deleted=type == "DELETED", child=False)
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

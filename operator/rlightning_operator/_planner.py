@@ -13,15 +13,21 @@ No I/O. Rules, per desired child (compared by kind and name):
 - StatefulSet whose spec hash differs: patch the template (a rolling update of the evaluators) and replicas;
   whose replicas only differ: patch `spec.replicas` alone (scaling never touches the template);
 - any other child whose spec hash or owner reference differs: patch it with the desired content.
+
+Restarts of the trainer gang (`plan_restart`) come first: a pod of the current attempt that failed or went
+ends the attempt; the next one is a Job of attempt N+1, which the rules above then recreate (Foreground: every
+pod of attempt N is gone before attempt N+1 exists).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from rlightning import contract
+from rlightning_operator import _builders as builders
+from rlightning_operator import _pods as pods
 
 ActionType = Literal["create", "patch", "scale", "recreate", "wait", "conflict"]
 # Fields of each kind that a patch sends, beside metadata; immutable fields (StatefulSet selector and
@@ -144,3 +150,92 @@ def plan(desired: list[dict[str, Any]], observed: Mapping[tuple[str, str], Mappi
         if action is not None:
             actions.append(action)
     return actions
+
+
+JOB_FAILED = "JobFailed"
+"""Reason of a trainer loss seen only on the Job (Failed, not by its pod failure policy) with no pod to show it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restarts:
+    """The trainer gang's attempt and its restarts so far (status.train.attempt, status.restarts).
+
+    Attributes:
+        attempt (int): The current attempt, 0 first.
+        failures (int): Restarts caused by failures.
+        disruptions (int): Restarts caused by disruptions.
+    """
+
+    attempt: int = 0
+    failures: int = 0
+    disruptions: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartDecision:
+    """What to do about a trainer gang that lost a pod.
+
+    Attributes:
+        restart (bool): True: run `after`; False: failures used up spec.train.maxRestarts, training fails.
+        loss (pods.TrainerLoss): What happened.
+        after (Restarts): The attempt and counts from now on (unchanged when `restart` is False).
+    """
+
+    restart: bool
+    loss: pods.TrainerLoss
+    after: Restarts
+
+
+def _job_failed(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("FailureTarget", "Failed") and condition.get("status") == "True":
+            return condition
+    return None
+
+
+def plan_restart(
+    job: Mapping[str, Any] | None,
+    train_pods: Sequence[Mapping[str, Any]],
+    current: Restarts,
+    max_restarts: int,
+) -> RestartDecision | None:
+    """Whether the trainer gang's current attempt has ended with a loss, and what comes next.
+
+    Only the Job of the current attempt counts (a Job of another attempt is being replaced already), and only
+    while it is not being deleted, not suspended (queued in Kueue), not Complete and not failed by its pod failure
+    policy (exit code 2: the spec is invalid; the status says so). Evaluator pods are never looked at: scaling them
+    down is no loss.
+
+    Args:
+        job (Mapping[str, Any] | None): The trainers' Job as read.
+        train_pods (Sequence[Mapping[str, Any]]): Pods as read; only trainers of the current attempt count.
+        current (Restarts): The attempt and counts in status.
+        max_restarts (int): spec.train.maxRestarts.
+
+    Returns:
+        RestartDecision | None: None while the attempt goes on (or has ended without a loss).
+    """
+    if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    if builders.attempt_of(job) != current.attempt or (job.get("spec") or {}).get("suspend"):
+        return None  # a suspended Job's pods go because Kueue queued or preempted it: admission, not a loss
+    conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []
+                  if c.get("status") == "True"}
+    failed = _job_failed(job)
+    if "Complete" in conditions or (failed is not None and failed.get("reason") == pods.POD_FAILURE_POLICY_REASON):
+        return None
+    loss = pods.trainer_loss([p for p in train_pods if builders.attempt_of(p) == current.attempt and
+                              ((p.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE) == "train"])
+    if loss is None and failed is not None:
+        detail = f"{failed.get('reason') or 'Failed'}: {failed.get('message') or 'no message'}"
+        name = (job.get("metadata") or {}).get("name")
+        loss = pods.TrainerLoss("failure", JOB_FAILED, "", f"Job {name} failed ({detail})")
+    if loss is None or loss.cause == "rejected":
+        return None
+    if loss.cause == "disruption":
+        after = dataclasses.replace(current, attempt=current.attempt + 1, disruptions=current.disruptions + 1)
+        return RestartDecision(True, loss, after)
+    if current.failures >= max_restarts:
+        return RestartDecision(False, loss, current)
+    after = dataclasses.replace(current, attempt=current.attempt + 1, failures=current.failures + 1)
+    return RestartDecision(True, loss, after)

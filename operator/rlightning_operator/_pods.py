@@ -8,6 +8,10 @@
   so one pod of the new revision that crash-loops, cannot be scheduled, or stays unready longer than
   `ROLLOUT_PROGRESS_DEADLINE_SECONDS` stops the rollout there.
 
+- A trainer lost (`trainer_loss`): a pod of the gang's current attempt that failed (a container exited non-zero),
+  or that was disrupted (condition `DisruptionTarget`: preempted, evicted, its node tainted or gone) or deleted.
+  The operator restarts the whole gang as a new attempt on either (`_planner.plan_restart`).
+
 Pods are read only while some are not ready (`_status.pods_matter`), through the one API module.
 """
 
@@ -16,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
+
+from rlightning import contract
 
 CRASH_LOOP = "CrashLoopBackOff"
 UNSCHEDULABLE = "Unschedulable"
@@ -157,3 +163,110 @@ def stuck_rollout(
                                                  f"for {waited:.0f} s; {_FORCED_ROLLBACK.format(pod=_name(pod))}",
                                   _name(pod))
     return None
+
+
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+"""Reason of a Job's Failed condition when a FailJob rule of its pod failure policy matched (exit code 2)."""
+POD_FAILED = "PodFailed"
+"""Reason of a trainer loss: a container of the pod exited with a non-zero code (other than exit code 2)."""
+POD_DELETED = "PodDeleted"
+"""Reason of a trainer loss: the pod was deleted (`kubectl delete pod`, a controller) with no DisruptionTarget."""
+DISRUPTION_TARGET = "DisruptionTarget"
+"""Pod condition the control plane sets before it deletes a pod for a disruption; its reason says which:
+PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager (node not ready or tainted), DeletionByPodGC
+(node gone), TerminationByKubelet (node shutdown or pressure). Kubernetes docs, "Pod disruption conditions"."""
+LossCause = Literal["failure", "disruption", "rejected"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerLoss:
+    """Why a trainer gang can no longer go on.
+
+    Attributes:
+        cause (LossCause): `failure` (counts against spec.train.maxRestarts), `disruption` (does not) or `rejected`
+            (exit code 2: the spec is bad; the Job's pod failure policy fails it, no restart helps).
+        reason (str): `POD_FAILED`, `POD_DELETED`, or the DisruptionTarget condition's reason.
+        pod (str): The pod's name.
+        message (str): For people: the pod and what happened to it.
+        since (float): Unix seconds when it happened (container finish, deletion request, condition time); 0 when
+            unknown.
+    """
+
+    cause: LossCause
+    reason: str
+    pod: str
+    message: str
+    since: float = 0.0
+
+
+def _time(value: Any, offset: float = 0.0) -> float:
+    return _seconds(str(value)) - offset if value else 0.0
+
+
+def _disruption(pod: Mapping[str, Any]) -> TrainerLoss | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == DISRUPTION_TARGET and condition.get("status") == "True":
+            reason = str(condition.get("reason") or DISRUPTION_TARGET)
+            detail = condition.get("message") or reason
+            return TrainerLoss("disruption", reason, _name(pod), f"pod {_name(pod)} disrupted: {detail}",
+                               _time(condition.get("lastTransitionTime")))
+    metadata = pod.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        # deletionTimestamp is the deletion request plus its grace period.
+        requested = _time(metadata["deletionTimestamp"], float(metadata.get("deletionGracePeriodSeconds") or 0))
+        return TrainerLoss("disruption", POD_DELETED, _name(pod), f"pod {_name(pod)} was deleted", requested)
+    return None
+
+
+def _failure(pod: Mapping[str, Any]) -> TrainerLoss | None:
+    for container in _statuses(pod):
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        code = terminated.get("exitCode")
+        if code in (None, 0):
+            continue
+        cause: LossCause = "rejected" if code == contract.EXIT_BAD_MANIFEST else "failure"
+        return TrainerLoss(cause, POD_FAILED, _name(pod),
+                           f"pod {_name(pod)}: container {container.get('name')} failed with {_exit(terminated)}",
+                           _time(terminated.get("finishedAt")))
+    if (pod.get("status") or {}).get("phase") == "Failed":
+        reason = (pod.get("status") or {}).get("reason") or "no exit code recorded"
+        return TrainerLoss("failure", POD_FAILED, _name(pod), f"pod {_name(pod)} failed ({reason})")
+    return None
+
+
+def trainer_loss(pods: Sequence[Mapping[str, Any]]) -> TrainerLoss | None:
+    """What ends a trainer gang's attempt, from its pods: a failure, a disruption, or nothing.
+
+    A pod that is deleted or disrupted first and fails afterwards (SIGTERM, a kill after its grace period) is a
+    disruption; so is a pod whose peers failed only after it was lost (DDP ranks fail when a peer goes). A pod
+    that failed by itself at or before the first disruption is a failure: the Job controller deletes the other
+    pods of a failed Job, and those deletions must not hide it. Exit code 2 (`rejected`) wins over both.
+    A pod that succeeded is no loss unless it was deleted (`plan_restart` ignores a Complete Job).
+
+    Args:
+        pods (Sequence[Mapping[str, Any]]): The trainer pods of one attempt, as read.
+
+    Returns:
+        TrainerLoss | None: The loss to act on, or None while every pod runs, waits or succeeded.
+    """
+    failures, disruptions = [], []
+    for pod in sorted(pods, key=_name):
+        # A trainer exits 0 on SIGTERM (it checkpoints first): deleted before its Job completed, it is lost all
+        # the same.
+        disruption = _disruption(pod)
+        if disruption is not None:
+            disruptions.append(disruption)
+            continue
+        if (pod.get("status") or {}).get("phase") == "Succeeded":
+            continue
+        failure = _failure(pod)
+        if failure is not None:
+            failures.append(failure)
+    rejected = [f for f in failures if f.cause == "rejected"]
+    if rejected:
+        return rejected[0]
+    first_failure = min(failures, key=lambda loss: loss.since, default=None)
+    first_disruption = min(disruptions, key=lambda loss: loss.since, default=None)
+    if first_failure is not None and (first_disruption is None or first_failure.since <= first_disruption.since):
+        return first_failure
+    return first_disruption

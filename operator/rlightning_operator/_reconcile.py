@@ -1,5 +1,10 @@
 """One reconcile of one PolicyGroup: validate, build, observe, plan, act, report (one status write at most).
 
+A reconcile first asks whether the trainer gang's attempt has ended with a lost pod (`_planner.plan_restart`);
+if so it posts a Warning Event, builds the Job of the next attempt (which the plan then recreates: Foreground
+deletion, and no new Job while any trainer pod of another attempt remains) and records the restart in status.
+Once training has ended, the evaluators are scaled to zero unless spec.eval.afterTraining is Serve.
+
 Synchronous (the kubernetes client blocks); kopf runs it in its thread pool. Reconciles of the same
 PolicyGroup are serialised by a per-object lock, so a handler and a child-triggered refresh never act at once.
 """
@@ -85,6 +90,24 @@ class Reconciler:
         # under the same name while a reconcile runs still gets the same lock).
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
+        # The last state of each trainer pod seen by the pod watch, per PolicyGroup: a pod deleted (or failed)
+        # may be gone, and the Job failed because of it, before the next pass lists pods; this is its evidence.
+        self._trainers_seen: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self._trainers_guard = threading.Lock()
+
+    def note_pod(self, pod: Mapping[str, Any]) -> None:
+        """Remember the last state of a trainer pod as the pod watch delivered it (a DELETED event included).
+
+        Args:
+            pod (Mapping[str, Any]): A pod of a managed workload; others than trainers are ignored.
+        """
+        metadata = pod.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if labels.get(contract.LABEL_ROLE) != contract.PolicyRole.TRAIN or not labels.get(contract.LABEL_GROUP):
+            return
+        with self._trainers_guard:
+            seen = self._trainers_seen.setdefault((metadata.get("namespace", ""), labels[contract.LABEL_GROUP]), {})
+            seen[metadata.get("name", "")] = dict(pod)
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -117,7 +140,8 @@ class Reconciler:
             return self._reconcile_locked(body, namespace, name)
 
     def refresh_status(self, body: Mapping[str, Any]) -> Outcome:
-        """Recompute and write the status from the Job and the StatefulSet alone; act on nothing.
+        """Recompute and write the status from the Job and the StatefulSet alone; act on nothing, unless the
+        trainer gang lost a pod or training has ended with evaluators to stop: then reconcile whole.
 
         For child events that only moved progress (pods becoming ready): 3 reads instead of 9.
 
@@ -137,9 +161,16 @@ class Reconciler:
         with self._lock(namespace, name), self._refusals_reported(body):
             manifest = self._validate(body, namespace, name)
             job = self._client.read("Job", namespace, contract.train_name(name))
+            current = _current_restarts(body, job)
+            decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+                                            manifest.spec.train.max_restarts)
+            if decision is not None and decision.restart:
+                return self._reconcile_locked(body, namespace, name)
             stateful_set = self._client.read("StatefulSet", namespace, contract.eval_name(name))
+            if _stop_evaluators(manifest, job, current) and ((stateful_set or {}).get("spec") or {}).get("replicas"):
+                return self._reconcile_locked(body, namespace, name)
             return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
-                                blocked=[])
+                                blocked=[], current=current)
 
     @contextlib.contextmanager
     def _refusals_reported(self, body: Mapping[str, Any]) -> Iterator[None]:
@@ -200,12 +231,16 @@ class Reconciler:
         actions: list[planner.Action],
         conflicts: list[str],
         blocked: list[str],
+        current: planner.Restarts,
+        restarts: Mapping[str, Any] | None = None,
     ) -> Outcome:
         """Compute the status from the observed Job, StatefulSet and (while some are not ready) pods, write it
         when it changed, and post a Warning Event when a pod problem appears (once per change of reason).
         """
         current_status = body.get("status") or {}
         nodes, replicas = manifest.spec.train.nodes, manifest.spec.eval.replicas
+        if _stop_evaluators(manifest, job, current):
+            replicas = 0
         group_pods: list[dict[str, Any]] = []
         if status.pods_matter(nodes, replicas, job, stateful_set):
             group_pods = self._client.list("Pod", namespace, f"{contract.LABEL_GROUP}={name}")
@@ -221,6 +256,11 @@ class Reconciler:
             conflicts=conflicts,
             previous=previous,
             now=_now(),
+            attempt=current.attempt,
+            restarts=current_status.get("restarts") or {} if restarts is None else restarts,
+            max_restarts=manifest.spec.train.max_restarts,
+            after_training=manifest.spec.eval.after_training,
+            checkpoints_persistent=bool(manifest.spec.train.checkpoint.persistent_volume_claim),
         )
         computed = status.compute_status(observation)
         written = self._write_status(namespace, name, current_status, computed)
@@ -230,19 +270,95 @@ class Reconciler:
         if written:
             before = {c.get("type"): c.get("reason") for c in previous}
             for condition in computed["conditions"]:
-                if condition["reason"] in pods.REASONS and before.get(condition["type"]) != condition["reason"] and \
+                warned = (*pods.REASONS, *status.WARNING_REASONS)
+                if condition["reason"] in warned and before.get(condition["type"]) != condition["reason"] and \
                         condition["type"] != "Ready":
                     logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
                     self._post_event(body, "Warning", condition["reason"], condition["message"][:1000])
         return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked)
 
+    def _trainer_pods(
+        self,
+        namespace: str,
+        name: str,
+        manifest: PolicyGroupManifest,
+        job: Mapping[str, Any] | None,
+        current: planner.Restarts,
+    ) -> list[dict[str, Any]]:
+        """The trainer pods of the current attempt: as listed when the Job may have lost one (some pod not ready, or
+        the Job failing; a steady gang costs no pod list), and as last seen by the pod watch for the others (a pod
+        gone already). Pods of other attempts are forgotten.
+        """
+        with self._trainers_guard:
+            seen = self._trainers_seen.get((namespace, name), {})
+            for pod_name in [n for n, pod in seen.items() if builders.attempt_of(pod) != current.attempt]:
+                del seen[pod_name]
+            if (job or {}).get("spec", {}).get("suspend"):
+                seen.clear()  # pods a suspension removed are no evidence of a loss once the Job runs again
+            remembered = dict(seen)
+        if job is None or builders.attempt_of(job) != current.attempt:
+            return []
+        job_status = job.get("status") or {}
+        conditions = {c.get("type") for c in job_status.get("conditions") or [] if c.get("status") == "True"}
+        if "Complete" in conditions:
+            return []
+        failing = conditions & {"FailureTarget", "Failed"} or job_status.get("failed") or job_status.get("terminating")
+        listed = []
+        if failing or int(job_status.get("ready") or 0) < manifest.spec.train.nodes:
+            listed = self._client.list("Pod", namespace, _trainer_selector(name))
+        names = {(p.get("metadata") or {}).get("name") for p in listed}
+        return listed + [pod for pod_name, pod in sorted(remembered.items()) if pod_name not in names]
+
+    def _restart(
+        self, body: Mapping[str, Any], manifest: PolicyGroupManifest, decision: planner.RestartDecision,
+        before: planner.Restarts,
+    ) -> dict[str, Any]:
+        """Announce a restart of the trainer gang; returns status.restarts after it."""
+        after, loss = decision.after, decision.loss
+        metadata = body["metadata"]
+        counted = (f"failure {after.failures} of spec.train.maxRestarts {manifest.spec.train.max_restarts}"
+                   if loss.cause == "failure" else "a disruption, not counted against spec.train.maxRestarts")
+        message = f"attempt {after.attempt} replaces attempt {before.attempt}: {loss.message} ({counted})"
+        logger.warning("%s/%s: restarting the trainer gang: %s", metadata["namespace"], metadata["name"], message)
+        self._post_event(body, "Warning", "TrainerRestarting", message[:1000])
+        if not manifest.spec.train.checkpoint.persistent_volume_claim:
+            self._post_event(body, "Warning", status.CHECKPOINTS_NOT_PERSISTENT,
+                             f"attempt {after.attempt} starts without checkpoints: the trainers' run directory is an "
+                             "emptyDir; it keeps the fleet's weight version but not weights, optimizer and progress "
+                             "(set spec.train.checkpoint.persistentVolumeClaim)")
+        return {
+            "total": after.failures + after.disruptions,
+            "failures": after.failures,
+            "disruptions": after.disruptions,
+            "reason": loss.reason,
+            "pod": loss.pod,
+            "message": loss.message,
+        }
+
     def _reconcile_locked(self, body: Mapping[str, Any], namespace: str, name: str) -> Outcome:
         manifest = self._validate(body, namespace, name)
-        desired = [builders.with_owner(child, dict(body)) for child in builders.build_children(manifest, namespace)]
+        job_name = contract.train_name(name)
+        job = self._client.read("Job", namespace, job_name)
+        current = _current_restarts(body, job)
+        decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+                                        manifest.spec.train.max_restarts)
+        restarts = None
+        if decision is not None and decision.restart:
+            restarts = self._restart(body, manifest, decision, current)
+            current = decision.after
+        desired = []
+        for child in builders.build_children(manifest, namespace):
+            if planner.key(child) == ("Job", job_name):
+                child = builders.with_attempt(child, current.attempt)
+            elif planner.key(child) == ("StatefulSet", contract.eval_name(name)) and \
+                    _stop_evaluators(manifest, job, current):
+                child["spec"]["replicas"] = 0
+            desired.append(builders.with_owner(child, dict(body)))
         observed: dict[tuple[str, str], dict[str, Any] | None] = {}
         for kind, child_name in map(planner.key, desired):
-            observed[(kind, child_name)] = self._client.read(kind, namespace, child_name)
-        actions = planner.plan(desired, observed)
+            observed[(kind, child_name)] = job if kind == "Job" else self._client.read(kind, namespace, child_name)
+        actions = [self._old_attempt_gone(action, namespace, name, current)
+                   for action in planner.plan(desired, observed)]
         conflicts, blocked = [], []
         for action in actions:
             result = self._apply(action, namespace, body)
@@ -254,9 +370,25 @@ class Reconciler:
                 blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
             elif result is not None or action.type == "recreate":
                 observed[(action.kind, action.name)] = result
-        job = observed.get(("Job", contract.train_name(name)))
+        job = observed.get(("Job", job_name))
         stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
-        return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked)
+        return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked,
+                            current=current, restarts=restarts)
+
+    def _old_attempt_gone(
+        self, action: planner.Action, namespace: str, name: str, current: planner.Restarts
+    ) -> planner.Action:
+        """`action`, or a wait when it creates the trainers' Job while a trainer pod of another attempt remains
+        (Foreground deletion makes that rare: a pod orphaned or deleted in the background).
+        """
+        if (action.type, action.kind) != ("create", "Job"):
+            return action
+        old = [p for p in self._client.list("Pod", namespace, _trainer_selector(name))
+               if builders.attempt_of(p) != current.attempt]
+        if not old:
+            return action
+        names = ", ".join(sorted((p.get("metadata") or {}).get("name", "") for p in old))
+        return planner.Action("wait", action.kind, action.name, reason=f"pods of another attempt remain: {names}")
 
     def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict)."""
@@ -286,6 +418,8 @@ class Reconciler:
         else:
             result = self._client.patch(action.kind, namespace, action.name, action.body or {})
         message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}"
+        if action.kind == "Job" and action.type == "create":
+            message += f" (attempt {builders.attempt_of(action.body)})"
         if action.type != "create":
             message += f": {action.reason}"
         self._post_event(body, "Normal", _EVENT_REASONS[action.type], message)
@@ -303,3 +437,26 @@ class Reconciler:
                 return False
             raise
         return True
+
+
+def _trainer_selector(group: str) -> str:
+    return f"{contract.LABEL_GROUP}={group},{contract.LABEL_ROLE}={contract.PolicyRole.TRAIN}"
+
+
+def _current_restarts(body: Mapping[str, Any], job: Mapping[str, Any] | None) -> planner.Restarts:
+    """The attempt and restart counts in status; the attempt is at least the Job's (a status read before the
+    last write).
+    """
+    current = body.get("status") or {}
+    restarts = current.get("restarts") or {}
+    attempt = int((current.get("train") or {}).get("attempt") or 0)
+    return planner.Restarts(
+        attempt=max(attempt, builders.attempt_of(job) if job is not None else 0),
+        failures=int(restarts.get("failures") or 0),
+        disruptions=int(restarts.get("disruptions") or 0),
+    )
+
+
+def _stop_evaluators(manifest: PolicyGroupManifest, job: Mapping[str, Any] | None, current: planner.Restarts) -> bool:
+    """Whether the evaluators should be scaled to zero: training has ended and spec.eval.afterTraining is Stop."""
+    return manifest.spec.eval.after_training == "Stop" and status.training_ended(job, current.attempt)

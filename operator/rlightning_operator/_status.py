@@ -1,10 +1,17 @@
 """The pure status function: observed children -> the part of a PolicyGroup's status the operator owns.
 
-The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `replicas` and `selector`;
-`training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge patch
-without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Admitted (only when the trainer Job
-names a Kueue queue), Ready (all of the others). A suspended trainer Job (waiting for Kueue's admission) is not
-stuck: TrainersReady is False with reason Queued and the phase stays Pending.
+The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `restarts`, `replicas` and
+`selector`; `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge
+patch without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Admitted (only when the trainer
+Job names a Kueue queue), CheckpointsPersistent, TrainerRestarting (once the gang restarted), Ready (Valid,
+TrainersReady and EvaluatorsReady). A suspended trainer Job (waiting for Kueue's admission) is not stuck:
+TrainersReady is False with reason Queued and the phase stays Pending.
+
+Restarts of the trainer gang (`_planner.plan_restart`): while attempt N+1 forms (the Job of attempt N goes, the
+new one's pods are not all ready) the phase is `Restarting`, TrainersReady says `Restarting` with the lost pod,
+and TrainerRestarting is True with the loss's reason (PodFailed, PodDeleted, EvictionByEvictionAPI, ...). A Job
+failed after spec.train.maxRestarts restarts caused by failures gives reason MaxRestartsReached. Once training
+has ended, evaluators are `Stopped` (scaled to zero) or `Serving` (spec.eval.afterTraining).
 
 Validity has two sources: the operator's structural validation (`Observation.problems`, reason InvalidSpec)
 and the pods' deep checks (policyClass, policyKwargs, env id; only the runtime can run them): a trainer Job
@@ -28,9 +35,14 @@ from rlightning import contract
 from rlightning_operator import _builders as builders
 from rlightning_operator import _pods as pods
 
-OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "replicas", "selector")
-POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
-"""Reason of a Job's Failed condition when a FailJob rule of its pod failure policy matched."""
+OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "restarts", "replicas", "selector")
+RESTARTING = "Restarting"
+MAX_RESTARTS_REACHED = "MaxRestartsReached"
+CHECKPOINTS_NOT_PERSISTENT = "CheckpointsNotPersistent"
+WARNING_REASONS = (MAX_RESTARTS_REACHED,)
+"""Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
+RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
+"""Keys of status.restarts (`rlightning.config.RestartStatus`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +61,11 @@ class Observation:
         conflicts (Sequence[str]): Children that another owner controls, as `Kind/name: <reason>`.
         previous (Sequence[Mapping[str, Any]]): The conditions currently in status (for lastTransitionTime).
         now (str): RFC 3339 time used for conditions that change.
+        attempt (int): The trainer gang's current attempt; a Job of another one is being replaced.
+        restarts (Mapping[str, Any]): status.restarts to write (keys `RESTART_FIELDS`).
+        max_restarts (int): spec.train.maxRestarts.
+        after_training (str): spec.eval.afterTraining, `Stop` or `Serve`.
+        checkpoints_persistent (bool): Whether the trainers' run directory is a PersistentVolumeClaim.
     """
 
     name: str
@@ -62,6 +79,11 @@ class Observation:
     conflicts: Sequence[str] = ()
     previous: Sequence[Mapping[str, Any]] = ()
     now: str = ""
+    attempt: int = 0
+    restarts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_restarts: int = 0
+    after_training: str = "Stop"
+    checkpoints_persistent: bool = True
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -72,6 +94,22 @@ def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, An
     return None
 
 
+def training_ended(job: Mapping[str, Any] | None, attempt: int) -> bool:
+    """Whether the Job of the gang's current attempt is Complete or Failed (no restart follows a Failed one that
+    `_planner.plan_restart` left alone: exit code 2, or no restart left).
+
+    Args:
+        job (Mapping[str, Any] | None): The trainers' Job as read.
+        attempt (int): The current attempt.
+
+    Returns:
+        bool: True once training has ended.
+    """
+    if job is None or builders.attempt_of(job) != attempt:
+        return False
+    return bool(_job_condition(job, "Complete") or _job_condition(job, "Failed"))
+
+
 def _rejected_in_pod(failed: Mapping[str, Any] | None) -> bool:
     """Whether the Job failed through its pod failure policy: its only FailJob rules match a container exiting
     with `contract.EXIT_BAD_MANIFEST` (builders.build_train), so the runtime rejected the spec.
@@ -79,7 +117,7 @@ def _rejected_in_pod(failed: Mapping[str, Any] | None) -> bool:
     The Job controller gives its Failed condition the reason `PodFailurePolicy` then (Kubernetes API reference,
     JobCondition; `batch.JobReasonPodFailurePolicy`).
     """
-    return failed is not None and failed.get("reason") == POD_FAILURE_POLICY_REASON
+    return failed is not None and failed.get("reason") == pods.POD_FAILURE_POLICY_REASON
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str, observation: Observation) -> dict[str, Any]:
@@ -117,16 +155,22 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             "phase": "Invalid",
             "observedGeneration": obs.generation,
             "conditions": [valid, ready],
-            "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0"},
-            "eval": {"desired": 0, "ready": 0, "summary": "0/0"},
+            "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0", "attempt": obs.attempt},
+            "eval": {"desired": 0, "ready": 0, "summary": "0/0", "afterTraining": ""},
+            "restarts": _restarts(obs),
             "replicas": 0,
             "selector": selector,
         }
-    job_status = (obs.job or {}).get("status") or {}
+    # A Job of another attempt is on its way out: the current attempt has no Job yet.
+    job = obs.job if obs.job is not None and builders.attempt_of(obs.job) == obs.attempt else None
+    restarts = _restarts(obs)
+    job_status = (job or {}).get("status") or {}
     sts_status = (obs.stateful_set or {}).get("status") or {}
     train_ready = int(job_status.get("ready") or 0)
     eval_ready = int(sts_status.get("readyReplicas") or 0)
-    complete, failed = _job_condition(obs.job, "Complete"), _job_condition(obs.job, "Failed")
+    complete, failed = _job_condition(job, "Complete"), _job_condition(job, "Failed")
+    restarting = bool(restarts["total"]) and not (complete or failed) and (job is None or train_ready < obs.nodes)
+    trainers = [p for p in _of_role(obs.pods, contract.PolicyRole.TRAIN) if builders.attempt_of(p) == obs.attempt]
 
     rejected = _rejected_in_pod(failed)
     if rejected:
@@ -136,23 +180,39 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             f"a trainer pod rejected the spec ({detail}); see `kubectl logs job/{contract.train_name(obs.name)} "
             f"-c {builders.VALIDATE_CONTAINER}`"
         )
-    elif failed:
-        train_ok, train_reason, train_message = False, "JobFailed", "the trainer Job failed"
+    elif failed:  # `_planner.plan_restart` restarts a failed attempt while it may: none is left
+        train_ok, train_reason = False, MAX_RESTARTS_REACHED
+        last = f"; the last restart: {restarts['message']}" if restarts["message"] else ""
+        train_message = (f"the trainer Job failed ({failed.get('reason') or 'Failed'}) with no restart left: "
+                         f"{restarts['failures']} of spec.train.maxRestarts {obs.max_restarts} used{last}")
     elif complete:
         train_ok, train_reason, train_message = True, "Completed", "training completed"
-    elif obs.job is None:
+    elif restarting:
+        train_ok, train_reason = False, RESTARTING
+        train_message = (f"attempt {obs.attempt} forming after {restarts['message']}; "
+                         f"{train_ready}/{obs.nodes} trainer pods ready")
+        problem = pods.diagnose(trainers)
+        if problem is not None:
+            train_message = f"{train_message}; {problem.message}"
+    elif job is None:
         train_ok, train_reason = False, "JobMissing"
         train_message = f"Job {contract.train_name(obs.name)} does not exist"
-    elif _suspended(obs.job):  # waiting for admission (Kueue): no pods yet is no problem
-        train_ok, train_reason, train_message = False, *_suspension(obs.job)
+    elif _suspended(job):  # waiting for admission (Kueue): no pods yet is no problem
+        train_ok, train_reason, train_message = False, *_suspension(job)
     elif train_ready >= obs.nodes:
         train_ok, train_reason, train_message = True, "AllReady", f"{train_ready}/{obs.nodes} trainer pods ready"
     else:
         train_ok, train_reason, train_message = False, "Waiting", f"{train_ready}/{obs.nodes} trainer pods ready"
-        problem = pods.diagnose(_of_role(obs.pods, contract.PolicyRole.TRAIN), int(job_status.get("failed") or 0))
+        problem = pods.diagnose(trainers, int(job_status.get("failed") or 0))
         if problem is not None:
             train_reason, train_message = problem.reason, f"{train_message}; {problem.message}"
-    if obs.stateful_set is None:
+    ended = complete or failed
+    after_training = ("Stopped" if obs.after_training == "Stop" else "Serving") if ended else ""
+    eval_desired = 0 if after_training == "Stopped" else obs.replicas
+    if after_training == "Stopped":
+        eval_ok, eval_reason = True, "Stopped"
+        eval_message = "training has ended: evaluators scaled to zero (spec.eval.afterTraining: Stop)"
+    elif obs.stateful_set is None:
         eval_ok, eval_reason = False, "StatefulSetMissing"
         eval_message = f"StatefulSet {contract.eval_name(obs.name)} does not exist"
     else:
@@ -174,6 +234,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
     admitted = _admitted_condition(obs)
     if admitted is not None:
         conditions.append(admitted)
+    extra = [_checkpoints_condition(obs)]
+    if restarts["total"]:
+        extra.append(_restarting_condition(obs, restarts, restarting, bool(ended)))
     if obs.conflicts:
         ready_ok, ready_reason = False, "Conflict"
         ready_message = "children controlled by another owner: " + "; ".join(obs.conflicts)
@@ -182,7 +245,7 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         ready_ok = not not_ready
         ready_reason = "AllReady" if ready_ok else not_ready[0]["reason"]
         ready_message = "trainers and evaluators ready" if ready_ok else not_ready[0]["message"]
-    conditions.append(_condition("Ready", ready_ok, ready_reason, ready_message, obs))
+    conditions += [*extra, _condition("Ready", ready_ok, ready_reason, ready_message, obs)]
 
     if rejected:
         phase = "Invalid"
@@ -190,7 +253,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         phase = "Failed"
     elif complete:
         phase = "Succeeded"
-    elif obs.job is not None and train_ready >= obs.nodes:
+    elif restarting:
+        phase = RESTARTING
+    elif job is not None and train_ready >= obs.nodes:
         phase = "Running"
     else:
         phase = "Pending"
@@ -204,8 +269,16 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             "succeeded": int(job_status.get("succeeded") or 0),
             "failed": int(job_status.get("failed") or 0),
             "summary": f"{train_ready}/{obs.nodes}",
+            "attempt": obs.attempt,
         },
-        "eval": {"desired": obs.replicas, "ready": eval_ready, "summary": f"{eval_ready}/{obs.replicas}"},
+        "eval": {
+            "desired": eval_desired,
+            "ready": eval_ready,
+            # No space: `kubectl get pg` shows it as one column.
+            "summary": f"{eval_ready}/{eval_desired}" + (f":{after_training.lower()}" if after_training else ""),
+            "afterTraining": after_training,
+        },
+        "restarts": restarts,
         "replicas": int(sts_status.get("replicas") or 0),
         "selector": selector,
     }
@@ -241,6 +314,32 @@ def _admitted_condition(obs: Observation) -> dict[str, Any] | None:
     if _suspended(obs.job):
         return _condition("Admitted", False, *_suspension(obs.job), obs)
     return _condition("Admitted", True, "Admitted", f"Kueue queue {_queue(obs.job)!r} admitted the trainers", obs)
+
+
+def _restarts(obs: Observation) -> dict[str, Any]:
+    return {field: obs.restarts.get(field, 0 if field in RESTART_FIELDS[:3] else "") for field in RESTART_FIELDS}
+
+
+def _checkpoints_condition(obs: Observation) -> dict[str, Any]:
+    if obs.checkpoints_persistent:
+        return _condition("CheckpointsPersistent", True, "PersistentVolumeClaim",
+                          "the trainers' run directory is spec.train.checkpoint.persistentVolumeClaim", obs)
+    return _condition("CheckpointsPersistent", False, CHECKPOINTS_NOT_PERSISTENT,
+                      "the trainers' run directory is an emptyDir: a restarted trainer gang keeps only the weight "
+                      "version (from the evaluators), not weights, optimizer and progress; set "
+                      "spec.train.checkpoint.persistentVolumeClaim", obs)
+
+
+def _restarting_condition(
+    obs: Observation, restarts: Mapping[str, Any], restarting: bool, ended: bool
+) -> dict[str, Any]:
+    counts = f"{restarts['total']} restarts ({restarts['failures']} failures, {restarts['disruptions']} disruptions)"
+    if restarting:
+        return _condition("TrainerRestarting", True, restarts["reason"] or RESTARTING,
+                          f"attempt {obs.attempt} forming after {restarts['message']}; {counts}", obs)
+    reason = "TrainingEnded" if ended else "AttemptRunning"
+    return _condition("TrainerRestarting", False, reason,
+                      f"attempt {obs.attempt}; {counts}; the last after {restarts['message']}", obs)
 
 
 def _of_role(group_pods: Sequence[Mapping[str, Any]], role: contract.PolicyRole) -> list[Mapping[str, Any]]:
@@ -280,7 +379,8 @@ def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any,
         pod (Mapping[str, Any]): A pod as watched.
 
     Returns:
-        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), phase, conditions, container states).
+        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), phase, conditions, container states, revision,
+            deletion mark).
     """
     pod_status = pod.get("status") or {}
     conditions = tuple(sorted((c.get("type"), c.get("status"), c.get("reason")) for c in pod_status.get("conditions")
@@ -291,7 +391,8 @@ def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any,
         for c in [*(pod_status.get("initContainerStatuses") or []), *(pod_status.get("containerStatuses") or [])]
     )
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return ("Pod",), (pod_status.get("phase"), conditions, containers, labels.get(pods.REVISION_LABEL))
+    deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))  # a trainer pod deleted ends its attempt
+    return ("Pod",), (pod_status.get("phase"), conditions, containers, labels.get(pods.REVISION_LABEL), deleting)
 
 
 REFUSAL_REASONS = {403: "Forbidden", 422: "Invalid"}

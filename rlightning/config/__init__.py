@@ -14,6 +14,7 @@ from rlightning.config._status import (
     Condition,
     EvalStatus,
     PolicyGroupStatus,
+    RestartStatus,
     TrainingStatus,
     TrainStatus,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "PolicyGroupStatus",
     "PortsConfig",
     "ResourceRequirements",
+    "RestartStatus",
     "TrainConfig",
     "TrainStatus",
     "TrainingStatus",

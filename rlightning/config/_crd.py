@@ -206,6 +206,12 @@ def _printer_columns() -> list[dict[str, Any]]:
             "description": "Evaluator pods ready/desired.",
         },
         {
+            "name": "Restarts",
+            "type": "integer",
+            "jsonPath": ".status.restarts.total",
+            "description": "Restarts of the trainer gang (failures and disruptions).",
+        },
+        {
             "name": "Weights",
             "type": "integer",
             "jsonPath": ".status.training.weightVersion",

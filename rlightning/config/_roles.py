@@ -92,8 +92,14 @@ class TrainConfig(StrictModel):
         default=None, description="Stop early once the evaluators' mean return reaches this value."
     )
     seed: int = Field(default=0, ge=0, description="Base seed; rank r seeds its RNGs and envs with seed + r.")
-    backoff_limit: int = Field(
-        default=3, ge=0, description="Pod failures tolerated before the trainer Job fails (Job backoffLimit)."
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description=(
+            "Restarts of the whole trainer gang (a new attempt, resumed from the newest checkpoint) caused by a failed "
+            "trainer pod before the PolicyGroup fails; disruptions (a pod deleted, evicted, preempted, its node lost) "
+            "restart it without counting. A trainer that rejects the spec (exit code 2) fails it at once."
+        ),
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of trainer pods.")
@@ -169,6 +175,13 @@ class EvalConfig(StrictModel):
             "The evaluators' PodDisruptionBudget. The default lets every evaluator be evicted (an evaluator that "
             "leaves drops its batch and is never counted as a failure); set it to keep a share of the fleet "
             "through node drains and consolidation."
+        ),
+    )
+    after_training: Literal["Stop", "Serve"] = Field(
+        default="Stop",
+        description=(
+            "What the evaluators do once training has ended (Succeeded or Failed): `Stop` scales them to zero so "
+            "their nodes can go; `Serve` keeps them up, holding the final weights."
         ),
     )
 

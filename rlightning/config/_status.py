@@ -8,7 +8,7 @@ from pydantic import Field
 
 from rlightning.config._base import StrictModel
 
-Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Invalid"]
+Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Invalid"]
 
 
 class Condition(StrictModel):
@@ -30,6 +30,26 @@ class TrainStatus(StrictModel):
     succeeded: int = Field(default=0, ge=0, description="Trainer pods that completed.")
     failed: int = Field(default=0, ge=0, description="Trainer pod failures counted by the Job.")
     summary: str = Field(default="", description="'<ready>/<desired>', the TRAINERS column of kubectl get.")
+    attempt: int = Field(
+        default=0, ge=0, description="Attempt of the trainer gang: 0 first, one more at each restart of the gang."
+    )
+
+
+class RestartStatus(StrictModel):
+    """Restarts of the trainer gang, each a new attempt."""
+
+    total: int = Field(default=0, ge=0, description="Restarts so far (failures + disruptions): the RESTARTS column.")
+    failures: int = Field(
+        default=0, ge=0, description="Restarts caused by a failed trainer pod (bounded by spec.train.maxRestarts)."
+    )
+    disruptions: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts caused by a trainer pod deleted, evicted, preempted or lost with its node.",
+    )
+    reason: str = Field(default="", description="CamelCase cause of the last restart (PodFailed, PodDeleted, ...).")
+    pod: str = Field(default="", description="The trainer pod whose failure or loss caused the last restart.")
+    message: str = Field(default="", description="What happened to that pod.")
 
 
 class EvalStatus(StrictModel):
@@ -37,7 +57,17 @@ class EvalStatus(StrictModel):
 
     desired: int = Field(default=0, ge=0, description="Evaluators wanted (spec.eval.replicas).")
     ready: int = Field(default=0, ge=0, description="Evaluators running and ready.")
-    summary: str = Field(default="", description="'<ready>/<desired>', the EVALUATORS column of kubectl get.")
+    summary: str = Field(
+        default="",
+        description="'<ready>/<desired>', then ':stopped' or ':serving' after training: the EVALUATORS column.",
+    )
+    after_training: Literal["", "Stopped", "Serving"] = Field(
+        default="",
+        description=(
+            "Once training has ended: Stopped (scaled to zero) or Serving the final weights (spec.eval.afterTraining); "
+            "empty while training runs."
+        ),
+    )
 
 
 class TrainingStatus(StrictModel):
@@ -76,11 +106,12 @@ class TrainingStatus(StrictModel):
 class PolicyGroupStatus(StrictModel):
     """The whole status subresource."""
 
-    phase: Phase | None = Field(default=None, description="Pending, Running, Succeeded, Failed or Invalid.")
+    phase: Phase | None = Field(default=None, description="Pending, Running, Restarting, Succeeded, Failed or Invalid.")
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="Latest observations, one per type.")
     train: TrainStatus = Field(default_factory=TrainStatus, description="Trainer pods.")
     eval: EvalStatus = Field(default_factory=EvalStatus, description="Evaluator pods.")
     replicas: int = Field(default=0, ge=0, description="Evaluator pods that exist (scale subresource).")
     selector: str = Field(default="", description="Label selector of evaluator pods (scale subresource, HPA).")
+    restarts: RestartStatus = Field(default_factory=RestartStatus, description="Restarts of the trainer gang.")
     training: TrainingStatus = Field(default_factory=TrainingStatus, description="Progress from trainer rank 0.")

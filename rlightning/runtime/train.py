@@ -93,6 +93,10 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     policy.init_train(env_meta, spec.train, seed=seed)
     # Rank 0 picks and loads the checkpoint and broadcasts its training state: the ranks stay identical.
     resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume)
+    if rank == 0:  # the operator's gang attempt (0 locally): a restarted gang says where it resumed from
+        log.info("attempt %s of the trainer gang: %s, weight version %d",
+                 os.environ.get(contract.ENV_TRAIN_ATTEMPT, "0"), f"resumed from {resumed_from}" if resumed_from
+                 else "no checkpoint to resume from", policy.weight_version)
     source: _datasets.OwnExperience | _datasets.FleetExperience
     if settings.fleet_data:
         port = spec.ports.trajectories + int(os.environ.get("LOCAL_RANK", "0"))

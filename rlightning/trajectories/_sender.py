@@ -7,8 +7,9 @@ the sender choose. `IMMEDIATE` keeps a rank that is not connected unwritable, so
 answers no heartbeat for `ack_timeout` seconds is disconnected, so a silent one (a lost node) stops taking batches;
 a rank that disconnects is forgotten (what it reported no longer holds once it restarts). At most `credits` batches
 are in flight (sent, not yet acknowledged); an acknowledgement returns a credit, and so does a batch with no
-acknowledgement after `ack_timeout` seconds, counted lost (its rank died holding it). `wanted(version)` tells an
-evaluator whether any rank may still take a batch of that version. Host names are resolved by libzmq when it
+acknowledgement after `ack_timeout` seconds or whose rank disconnected, counted lost (its rank died holding it: a
+restarted trainer gang cannot acknowledge it). `wanted(version)` tells an evaluator whether any rank may still take
+a batch of that version. Host names are resolved by libzmq when it
 (re)connects, in its I/O thread, so a rank whose name does not resolve yet (a pod not yet created) is retried from
 `RECONNECT_SECONDS` on and never fails the sender. Use a sender from one thread.
 """
@@ -293,8 +294,7 @@ class TrajectorySender:
             self._read_connection_events(rank)
             self._read_acks(rank)
 
-    @staticmethod
-    def _read_connection_events(rank: _Rank) -> None:
+    def _read_connection_events(self, rank: _Rank) -> None:
         while True:
             try:
                 event = monitor.recv_monitor_message(rank.events, flags=zmq.NOBLOCK)
@@ -303,6 +303,19 @@ class TrajectorySender:
             rank.connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
             if not rank.connected:
                 rank.room = None  # a rank that comes back is a new fill, perhaps a new process
+                self._lose_batches_of(rank)
+
+    def _lose_batches_of(self, rank: _Rank) -> None:
+        """Count the batches in flight to a rank that disconnected as lost and return their credits now: the ROUTER
+        of the process that comes back (a restarted trainer gang) sees a new peer, so no acknowledgement can come.
+        """
+        lost = [sequence for sequence, batch in self._in_flight.items() if batch.rank is rank]
+        for sequence in lost:
+            del self._in_flight[sequence]
+        if lost:
+            self.counts.lost += len(lost)
+            log.warning("trajectory sender %d: %s disconnected with batches %s unacknowledged, counted lost",
+                        self.ordinal, rank.endpoint, lost)
 
     def _read_acks(self, rank: _Rank) -> None:
         while True:

@@ -94,8 +94,9 @@ def test_trainer_job_and_headless_service(example):
                                                                       "trajectories": 29700,
                                                                       "trajectories-1": 29701, "metrics": 9400}
     spec = job["spec"]
-    counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"])
-    assert counts == ("Indexed", 1, 1, 3)
+    counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"],
+              spec["podReplacementPolicy"])
+    assert counts == ("Indexed", 1, 1, 0, "Failed")  # no retry inside an attempt: the operator restarts the gang
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "cartpole-train" and pod["restartPolicy"] == "Never"
     assert pod["serviceAccountName"] == "cartpole-runtime"
@@ -170,7 +171,6 @@ SPEC_CASES = [
     ({"spec.train.nodes": 3},
      lambda c: (c["Job"]["spec"]["completions"], c["Job"]["spec"]["parallelism"]) == (3, 3)
      and "--nnodes=3" in _container(c["Job"])["command"]),
-    ({"spec.train.backoffLimit": 0}, lambda c: c["Job"]["spec"]["backoffLimit"] == 0),
     ({"spec.imagePullPolicy": "Always"}, lambda c: _container(c["StatefulSet"])["imagePullPolicy"] == "Always"),
     ({"spec.eval.pod": {"image": "eval:1"}},
      lambda c: _container(c["StatefulSet"])["image"] == "eval:1"
@@ -352,3 +352,17 @@ def test_a_queue_label_makes_a_suspended_trainer_job_for_kueue():
     other = edited(example_document(), **{"metadata.labels": {contract.LABEL_KUEUE_QUEUE: "team-b"}})
     moved = _by_kind(build_children(parse_manifest(other), NS))["Job"]
     assert moved["metadata"]["annotations"] != job["metadata"]["annotations"], "another queue: a new Job"
+def test_an_attempt_is_a_label_an_env_var_and_part_of_the_hash(example):
+    job = _by_kind(build_children(example, NS))["Job"]
+    first, second = builders.with_attempt(job, 0), builders.with_attempt(job, 1)
+    for attempt, built in ((0, first), (1, second)):
+        assert built["metadata"]["labels"][contract.LABEL_ATTEMPT] == str(attempt)
+        assert built["spec"]["template"]["metadata"]["labels"][contract.LABEL_ATTEMPT] == str(attempt)
+        assert _env(built)[contract.ENV_TRAIN_ATTEMPT] == str(attempt)
+        assert builders.attempt_of(built) == attempt
+        hash_of = {key: built["spec"]["template"]["metadata"]["annotations"][key] for key in built["metadata"]["annotations"]}
+        assert hash_of == built["metadata"]["annotations"]  # the Job's spec hash is its pods' one
+    hashes = {b["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] for b in (job, first, second)}
+    assert len(hashes) == 3  # the planner replaces a Job of another attempt
+    assert contract.LABEL_ATTEMPT not in job["metadata"]["labels"]  # the input is left alone
+    assert builders.attempt_of(None) == 0 and builders.attempt_of({"metadata": {"labels": {}}}) == 0

@@ -67,14 +67,16 @@ def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, nam
     assert (status["train"]["summary"], status["eval"]["summary"], status["replicas"]) == ("1/1", "2/2", 2)
     assert status["selector"] == "rlightning.io/policy-group=cartpole,rlightning.io/role=eval"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Valid": "True", "TrainersReady": "True", "EvaluatorsReady": "True", "Ready": "True"}
+        "Valid": "True", "TrainersReady": "True", "EvaluatorsReady": "True", "CheckpointsPersistent": "False",
+        "Ready": "True"}
     assert "kopf" not in status, "kopf's bookkeeping lives in annotations"
 
     table = crd.kubectl("get", "pg", "-n", namespace).stdout.splitlines()
     assert table[0].split() == [
-        "NAME", "PHASE", "TRAINERS", "EVALUATORS", "WEIGHTS", "CONSISTENT", "STEPS/S", "LAG", "REASON", "AGE"
+        "NAME", "PHASE", "TRAINERS", "EVALUATORS", "RESTARTS", "WEIGHTS", "CONSISTENT", "STEPS/S", "LAG", "REASON",
+        "AGE",
     ]  # fmt: skip
-    assert table[1].split()[:4] == ["cartpole", "Running", "1/1", "2/2"] and "AllReady" in table[1].split()
+    assert table[1].split()[:5] == ["cartpole", "Running", "1/1", "2/2", "0"] and "AllReady" in table[1].split()
     described = crd.kubectl("describe", "pg", "cartpole", "-n", namespace).stdout
     assert "Created" in described and "StatefulSet cartpole-eval" in described
 
@@ -84,7 +86,7 @@ def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, nam
     crd.kubectl("scale", "pg", "cartpole", "-n", namespace, "--replicas=3")
     wait_for("3 evaluators ready", lambda: (ready(crd, namespace) or {}).get("status", {}).get("replicas") == 3)
     row = crd.kubectl("get", "pg", "-n", namespace).stdout.splitlines()[1].split()
-    assert row[1:6] == ["Running", "1/1", "3/3", "7", "true"]
+    assert row[1:7] == ["Running", "1/1", "3/3", "0", "7", "true"]
 
 
 def test_scale_subresource_and_scale_down_deletes_exactly_one_pod(crd, namespace, operator):

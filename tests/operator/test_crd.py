@@ -63,6 +63,7 @@ def test_subresources_and_printer_columns(version):
         "Phase": ".status.phase",
         "Trainers": ".status.train.summary",
         "Evaluators": ".status.eval.summary",
+        "Restarts": ".status.restarts.total",
         "Weights": ".status.training.weightVersion",
         "Consistent": ".status.training.consistent",
         "Steps/s": ".status.training.envStepsPerSecond",

@@ -113,3 +113,9 @@ def test_pod_fingerprint_moves_with_what_the_diagnosis_reads_only():
     crashed = pod("g-eval-0", waiting="CrashLoopBackOff", restarts=1, last_exit=2)
     assert pod_fingerprint(crashed)[1] != pod_fingerprint(base)[1]
     assert pod_fingerprint(crashed)[0] == pod_fingerprint(base)[0] == ("Pod",)
+
+
+def test_a_pod_being_deleted_moves_its_fingerprint():
+    base = pod("g-train-0")
+    deleting = {**base, "metadata": {**base["metadata"], "deletionTimestamp": "2026-12-01T10:00:00Z"}}
+    assert pod_fingerprint(deleting)[1] != pod_fingerprint(base)[1], "a deleted trainer pod ends its attempt"

@@ -52,9 +52,10 @@ class FakeApi:
 
     def list(self, kind, namespace, label_selector):
         self._check("list")
-        key, value = label_selector.split("=")
+        wanted = dict(term.split("=") for term in label_selector.split(","))
         return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items())
-                if (k, ns) == (kind, namespace) and (o["metadata"].get("labels") or {}).get(key) == value]
+                if (k, ns) == (kind, namespace)
+                and all((o["metadata"].get("labels") or {}).get(key) == value for key, value in wanted.items())]
 
     def create(self, manifest):
         self._check("create")
@@ -250,7 +251,8 @@ def test_a_refusal_is_reported_once_and_still_raised_for_retry(api, events, reco
     ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", reason)
     assert "statefulsets is forbidden: nope" in ready["message"]
-    assert {c["type"] for c in body["status"]["conditions"]} == {"Valid", "TrainersReady", "EvaluatorsReady", "Ready"}
+    assert {c["type"] for c in body["status"]["conditions"]} == {"Valid", "TrainersReady", "EvaluatorsReady",
+                                                                  "CheckpointsPersistent", "Ready"}
     assert events == [("Warning", reason, ready["message"])], "one Warning, not one per retry"
     outcome = reconciler.reconcile(body)  # RBAC fixed: the next retry succeeds and Ready is recomputed
     assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
@@ -316,3 +318,116 @@ def test_a_crash_loop_is_reported_in_status_and_by_one_warning(api, events, reco
     assert ready["reason"] == "CrashLoopBackOff" and "exit code 2" in ready["message"]
     warnings = [e for e in events if e[0] == "Warning"]
     assert [(e[1], "cartpole-eval-1" in e[2]) for e in warnings] == [("CrashLoopBackOff", True)]
+
+
+def trainer_pod(name, attempt, **status):
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {
+        contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "train", contract.LABEL_ATTEMPT: str(attempt)}},
+        "status": status}
+
+
+def stored_status(api):
+    return api.objects[(contract.KIND, NS, "cartpole")]["status"]
+
+
+def test_a_failed_trainer_pod_restarts_the_gang_under_the_next_attempt(api, events, reconciler):
+    reconciler.reconcile(group())
+    assert api.objects[("Job", NS, "cartpole-train")]["metadata"]["labels"][contract.LABEL_ATTEMPT] == "0"
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0, "failed": 1}
+    failed = trainer_pod("cartpole-train-0-abcde", 0, phase="Failed", containerStatuses=[
+        {"name": "train", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
+    api.objects[("Pod", NS, "cartpole-train-0-abcde")] = failed
+    body = group()
+    body["status"] = stored_status(api)
+    events.clear()
+    outcome = reconciler.refresh_status(body)  # a pod event: the refresh finds the loss and reconciles whole
+    assert [(a.type, a.kind) for a in outcome.actions] == [("recreate", "Job")]
+    assert ("Job", NS, "cartpole-train") not in api.objects  # deleted (Foreground); its DELETED event comes back
+    status = stored_status(api)
+    assert status["phase"] == "Restarting" and status["train"]["attempt"] == 1
+    assert {k: status["restarts"][k] for k in ("total", "failures", "disruptions", "reason", "pod")} == {
+        "total": 1, "failures": 1, "disruptions": 0, "reason": "PodFailed", "pod": "cartpole-train-0-abcde"}
+    restarting = next(c for c in status["conditions"] if c["type"] == "TrainerRestarting")
+    assert restarting["status"] == "True" and "cartpole-train-0-abcde" in restarting["message"]
+    warnings = [(e[1], e[2]) for e in events if e[0] == "Warning"]
+    assert warnings[0][0] == "TrainerRestarting" and "attempt 1 replaces attempt 0" in warnings[0][1]
+    assert "exit code 1" in warnings[0][1] and "failure 1 of spec.train.maxRestarts 3" in warnings[0][1]
+    assert ("CheckpointsNotPersistent" in [w[0] for w in warnings]), "no claim: said loudly at each restart"
+
+    body["status"] = stored_status(api)
+    outcome = reconciler.reconcile(body)  # the old attempt's pod is still there: no new Job yet
+    assert [a.type for a in outcome.actions] == ["wait"] and ("Job", NS, "cartpole-train") not in api.objects
+    del api.objects[("Pod", NS, "cartpole-train-0-abcde")]
+    events.clear()
+    outcome = reconciler.reconcile(body)
+    assert [(a.type, a.kind) for a in outcome.actions] == [("create", "Job")]
+    job = api.objects[("Job", NS, "cartpole-train")]
+    assert job["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
+    assert job["spec"]["template"]["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
+    assert ("Normal", "Created", "created Job cartpole-train (attempt 1)") in events
+    assert stored_status(api)["restarts"]["total"] == 1, "counted once"
+
+
+def test_a_deleted_trainer_pod_is_a_disruption_that_never_fails_the_group(api, events, reconciler):
+    body = group(**{"spec.train.maxRestarts": 0})
+    reconciler.reconcile(body)
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0}
+    for attempt in range(3):
+        api.objects[("Pod", NS, f"p{attempt}")] = trainer_pod(f"p{attempt}", attempt, phase="Running")
+        api.objects[("Pod", NS, f"p{attempt}")]["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+        body["status"] = stored_status(api)
+        reconciler.reconcile(body)
+        del api.objects[("Pod", NS, f"p{attempt}")]
+        body["status"] = stored_status(api)
+        reconciler.reconcile(body)
+        api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0}
+    status = stored_status(api)
+    assert status["train"]["attempt"] == 3 and status["phase"] == "Restarting"
+    assert (status["restarts"]["failures"], status["restarts"]["disruptions"]) == (0, 3)
+
+
+def test_a_failure_with_no_restart_left_fails_the_group_and_warns_once(api, events, reconciler):
+    body = group(**{"spec.train.maxRestarts": 0})
+    reconciler.reconcile(body)
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {
+        "failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    events.clear()
+    for _ in range(2):
+        body["status"] = stored_status(api)
+        outcome = reconciler.reconcile(body)
+    assert "Job" not in [a.kind for a in outcome.actions]
+    status = stored_status(api)
+    assert status["phase"] == "Failed" and status["train"]["attempt"] == 0
+    ready = next(c for c in status["conditions"] if c["type"] == "TrainersReady")
+    assert ready["reason"] == "MaxRestartsReached" and "0 of spec.train.maxRestarts 0" in ready["message"]
+    assert [e[1] for e in events if e[0] == "Warning"] == ["MaxRestartsReached"]
+
+
+@pytest.mark.parametrize(("after", "replicas", "summary"), [("Stop", 0, "0/0:stopped"), ("Serve", 2, "0/2:serving")])
+def test_evaluators_stop_or_serve_once_training_has_ended(api, reconciler, after, replicas, summary):
+    body = group(**{"spec.eval.afterTraining": after})
+    reconciler.reconcile(body)
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {
+        "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+    body["status"] = stored_status(api)
+    reconciler.refresh_status(body)  # the Job's event: a refresh that scales the fleet to zero when it should
+    assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == replicas
+    status = stored_status(api)
+    assert status["phase"] == "Succeeded" and status["eval"]["summary"] == summary
+    assert status["eval"]["afterTraining"] == ("Stopped" if after == "Stop" else "Serving")
+
+
+def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, events, reconciler):
+    reconciler.reconcile(group())
+    # kubectl delete pod: the watch saw it deleted; by the pass it is gone and the Job failed because of it.
+    deleted = trainer_pod("cartpole-train-0-abcde", 0, phase="Failed")
+    deleted["metadata"]["deletionTimestamp"] = "2026-12-01T10:01:15Z"
+    reconciler.note_pod(deleted)
+    reconciler.note_pod({**group(), "kind": "PolicyGroup"})  # not a pod of a role: ignored
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {
+        "failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    body = group()
+    body["status"] = stored_status(api)
+    reconciler.reconcile(body)
+    restarts = stored_status(api)["restarts"]
+    assert (restarts["disruptions"], restarts["failures"], restarts["reason"]) == (1, 0, "PodDeleted")

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from rlightning import contract
 from rlightning_operator import Observation, compute_status
 from rlightning_operator._status import differs
 
 SELECTOR = "rlightning.io/policy-group=g,rlightning.io/role=eval"
 
 
-def job(ready=0, succeeded=0, failed=0, conditions=(), reason="BackoffLimitExceeded"):
-    return {"status": {"ready": ready, "succeeded": succeeded, "failed": failed,
+def job(ready=0, succeeded=0, failed=0, conditions=(), reason="BackoffLimitExceeded", attempt=0):
+    return {"metadata": {"labels": {contract.LABEL_ATTEMPT: str(attempt)}},
+            "status": {"ready": ready, "succeeded": succeeded, "failed": failed,
                        "conditions": [{"type": t, "status": "True", "reason": reason} for t in conditions]}}
+
+
+RESTARTED = {"total": 1, "failures": 0, "disruptions": 1, "reason": "PodDeleted", "pod": "g-train-1-abcde",
+             "message": "pod g-train-1-abcde was deleted"}
 
 
 REJECTED = job(failed=1, conditions=["FailureTarget", "Failed"], reason="PodFailurePolicy")
@@ -20,8 +26,10 @@ REJECTED = job(failed=1, conditions=["FailureTarget", "Failed"], reason="PodFail
 
 def queued(suspend, queue="rl-trainers", **kwargs):
     """A trainer Job in a Kueue queue; suspended until Kueue admits it."""
-    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
-    return {"metadata": {"labels": labels}, "spec": {"suspend": suspend}, **job(**kwargs)}
+    built = {**job(**kwargs), "spec": {"suspend": suspend}}
+    if queue:
+        built["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = queue
+    return built
 
 
 def sts(replicas=0, ready=0):
@@ -45,15 +53,35 @@ CASES = [
     ("all ready", dict(job=job(ready=2), stateful_set=sts(replicas=3, ready=3)), "Running",
      {"TrainersReady": ("True", "AllReady"), "EvaluatorsReady": ("True", "AllReady"), "Ready": ("True", "AllReady")},
      "2/2", "3/3", 3),
-    ("training done", dict(job=job(succeeded=2, conditions=["Complete"]), stateful_set=sts(3, 3)), "Succeeded",
-     {"TrainersReady": ("True", "Completed"), "Ready": ("True", "AllReady")}, "0/2", "3/3", 3),
-    ("job failed", dict(job=job(failed=4, conditions=["Failed"]), stateful_set=sts(3, 3)), "Failed",
-     {"TrainersReady": ("False", "JobFailed"), "Ready": ("False", "JobFailed")}, "0/2", "3/3", 3),
+    ("training done: evaluators stop", dict(job=job(succeeded=2, conditions=["Complete"]), stateful_set=sts(3, 3)),
+     "Succeeded", {"TrainersReady": ("True", "Completed"), "EvaluatorsReady": ("True", "Stopped"),
+                   "Ready": ("True", "AllReady")}, "0/2", "3/0:stopped", 3),
+    ("training done: evaluators serve", dict(job=job(succeeded=2, conditions=["Complete"]), stateful_set=sts(3, 3),
+                                             after_training="Serve"),
+     "Succeeded", {"EvaluatorsReady": ("True", "AllReady"), "Ready": ("True", "AllReady")}, "0/2", "3/3:serving", 3),
+    ("job failed with no restart left", dict(job=job(failed=1, conditions=["Failed"]), stateful_set=sts(3, 3),
+                                             max_restarts=3, restarts={"total": 3, "failures": 3}),
+     "Failed", {"TrainersReady": ("False", "MaxRestartsReached"), "Ready": ("False", "MaxRestartsReached"),
+                "TrainerRestarting": ("False", "TrainingEnded")}, "0/2", "3/0:stopped", 3),
     ("spec rejected in a trainer pod", dict(job=REJECTED, stateful_set=sts(3, 0)), "Invalid",
      {"Valid": ("False", "InvalidSpecInPod"), "TrainersReady": ("False", "InvalidSpecInPod"),
-      "EvaluatorsReady": ("False", "Waiting"), "Ready": ("False", "InvalidSpecInPod")}, "0/2", "0/3", 3),
-    ("job failed by retries is no invalid spec", dict(job=job(failed=7, conditions=["Failed"]), stateful_set=sts(3, 0)),
-     "Failed", {"Valid": ("True", "Validated"), "TrainersReady": ("False", "JobFailed")}, "0/2", "0/3", 3),
+      "EvaluatorsReady": ("True", "Stopped"), "Ready": ("False", "InvalidSpecInPod")}, "0/2", "0/0:stopped", 3),
+    ("job failed is no invalid spec", dict(job=job(failed=1, conditions=["Failed"]), stateful_set=sts(3, 0)),
+     "Failed", {"Valid": ("True", "Validated"), "TrainersReady": ("False", "MaxRestartsReached")}, "0/2",
+     "0/0:stopped", 3),
+    ("restarting: the old attempt's Job goes", dict(job=job(ready=1, attempt=0), stateful_set=sts(3, 3), attempt=1,
+                                                    restarts=RESTARTED),
+     "Restarting", {"TrainersReady": ("False", "Restarting"), "TrainerRestarting": ("True", "PodDeleted"),
+                    "EvaluatorsReady": ("True", "AllReady"), "Ready": ("False", "Restarting")}, "0/2", "3/3", 3),
+    ("restarting: the new attempt forms", dict(job=job(ready=1, attempt=1), stateful_set=sts(3, 3), attempt=1,
+                                               restarts=RESTARTED),
+     "Restarting", {"TrainersReady": ("False", "Restarting"), "TrainerRestarting": ("True", "PodDeleted")},
+     "1/2", "3/3", 3),
+    ("the new attempt runs", dict(job=job(ready=2, attempt=1), stateful_set=sts(3, 3), attempt=1, restarts=RESTARTED),
+     "Running", {"TrainersReady": ("True", "AllReady"), "TrainerRestarting": ("False", "AttemptRunning"),
+                 "Ready": ("True", "AllReady")}, "2/2", "3/3", 3),
+    ("no checkpoint claim", dict(job=job(ready=2), stateful_set=sts(3, 3), checkpoints_persistent=False), "Running",
+     {"CheckpointsPersistent": ("False", "CheckpointsNotPersistent"), "Ready": ("True", "AllReady")}, "2/2", "3/3", 3),
     ("foreign child", dict(job=job(ready=2), stateful_set=sts(3, 3), conflicts=["ConfigMap/g-spec"]), "Running",
      {"Ready": ("False", "Conflict")}, "2/2", "3/3", 3),
     ("queued in Kueue", dict(job=queued(True), stateful_set=sts(3, 3)), "Pending",
@@ -98,7 +126,8 @@ def test_transition_time_kept_while_status_unchanged():
     ready = compute_status(Observation("g", 1, nodes=1, replicas=1, job=job(ready=1), stateful_set=sts(1, 1),
                                        previous=first["conditions"], now="T3"))
     times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
-    assert times == {"Valid": "T1", "TrainersReady": "T3", "EvaluatorsReady": "T3", "Ready": "T3"}
+    assert times == {"Valid": "T1", "TrainersReady": "T3", "EvaluatorsReady": "T3", "CheckpointsPersistent": "T1",
+                     "Ready": "T3"}
     assert differs(first, ready)
 
 

@@ -18,6 +18,9 @@ TRAIN_SECONDS = 420.0
 ON_REAL_NODE = {devcluster.NODE_LABEL: "true"}
 """nodeSelector of every pod these tests start (kwok's nodes lack the label)."""
 
+CLAIM = "cartpole-checkpoints"
+"""The checkpoint claim of the `checkpoint_claim` fixture (conftest.py)."""
+
 SMALL_REQUESTS = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 """Requests that fit a 2-CPU node many times over; no limits (torch needs several hundred MiB per process)."""
 

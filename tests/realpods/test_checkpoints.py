@@ -10,44 +10,14 @@ iterations and weight versions continue where the first run stopped instead of s
 from __future__ import annotations
 
 import json
-import shutil
 
-import pytest
-
-from realpods_helpers import (
-    WAIT_SECONDS, local_volume, real_cartpole, volume_claim, wait_for, wait_until_succeeded,
-)
+from realpods_helpers import CLAIM, WAIT_SECONDS, real_cartpole, wait_for, wait_until_succeeded
 from tests.operator.operator_cluster import apply, get_json
 
-CLAIM = "cartpole-checkpoints"
 FIRST_ENV_STEPS = 2048
 """Step budget of the first run: 4 iterations (2 ranks x 8 envs x 32 steps = 512 env steps each)."""
 SECOND_ENV_STEPS = 4096
 """Step budget when applied again: 4 more iterations if it resumes (8 from scratch would also reach it)."""
-
-
-@pytest.fixture
-def checkpoint_claim(cluster, real_node, real_namespace):
-    """A Bound claim `CLAIM` on a local volume under the node's folder; yields that folder. Removed after."""
-    volume = f"{real_namespace}-checkpoints"
-    folder = real_node.layout.root / "volumes" / volume
-    folder.mkdir(parents=True)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(local_volume(volume, folder, real_namespace, CLAIM)))
-    apply(cluster, real_namespace, volume_claim(CLAIM, volume))
-    wait_for(f"claim {CLAIM} to bind to {volume}",
-             lambda: get_json(cluster, "pvc", CLAIM, "-n", real_namespace)["status"].get("phase") == "Bound")
-    try:
-        yield folder
-    finally:
-        # A completed trainer pod still uses the claim (pvc-protection), and a bound volume is not deleted
-        # (pv-protection): the group and its pods go first, then the claim, then the volume.
-        timeout = f"--timeout={WAIT_SECONDS:.0f}s"
-        cluster.kubectl("delete", "pg", "--all", "-n", real_namespace, timeout, check=False)
-        wait_for("the group's pods to be gone", lambda: not get_json(cluster, "pods", "-n", real_namespace)["items"],
-                 timeout=180.0)
-        cluster.kubectl("delete", "pvc", CLAIM, "-n", real_namespace, timeout, check=False)
-        cluster.kubectl("delete", "pv", volume, timeout, check=False)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _succeeded(cluster, namespace: str, name: str) -> dict:

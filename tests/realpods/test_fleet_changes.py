@@ -46,7 +46,9 @@ def _finish_consistent_in_one_trainer_pod(cluster, namespace: str, name: str, tr
 def test_scaling_up_while_training_brings_new_evaluators_onto_the_current_weights(
     cluster, real_namespace, real_operator
 ):
-    apply(cluster, real_namespace, real_cartpole("scaled", **{"spec.eval.replicas": 1}))
+    # Serve: the fleet stays at its scale after training (Stop, the default, would scale it to zero).
+    serving = {"spec.eval.replicas": 1, "spec.eval.afterTraining": "Serve"}
+    apply(cluster, real_namespace, real_cartpole("scaled", **serving))
     wait_for("weights to be published", lambda: _weight_version(cluster, real_namespace, "scaled") >= 1, timeout=240)
     (trainer,) = _running(_pods(cluster, real_namespace, "train"))
     version_at_scale = _weight_version(cluster, real_namespace, "scaled")

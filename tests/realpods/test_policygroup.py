@@ -37,9 +37,9 @@ def test_cartpole_trains_to_succeeded_in_real_pods(cluster, real_namespace, real
     assert pods and all(p["spec"]["nodeName"] == devcluster.NODE_NAME for p in pods)
     table = cluster.kubectl("get", "pg", "cartpole", "-n", real_namespace).stdout
     header, row = table.splitlines()[:2]
-    assert header.split()[:6] == ["NAME", "PHASE", "TRAINERS", "EVALUATORS", "WEIGHTS", "CONSISTENT"]
-    assert row.split()[1] == "Succeeded" and row.split()[4] == str(training["weightVersion"])
-    assert row.split()[5] == "true"
+    assert header.split()[:7] == ["NAME", "PHASE", "TRAINERS", "EVALUATORS", "RESTARTS", "WEIGHTS", "CONSISTENT"]
+    assert row.split()[1] == "Succeeded" and row.split()[5] == str(training["weightVersion"])
+    assert row.split()[4] == "0" and row.split()[6] == "true"
 
 
 def test_two_trainer_pods_with_one_rank_each_train_together(cluster, real_namespace, real_operator, record_property):

@@ -1,5 +1,5 @@
 """A fleet of real sender processes and one or two intakes: a killed evaluator, two ranks, a closed rank, a frozen
-rank, and a rank whose host does not resolve yet.
+rank, a rank whose host does not resolve yet, and a restarted rank.
 
 Ports: TRAJECTORIES 6-13.
 """
@@ -155,3 +155,24 @@ def test_a_rank_whose_host_does_not_resolve_yet_does_not_break_the_sender(sender
     (done,) = fill_until_done(intake, [sender], version=0, max_policy_lag=0, timeout=EVENT_SECONDS)
     assert done["counts"] == {"sent": 6, "accepted": 6, "stale": 0, "invalid": 0, "lost": 0}
     assert intake.held == 6
+
+
+def test_a_restarted_rank_gets_the_next_batch_without_waiting_out_the_ack_timeout(senders, intakes):
+    """A trainer gang restarts: the rank's process goes holding an unacknowledged batch and a new one binds the
+    same port. The batch is counted lost as soon as the connection drops (the new process sees a new peer and can
+    never acknowledge it), so the credit returns at once rather than after `ack_timeout`."""
+    port = TRAJECTORIES.port(6)  # reused: the first test of this file has closed it
+    old = TrajectoryIntake(port, bind_host="127.0.0.1")
+    ack_timeout = 30.0
+    sender = WorkerProcess(SENDER, "--endpoints", f"127.0.0.1:{port}", "--count", "3", "--credits", "1",
+                           "--ack-timeout", str(ack_timeout), "--credit-wait", "0.2", "--deadline", "120")
+    senders.append(sender)
+    assert sender.next_event(EVENT_SECONDS, "sent")["sequence"] == 1  # never read by `old`: never acknowledged
+    old.close()
+    closed_at = time.monotonic()
+    new = TrajectoryIntake(port, bind_host="127.0.0.1")
+    intakes.append(new)
+    (done,) = fill_until_done(new, [sender], version=0, max_policy_lag=0, timeout=EVENT_SECONDS)
+    waited = time.monotonic() - closed_at
+    assert waited < ack_timeout / 3, f"the credit came back after {waited:.1f}s"
+    assert (done["counts"]["lost"], done["counts"]["accepted"], new.held) == (1, 2, 2), done

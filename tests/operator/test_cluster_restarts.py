@@ -1,0 +1,88 @@
+"""Gang restarts of the trainers on the real control plane (kwok runs the pods): a trainer pod deleted or failed
+ends its attempt; the operator replaces the whole Job under the next attempt, never with pods of two attempts."""
+
+from __future__ import annotations
+
+import json
+
+from rlightning import contract
+
+from operator_cluster import apply, condition, get_json, items, pods, running, small, wait_for
+
+NODES = 2
+
+
+def attempts(cluster, namespace) -> dict[str, set[str]]:
+    """Trainer pods (not yet gone) by their attempt label."""
+    result: dict[str, set[str]] = {}
+    for pod in pods(cluster, namespace, "train"):
+        attempt = pod["metadata"]["labels"].get(contract.LABEL_ATTEMPT, "?")
+        result.setdefault(attempt, set()).add(pod["metadata"]["name"])
+    return result
+
+
+def gang_running(cluster, namespace, attempt, mixed):
+    """The PolicyGroup once `attempt`'s NODES trainer pods run; records any moment two attempts' pods coexist."""
+    by_attempt = attempts(cluster, namespace)
+    if len(by_attempt) > 1:
+        mixed.append(by_attempt)
+    trainers = [p for p in pods(cluster, namespace, "train")
+                if p["metadata"]["labels"].get(contract.LABEL_ATTEMPT) == str(attempt)]
+    group = get_json(cluster, "pg", "cartpole", "-n", namespace)
+    if running(trainers) == NODES and (group.get("status") or {}).get("phase") == "Running":
+        return group
+    return None
+
+
+def phase_is(cluster, namespace, phase):
+    group = get_json(cluster, "pg", "cartpole", "-n", namespace)
+    return group if (group.get("status") or {}).get("phase") == phase else None
+
+
+def warnings(cluster, namespace, reason):
+    return [e for e in items(cluster, "events", "-n", namespace, "--field-selector",
+                             f"involvedObject.kind={contract.KIND},type=Warning") if e["reason"] == reason]
+
+
+def test_a_deleted_trainer_pod_restarts_the_gang_as_a_disruption(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=1, **{"spec.train.nodes": NODES}))
+    mixed: list[dict[str, set[str]]] = []
+    wait_for("attempt 0 running", lambda: gang_running(crd, namespace, 0, mixed))
+    (victim, *_) = sorted(attempts(crd, namespace)["0"])
+    crd.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+    group = wait_for("attempt 1 running", lambda: gang_running(crd, namespace, 1, mixed))
+    assert not mixed, f"pods of two attempts at once: {mixed}"
+    assert group["status"]["train"]["attempt"] == 1
+    restarts = group["status"]["restarts"]
+    assert (restarts["total"], restarts["failures"], restarts["disruptions"]) == (1, 0, 1), restarts
+    assert restarts["pod"] == victim and restarts["reason"] == "PodDeleted", restarts
+    assert condition(group, "TrainerRestarting")["reason"] == "AttemptRunning"
+    assert condition(group, "CheckpointsPersistent")["reason"] == "CheckpointsNotPersistent"
+    job = get_json(crd, "job", contract.train_name("cartpole"), "-n", namespace)
+    assert job["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
+    (event,) = wait_for("one TrainerRestarting Warning", lambda: warnings(crd, namespace, "TrainerRestarting"))
+    assert victim in event["message"] and "attempt 1 replaces attempt 0" in event["message"]
+    table = crd.kubectl("get", "pg", "cartpole", "-n", namespace).stdout.splitlines()
+    column = table[0].split().index("RESTARTS")
+    assert table[1].split()[column] == "1", table
+
+
+def test_a_failed_trainer_pod_counts_against_max_restarts(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=1, **{"spec.train.nodes": NODES, "spec.train.maxRestarts": 1}))
+    mixed: list[dict[str, set[str]]] = []
+    for attempt in (0, 1):
+        wait_for(f"attempt {attempt} running", lambda a=attempt: gang_running(crd, namespace, a, mixed))
+        (victim, *_) = sorted(attempts(crd, namespace)[str(attempt)])
+        exited = {"status": {"phase": "Failed", "containerStatuses": [{
+            "name": "train", "image": contract.DEFAULT_IMAGE, "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T07:00:00Z",
+                                     "finishedAt": "2026-12-01T07:00:01Z"}}}]}}
+        crd.kubectl("patch", "pod", victim, "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps(exited))
+    group = wait_for("Failed: no restart left", lambda: phase_is(crd, namespace, "Failed"))
+    assert not mixed, f"pods of two attempts at once: {mixed}"
+    assert (group["status"]["train"]["attempt"], group["status"]["restarts"]["failures"]) == (1, 1)
+    assert condition(group, "TrainersReady")["reason"] == "MaxRestartsReached"
+    assert wait_for("one MaxRestartsReached Warning", lambda: warnings(crd, namespace, "MaxRestartsReached"))
+    assert wait_for("evaluators stopped", lambda: get_json(crd, "statefulset", contract.eval_name("cartpole"), "-n",
+                                                           namespace)["spec"]["replicas"] == 0)

@@ -1,0 +1,125 @@
+"""Issue 10 on the real node: a trainer gang that loses a pod mid-training restarts whole under the next attempt,
+resumes from its newest checkpoint on the claim and trains to its target; evaluators keep their pods and weights
+throughout, and the weight version never goes back.
+
+Two trainer pods with one rank each (DDP across pods). Once a checkpoint exists, rank 1 is lost: its pod deleted
+(a disruption) or its trainer process killed with SIGKILL (torchrun exits 1: a failure, counted against
+maxRestarts). The operator deletes the Job of attempt 0 (Foreground: both pods go) and creates the Job of attempt
+1 only then, so no pod of attempt 0 ever meets attempt 1's rendezvous.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
+from rlightning import contract
+from tests.operator.operator_cluster import apply, get_json
+
+NAME = "restarted"
+
+
+class Observer:
+    """Polls the PolicyGroup and its pods; keeps every weight version seen and any moment two attempts' trainer
+    pods coexist."""
+
+    def __init__(self, cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.versions: list[int] = []
+        self.mixed: list[dict[str, list[str]]] = []
+
+    def group(self) -> dict:
+        group = get_json(self.cluster, "pg", NAME, "-n", self.namespace)
+        version = ((group.get("status") or {}).get("training") or {}).get("weightVersion")
+        if version is not None:
+            self.versions.append(int(version))
+        trainers: dict[str, list[str]] = {}
+        for pod in self.pods("train"):
+            trainers.setdefault(pod["metadata"]["labels"].get(contract.LABEL_ATTEMPT, "?"), []).append(
+                pod["metadata"]["name"])
+        if len(trainers) > 1:
+            self.mixed.append(trainers)
+        return group
+
+    def pods(self, role: str) -> list[dict]:
+        selector = f"{contract.LABEL_GROUP}={NAME},{contract.LABEL_ROLE}={role}"
+        return get_json(self.cluster, "pods", "-n", self.namespace, "-l", selector)["items"]
+
+    def phase(self, phase: str) -> dict | None:
+        group = self.group()
+        status = group.get("status") or {}
+        assert status.get("phase") not in {"Failed", "Invalid"}, f"PolicyGroup went {status.get('phase')}: {status}"
+        return group if status.get("phase") == phase else None
+
+
+KILL_TRAINER = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"rlightning.runtime.train" in argv and b"torch.distributed.run" not in argv:
+        os.kill(int(pid), signal.SIGKILL)
+        print("killed", pid)
+"""
+"""Run in the trainer container: SIGKILL its training process (torchrun's worker), not torchrun itself."""
+
+
+def lose(cluster, namespace: str, pod: str, how: str) -> None:
+    if how == "delete":
+        cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
+    else:
+        out = cluster.kubectl("exec", pod, "-n", namespace, "-c", "train", "--", "python", "-c", KILL_TRAINER).stdout
+        assert "killed" in out, out
+
+
+@pytest.mark.parametrize(("how", "reason", "counts"), [
+    ("delete", "PodDeleted", (1, 1, 0)),  # (total, disruptions, failures)
+    ("kill -9", "PodFailed", (1, 0, 1)),
+])
+def test_a_lost_trainer_restarts_the_gang_which_resumes_and_reaches_its_target(
+    cluster, real_namespace, real_operator, checkpoint_claim, how, reason, counts
+):
+    run_dir = checkpoint_claim
+    group = real_cartpole(NAME, **{
+        "spec.train.nodes": 2, "spec.train.procsPerNode": 1,
+        "spec.train.checkpoint": {"persistentVolumeClaim": CLAIM, "intervalIterations": 2},
+    })
+    apply(cluster, real_namespace, group)
+    watch = Observer(cluster, real_namespace)
+    wait_for("a checkpoint on the claim and weights published",
+             lambda: watch.group() and (run_dir / "checkpoints").is_dir()
+             and any((run_dir / "checkpoints").iterdir()) and watch.versions and watch.versions[-1] >= 2,
+             timeout=240.0, interval=1.0)
+    evaluators = {p["metadata"]["name"]: p["metadata"]["uid"] for p in watch.pods("eval")}
+    (victim,) = [p["metadata"]["name"] for p in watch.pods("train")
+                 if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"]
+    lose(cluster, real_namespace, victim, how)
+
+    def new_gang_running():
+        group = watch.phase("Running") or watch.phase("Succeeded")
+        return group if group and group["status"]["train"]["attempt"] == 1 else None
+
+    restarted = wait_for("attempt 1 running", new_gang_running, timeout=180.0, interval=1.0)
+    restarts = restarted["status"]["restarts"]
+    assert (restarts["total"], restarts["disruptions"], restarts["failures"]) == counts, restarts
+    assert restarts["pod"] == victim and restarts["reason"] == reason, restarts
+    # Evaluators rode through: same pods, never restarted (they kept their weights and waited for the new gang).
+    still = {p["metadata"]["name"]: p for p in watch.pods("eval")}
+    assert {name: p["metadata"]["uid"] for name, p in still.items()} == evaluators
+    assert all(c.get("restartCount", 0) == 0 for p in still.values() for c in p["status"].get("containerStatuses", []))
+
+    done = wait_for("the PolicyGroup to succeed", lambda: watch.phase("Succeeded"), timeout=TRAIN_SECONDS,
+                    interval=2.0)
+    training = done["status"]["training"]
+    assert training["consistent"] is True and training["evalReturn"] >= 475, training
+    assert watch.versions == sorted(watch.versions), f"weight version went back: {watch.versions}"
+    assert not watch.mixed, f"trainer pods of two attempts at once: {watch.mixed}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"], "attempt 1 resumed from the newest checkpoint on the claim"
+    assert all(p["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1" for p in watch.pods("train"))
+    # Training has ended: the evaluators are scaled to zero (spec.eval.afterTraining: Stop, the default).
+    wait_for("evaluators scaled to zero", lambda: not watch.pods("eval") and
+             watch.group()["status"]["eval"]["afterTraining"] == "Stopped", timeout=120.0)
