@@ -160,7 +160,7 @@ def test_burst_of_edits_never_exceeds_desired_pods(crd, namespace, operator):
              timeout=120)
     wait_for("Ready=True", lambda: ready(crd, namespace))
     stop.set()
-    crd.kubectl("annotate", "pg", "cartpole", "-n", namespace, "poke=1")  # one more event ends the watch
+    crd.kubectl("annotate", "pods", "--all", "-n", namespace, "poke=1")  # one more pod event ends the watch
     thread.join(timeout=130)
     client.close()
     assert peak["train"] <= 1, peak
