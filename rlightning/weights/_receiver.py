@@ -85,6 +85,7 @@ class WeightReceiver:
         self._store: dist.TCPStore | None = None
         self._report_store: dist.Store | None = None
         self._watcher: _store.KeyWatcher | None = None
+        self._spares: _store.SpareConnections | None = None  # for the edges of a (re-)formed tree
         self._address = ""  # local address toward `host`, found once the store connected (the name resolves)
         self._monitor = _store.HeartbeatMonitor(self._timeout)
         self._session = ""
@@ -117,6 +118,7 @@ class WeightReceiver:
             # one connection waits for announcements, for as long as this one lives (not one per publish)
             watch = _store.bounded(store.clone, self._timeout, "a new connection")
             self._watcher = _store.KeyWatcher(watch, self._timeout)
+            self._spares = _store.SpareConnections(store, 1 + self.config.relay_fanout)  # parent and children
             self._next_seq = count + 1
             self._register()
             log.info("receiver %d connected to %s:%d", self.ordinal, self.host, self.port)
@@ -149,7 +151,9 @@ class WeightReceiver:
         self._drop_group()
         if self._watcher is not None:
             self._watcher.cancel()
-        self._store, self._report_store, self._watcher = None, None, None
+        if self._spares is not None:
+            self._spares.close()
+        self._store, self._report_store, self._watcher, self._spares = None, None, None, None
 
     # -- receiving -------------------------------------------------------------------------------------
     def receive(self, timeout: float, apply: Apply | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
@@ -275,7 +279,7 @@ class WeightReceiver:
         place = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)[self.ordinal]
         if self._group != key:
             self._drop_group()
-            self._form_edges(store, group, place)
+            self._form_edges(group, place)
             self._group = key
         layout = self._layout(store, ann.signature)
         transport = self._transport
@@ -334,12 +338,14 @@ class WeightReceiver:
         self.version = version
         return version, state
 
-    def _form_edges(self, store: dist.TCPStore, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
+    def _form_edges(self, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
         """Form the edge from the parent (here, bounded) and the edges to the children (in the background)."""
+        spares = self._spares
+        assert spares is not None  # set with the store (`_connect`)
 
         def edge(child: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
             prefix = _store.edge_prefix(group.index, group.generation, child)
-            return _transport.BroadcastGroup(store, prefix, rank, 2, timeout, group.backend, self._address)
+            return _transport.BroadcastGroup(spares.take(), prefix, rank, 2, timeout, group.backend, self._address)
 
         if place.children and self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="wsync-relay")

@@ -91,11 +91,12 @@ class WeightSender:
             raise ValueError(f"version must be >= 0, got {version}")
         self.config = config
         self._timeout = float(config.timeout_seconds)
-        self._store = _store.host_store(port, self._timeout)
+        self._store = _store.host_store(port, self._timeout, ipv6=":" in host)
         self._host, self._port = host, port
         self._address = ""  # local address toward `host`, found when the first group forms (the name may
         # not resolve yet when a pod starts)
         self._heartbeat = _store.Heartbeat(self._store.clone(), self._timeout / 4)
+        self._spares = _store.SpareConnections(self._store, 1)  # for the edge to a re-formed tree's root
         self._published: dict[int, tuple[list[int], list[int]]] = {}  # seq -> (groups, ordinals), for cleanup
         self._membership = _membership.Membership()
         self._events_read = 0
@@ -157,7 +158,7 @@ class WeightSender:
             if not self._address:
                 self._address = _transport.local_address_toward(self._host, self._port)
             live.transport = _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
-                self._store,
+                self._spares.take(),
                 _store.edge_prefix(plan.index, plan.generation, plan.members[0].ordinal),
                 0,
                 2,
@@ -417,6 +418,7 @@ class WeightSender:
             _store.wait_keys(self._store, keys, min(linger, self._timeout))
         finally:
             self._heartbeat.stop()
+            self._spares.close()
             for live in self._groups.values():
                 live.fail("closed")
             self._groups.clear()
