@@ -276,7 +276,8 @@ class WeightReceiver:
             return None  # registered after the sender planned this publish: wait for the next one
         group, _ = mine
         key = (group.index, group.generation)
-        place = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)[self.ordinal]
+        tree = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)
+        place = tree[self.ordinal]
         if self._group != key:
             self._drop_group()
             self._form_edges(group, place)
@@ -307,6 +308,11 @@ class WeightReceiver:
                 arrived += 1
                 forwarder.advance(arrived)
         except RuntimeError as exc:
+            if place.parent is not None:  # (the sender knows when its edge to the root broke)
+                # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a parent
+                # that has not yet: it died, or dropped this publish and closed its edges
+                cut = _topology.subtree(tree, self.ordinal) + [place.parent]
+                self._report_lost(store, seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
             raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
         commit = _store.commit(seq, key[0])
 
@@ -328,7 +334,9 @@ class WeightReceiver:
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
         )
-        forwarder.finish(time.monotonic() + self._timeout)  # acknowledged first: a slow child delays no ack
+        # acknowledged first: a slow child delays no ack
+        for child, why in forwarder.finish(time.monotonic() + self._timeout).items():
+            self._report_lost(store, seq, _topology.subtree(tree, child), f"relay {self.ordinal}: {why}")
         if ignored:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
@@ -337,6 +345,22 @@ class WeightReceiver:
             return None
         self.version = version
         return version, state
+
+    def _report_lost(self, store: dist.TCPStore, seq: int, ordinals: list[int], why: str) -> None:
+        """Acknowledge publish `seq` as `lost` for `ordinals` where they did not acknowledge yet, so the sender
+        stops waiting for them at once; skipped once the sender deleted the publish's keys (it moved on).
+        """
+        lost = _messages.Ack("lost", -1, why)
+
+        def post() -> None:
+            if store.check([_store.announce(seq)]):
+                for ordinal in ordinals:
+                    _messages.write_absent(store, _store.ack(seq, ordinal), lost)
+
+        try:
+            _store.bounded(post, self._timeout, "lost acknowledgements")
+        except RuntimeError as exc:  # the sender learns it from the missing acknowledgements, one timeout later
+            log.warning("receiver %d: could not report ordinals %s lost: %s", self.ordinal, ordinals, exc)
 
     def _form_edges(self, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
         """Form the edge from the parent (here, bounded) and the edges to the children (in the background)."""
