@@ -137,7 +137,8 @@ def run_receiver(args: argparse.Namespace) -> None:
             continue
         if "naive" not in done and store.check([NAIVE_KEY]):
             done.add("naive")
-            group = BroadcastGroup(store, NAIVE_KEY + "/pg/", args.ordinal + 1, args.n + 1, args.timeout, "gloo", HOST)
+            rank, size = args.ordinal + 1, args.n + 1
+            group = BroadcastGroup(store.clone(), NAIVE_KEY + "/pg/", rank, size, args.timeout, "gloo", HOST)
             for r in range(int(store.get(NAIVE_KEY))):
                 for t in state.values():
                     group.wait_work(group.broadcast(torch.empty_like(t)))
@@ -205,7 +206,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
 
         # (b) naive: one tensor at a time over one gloo group of everyone
         store.set(NAIVE_KEY, str(args.syncs))
-        group = BroadcastGroup(store, NAIVE_KEY + "/pg/", 0, n + 1, args.timeout, "gloo", HOST)
+        group = BroadcastGroup(store.clone(), NAIVE_KEY + "/pg/", 0, n + 1, args.timeout, "gloo", HOST)
         times = []
         for r in range(args.syncs):
             time.sleep(args.gap)

@@ -121,13 +121,15 @@ class Ack:
 
     Attributes:
         outcome (str): `applied` (the version is the receiver's now: applied, when it receives with `apply`),
-            `failed` (its `apply` raised), `ignored` (it already held that version or a newer one) or `closed`
-            (it read the sender's close).
-        version (int): the receiver's version after handling the announcement.
-        error (str): why `apply` failed; empty otherwise.
+            `failed` (its `apply` raised), `ignored` (it already held that version or a newer one), `closed`
+            (it read the sender's close), or `lost`: written for it, where it wrote nothing yet (`write_absent`),
+            by a tree neighbour whose edge to it broke in this publish, so it cannot have acknowledged the version
+            (it, or the relay it hangs from, died or dropped the publish); the sender need not wait for it.
+        version (int): the receiver's version after handling the announcement (-1 in a `lost` one).
+        error (str): why `apply` failed, or why the receiver was lost; empty otherwise.
     """
 
-    outcome: Literal["applied", "failed", "ignored", "closed"]
+    outcome: Literal["applied", "failed", "ignored", "closed", "lost"]
     version: int
     error: str = ""
 
@@ -164,6 +166,11 @@ def encode(message: object) -> str:
 def write(store: dist.Store, key: str, message: object) -> None:
     """Set `key` to `message`, encoded (`encode`)."""
     store.set(key, encode(message))
+
+
+def write_absent(store: dist.Store, key: str, message: object) -> None:
+    """Set `key` to `message` (`encode`) only where `key` does not exist yet (one `compare_set`)."""
+    store.compare_set(key, "", encode(message))
 
 
 def read(store: dist.Store, key: str, adapter: pydantic.TypeAdapter[T]) -> T:

@@ -85,6 +85,7 @@ class WeightReceiver:
         self._store: dist.TCPStore | None = None
         self._report_store: dist.Store | None = None
         self._watcher: _store.KeyWatcher | None = None
+        self._spares: _store.SpareConnections | None = None  # for the edges of a (re-)formed tree
         self._address = ""  # local address toward `host`, found once the store connected (the name resolves)
         self._monitor = _store.HeartbeatMonitor(self._timeout)
         self._session = ""
@@ -117,6 +118,7 @@ class WeightReceiver:
             # one connection waits for announcements, for as long as this one lives (not one per publish)
             watch = _store.bounded(store.clone, self._timeout, "a new connection")
             self._watcher = _store.KeyWatcher(watch, self._timeout)
+            self._spares = _store.SpareConnections(store, 1 + self.config.relay_fanout)  # parent and children
             self._next_seq = count + 1
             self._register()
             log.info("receiver %d connected to %s:%d", self.ordinal, self.host, self.port)
@@ -149,7 +151,9 @@ class WeightReceiver:
         self._drop_group()
         if self._watcher is not None:
             self._watcher.cancel()
-        self._store, self._report_store, self._watcher = None, None, None
+        if self._spares is not None:
+            self._spares.close()
+        self._store, self._report_store, self._watcher, self._spares = None, None, None, None
 
     # -- receiving -------------------------------------------------------------------------------------
     def receive(self, timeout: float, apply: Apply | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
@@ -272,10 +276,11 @@ class WeightReceiver:
             return None  # registered after the sender planned this publish: wait for the next one
         group, _ = mine
         key = (group.index, group.generation)
-        place = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)[self.ordinal]
+        tree = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)
+        place = tree[self.ordinal]
         if self._group != key:
             self._drop_group()
-            self._form_edges(store, group, place)
+            self._form_edges(group, place)
             self._group = key
         layout = self._layout(store, ann.signature)
         transport = self._transport
@@ -303,6 +308,11 @@ class WeightReceiver:
                 arrived += 1
                 forwarder.advance(arrived)
         except RuntimeError as exc:
+            if place.parent is not None:  # (the sender knows when its edge to the root broke)
+                # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a parent
+                # that has not yet: it died, or dropped this publish and closed its edges
+                cut = _topology.subtree(tree, self.ordinal) + [place.parent]
+                self._report_lost(store, seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
             raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
         commit = _store.commit(seq, key[0])
 
@@ -324,7 +334,9 @@ class WeightReceiver:
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
         )
-        forwarder.finish(time.monotonic() + self._timeout)  # acknowledged first: a slow child delays no ack
+        # acknowledged first: a slow child delays no ack
+        for child, why in forwarder.finish(time.monotonic() + self._timeout).items():
+            self._report_lost(store, seq, _topology.subtree(tree, child), f"relay {self.ordinal}: {why}")
         if ignored:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
@@ -334,12 +346,30 @@ class WeightReceiver:
         self.version = version
         return version, state
 
-    def _form_edges(self, store: dist.TCPStore, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
+    def _report_lost(self, store: dist.TCPStore, seq: int, ordinals: list[int], why: str) -> None:
+        """Acknowledge publish `seq` as `lost` for `ordinals` where they did not acknowledge yet, so the sender
+        stops waiting for them at once; skipped once the sender deleted the publish's keys (it moved on).
+        """
+        lost = _messages.Ack("lost", -1, why)
+
+        def post() -> None:
+            if store.check([_store.announce(seq)]):
+                for ordinal in ordinals:
+                    _messages.write_absent(store, _store.ack(seq, ordinal), lost)
+
+        try:
+            _store.bounded(post, self._timeout, "lost acknowledgements")
+        except RuntimeError as exc:  # the sender learns it from the missing acknowledgements, one timeout later
+            log.warning("receiver %d: could not report ordinals %s lost: %s", self.ordinal, ordinals, exc)
+
+    def _form_edges(self, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
         """Form the edge from the parent (here, bounded) and the edges to the children (in the background)."""
+        spares = self._spares
+        assert spares is not None  # set with the store (`_connect`)
 
         def edge(child: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
             prefix = _store.edge_prefix(group.index, group.generation, child)
-            return _transport.BroadcastGroup(store, prefix, rank, 2, timeout, group.backend, self._address)
+            return _transport.BroadcastGroup(spares.take(), prefix, rank, 2, timeout, group.backend, self._address)
 
         if place.children and self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="wsync-relay")

@@ -5,7 +5,8 @@ A receiver with children in its relay tree (`_topology`) feeds one edge per chil
 arrive: each child's transfers queue on its own edge (gloo's worker threads of that group move them), so a slow
 child holds up neither the relay's own receiving nor its siblings; at the end the relay waits for every child
 until one deadline, and a child that missed it (or whose edge broke) is dropped with its subtree for this
-publish. What is queued are views of the relay's own received buckets, so forwarding allocates nothing.
+publish (the receiver acknowledges them `lost`, so the sender need not wait for them). What is queued are views
+of the relay's own received buckets, so forwarding allocates nothing.
 """
 
 from __future__ import annotations

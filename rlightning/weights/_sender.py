@@ -17,7 +17,8 @@ One publish, in order (keys in `_store`, values in `_messages`):
    member of the committed groups. Receivers use a version only after the commit, so a failed edge never yields
    a partial or torn version. Members that did not acknowledge (a dead relay's subtree) are evicted and
    re-register. An ack says whether the receiver applied the version or ignored it, already holding it
-   (counted in `receivers_ignored`);
+   (counted in `receivers_ignored`); a tree neighbour that saw an edge break acknowledges `lost` for every
+   member it cut off, so the wait for a dead relay's subtree ends when the break is seen, not after a timeout;
 6. delete the keys of publish `seq - 2` (and membership events once read), so the store stays bounded.
 
 A daemon thread advances `_store.HEARTBEAT` every `timeout_seconds / 4` until `close()`, so receivers notice
@@ -91,11 +92,12 @@ class WeightSender:
             raise ValueError(f"version must be >= 0, got {version}")
         self.config = config
         self._timeout = float(config.timeout_seconds)
-        self._store = _store.host_store(port, self._timeout)
+        self._store = _store.host_store(port, self._timeout, ipv6=":" in host)
         self._host, self._port = host, port
         self._address = ""  # local address toward `host`, found when the first group forms (the name may
         # not resolve yet when a pod starts)
         self._heartbeat = _store.Heartbeat(self._store.clone(), self._timeout / 4)
+        self._spares = _store.SpareConnections(self._store, 1)  # for the edge to a re-formed tree's root
         self._published: dict[int, tuple[list[int], list[int]]] = {}  # seq -> (groups, ordinals), for cleanup
         self._membership = _membership.Membership()
         self._events_read = 0
@@ -157,7 +159,7 @@ class WeightSender:
             if not self._address:
                 self._address = _transport.local_address_toward(self._host, self._port)
             live.transport = _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
-                self._store,
+                self._spares.take(),
                 _store.edge_prefix(plan.index, plan.generation, plan.members[0].ordinal),
                 0,
                 2,
@@ -320,20 +322,25 @@ class WeightSender:
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
             refused: dict[int, str] = {}  # ordinal -> why its apply failed
+            lost: dict[int, str] = {}  # ordinal -> why a tree neighbour reported it cut off
             for member in live.plan.members:
-                if member not in absent:  # acknowledged: applied, failed to apply, or ignored
+                if member not in absent:  # acknowledged: applied, failed to apply, ignored, or lost
                     ack = _messages.read(self._store, _store.ack(seq, member.ordinal), _messages.ACK)
                     if ack.outcome == "failed":
                         refused[member.ordinal] = ack.error
+                    elif ack.outcome == "lost":
+                        lost[member.ordinal] = ack.error
                     elif ack.outcome == "applied" and ack.version == version:
                         stats.receivers_acked.append(member.ordinal)
                     else:
                         stats.receivers_ignored.append(member.ordinal)
-            if absent or refused:
-                stats.failed[live.plan.index] = sorted([m.ordinal for m in absent] + list(refused))
+            if absent or refused or lost:
+                stats.failed[live.plan.index] = sorted([m.ordinal for m in absent] + list(refused) + list(lost))
                 why = [live.error or f"no acknowledgement within {self._timeout:g} s"] if absent else []
                 why += [f"ordinal {o} failed to apply: {error}" for o, error in sorted(refused.items())]
+                why += [f"ordinal {o} lost: {error}" for o, error in sorted(lost.items())]
                 errors[live.plan.index] = "; ".join(why)
+            absent += [m for m in live.plan.members if m.ordinal in lost]
             if absent:  # evicted: they register again (a refusing receiver stays, its tree intact)
                 live.fail("failed")
                 for member in absent:
@@ -417,6 +424,7 @@ class WeightSender:
             _store.wait_keys(self._store, keys, min(linger, self._timeout))
         finally:
             self._heartbeat.stop()
+            self._spares.close()
             for live in self._groups.values():
                 live.fail("closed")
             self._groups.clear()

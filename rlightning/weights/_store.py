@@ -4,6 +4,12 @@ One `torch.distributed.TCPStore`, hosted by the sender on the configured weight-
 store: an explicit TCPStore ignores `TORCHELASTIC_USE_AGENT_STORE`, which torchrun sets for its own group.
 Every barrier or acknowledgement uses a key that is fresh per publish (`seq`), never a reused key. What the
 values are, and their encoding, is `_messages`.
+
+torch's c10d names both ends of every store connection it makes with `getnameinfo` (a reverse DNS lookup),
+the client while connecting and the hosted store in its one event-loop thread, which then answers no one. Where
+a DNS reply is lost, glibc waits its resolver timeout (5 s) for it. Hence the store listens on IPv4 (`host_store`,
+so a loopback peer is named from /etc/hosts), and group edges take connections opened ahead of need
+(`SpareConnections`), so no connection is made on a publish's critical path.
 """
 
 from __future__ import annotations
@@ -72,20 +78,40 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def host_store(port: int, timeout: float) -> dist.TCPStore:
+def host_store(port: int, timeout: float, ipv6: bool = False) -> dist.TCPStore:
     """Host the weight-sync store on `port` (all interfaces) in this process.
+
+    An IPv4 store listens on a socket of its own (`master_listen_fd`), not torch's dual-stack one: torch names
+    every accepted peer with a reverse DNS lookup in the store's only thread, and an IPv4-mapped IPv6 peer
+    (`::ffff:127.0.0.1`) is in no /etc/hosts, so each connection asked the DNS server; a lost reply stalled
+    the whole store for glibc's resolver timeout (5 s), and every store call of the fleet with it. An IPv4
+    loopback peer is named from /etc/hosts.
 
     Args:
         port (int): TCP port.
         timeout (float): default bound of blocking store calls, seconds.
+        ipv6 (bool, optional): listen dual-stack (torch's own listener), for senders reached over IPv6.
+            Defaults to False.
 
     Returns:
         dist.TCPStore: the master store.
 
     Raises:
-        RuntimeError: (from torch) when the port is in use.
+        torch.distributed.DistNetworkError: when the port is in use.
     """
-    return dist.TCPStore("0.0.0.0", port, None, True, _timedelta(timeout), wait_for_workers=False)
+    if ipv6:
+        return dist.TCPStore("0.0.0.0", port, None, True, _timedelta(timeout), wait_for_workers=False)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener does
+    try:
+        listener.bind(("0.0.0.0", port))
+    except OSError as exc:
+        listener.close()
+        raise dist.DistNetworkError(f"weight-sync store: cannot listen on port {port}: {exc}") from exc
+    # the store owns the socket from here (it closes it)
+    return dist.TCPStore(
+        "127.0.0.1", port, None, True, _timedelta(timeout), wait_for_workers=False, master_listen_fd=listener.detach()
+    )
 
 
 class Backoff:
@@ -259,6 +285,62 @@ def wait_keys(store: dist.Store, keys: list[str], timeout: float) -> list[str]:
         except (RuntimeError, dist.DistStoreError):
             pass
     return [k for k in keys if not store.check([k])]
+
+
+class SpareConnections:
+    """Store connections opened ahead of need by a daemon thread; each one taken is used by one group only.
+
+    Forming a broadcast group needs a connection of its own (a TCPStore client holds its lock through a blocking
+    `get`, so groups forming at once on one client would wait for each other). Connecting may take glibc's
+    resolver timeout (5 s, see the module docstring), as long as a whole publish may wait for a peer, so the
+    connection is opened beforehand and `take` only hands it over. After each `take` the thread opens a new one.
+
+    Args:
+        store (dist.Store): the connection to clone (`store.clone()`).
+        count (int): connections to keep ready (the edges one publish may form).
+    """
+
+    def __init__(self, store: dist.Store, count: int) -> None:
+        self._store = store
+        self._count = count
+        self._ready: list[dist.Store] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._fill, name="wsync-spares", daemon=True).start()
+
+    def _fill(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._closed or len(self._ready) < self._count)
+                if self._closed:
+                    return
+            try:
+                spare = self._store.clone()
+            except RuntimeError as exc:  # the store is gone: `take` connects (and fails) itself
+                log.debug("weight-sync spare connection not opened: %s", exc)
+                return
+            with self._changed:
+                if self._closed:
+                    return
+                self._ready.append(spare)
+
+    def take(self) -> dist.Store:
+        """A connection of its own for one group: a spare, or a new one when none is ready.
+
+        Raises:
+            RuntimeError: (from torch) when no spare is ready and connecting fails.
+        """
+        with self._changed:
+            spare = self._ready.pop() if self._ready else None
+            self._changed.notify_all()
+        return spare if spare is not None else self._store.clone()
+
+    def close(self) -> None:
+        """Stop opening connections and drop the ready ones."""
+        with self._changed:
+            self._closed = True
+            self._ready.clear()
+            self._changed.notify_all()
 
 
 class KeyWatcher:

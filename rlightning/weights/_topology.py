@@ -62,3 +62,24 @@ def relay_tree(ordinals: Sequence[int], fanout: int) -> dict[int, Place]:
         places[ordinal] = Place(None if parent is None else ordinals[parent], children, depths[-1])
     return places
 
+
+
+def subtree(places: dict[int, Place], ordinal: int) -> list[int]:
+    """`ordinal` and every member below it in its relay tree: those a broken edge into `ordinal` cuts off.
+
+    Args:
+        places (dict[int, Place]): a tree from `relay_tree`.
+        ordinal (int): one of its members.
+
+    Returns:
+        list[int]: the ordinals, sorted.
+
+    Examples:
+        >>> subtree(relay_tree([0, 1, 2, 3, 4], 2), 1)
+        [1, 3, 4]
+    """
+    below, todo = [], [ordinal]
+    while todo:
+        below.append(todo.pop())
+        todo.extend(places[below[-1]].children)
+    return sorted(below)

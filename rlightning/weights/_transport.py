@@ -101,7 +101,9 @@ class BroadcastGroup:
     Construction is the rendezvous: it returns once all ranks joined, or raises after `timeout` seconds.
 
     Args:
-        store (dist.Store): the weight-sync store.
+        connection (dist.Store): a connection to the weight-sync store used by this group only (a TCPStore
+            client holds its lock through a blocking get, so groups forming concurrently on one connection would
+            wait for each other, and a dead member would stall every group), e.g. `_store.SpareConnections.take()`.
         prefix (str): the group's key prefix (group and generation).
         rank (int): this process's rank in the group.
         size (int): number of ranks (receivers + 1).
@@ -114,17 +116,14 @@ class BroadcastGroup:
     """
 
     def __init__(
-        self, store: dist.Store, prefix: str, rank: int, size: int, timeout: float, backend: Backend, address: str
+        self, connection: dist.Store, prefix: str, rank: int, size: int, timeout: float, backend: Backend, address: str
     ) -> None:
         self.rank, self.size, self.backend, self.timeout = rank, size, backend, timeout
         delta = datetime.timedelta(seconds=timeout)
-        # Its own store connection: a TCPStore client holds a lock through a blocking get, so groups forming
-        # concurrently on one client would wait for each other (a dead member would stall every group).
-        client = store.clone()
-        client.set_timeout(delta)
-        self._store: dist.Store | None = client
+        connection.set_timeout(delta)
+        self._store: dist.Store | None = connection
         self._pg: dist.ProcessGroup | None
-        prefixed = dist.PrefixStore(prefix, client)
+        prefixed = dist.PrefixStore(prefix, connection)
         if backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self._pg = _nccl.new_group(prefixed, rank, size, delta, self.device)

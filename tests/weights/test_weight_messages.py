@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pydantic
 import pytest
 import torch
+import torch.distributed as dist
 
 from rlightning.weights import ReceiverReport, WeightRecord
 from rlightning.weights import _messages as m
@@ -34,6 +37,7 @@ class _Store:
         (m.Close(8), m.ANNOUNCEMENT),
         (m.Commit(ok=False), m.COMMIT),
         (m.Ack("ignored", 12), m.ACK),
+        (m.Ack("lost", -1, "relay 0: forwarding failed: Connection closed by peer"), m.ACK),
         (ReceiverReport(1, WeightRecord.of(12, {"w": torch.ones(2)}), {"eval_return": 475.0}, 1.5), m.REPORT),
     ],
 )
@@ -41,6 +45,16 @@ def test_every_message_reads_back_as_written(message: object, adapter: pydantic.
     store = _Store()
     m.write(store, "key", message)
     assert m.read(store, "key", adapter) == message
+
+
+def test_write_absent_never_replaces_an_acknowledgement() -> None:
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    m.write(store, "own", m.Ack("applied", 4))
+    m.write_absent(store, "own", m.Ack("lost", -1, "cut off"))
+    m.write_absent(store, "none", m.Ack("lost", -1, "cut off"))
+    m.write_absent(store, "none", m.Ack("lost", -1, "cut off again"))
+    assert m.read(store, "own", m.ACK) == m.Ack("applied", 4)
+    assert m.read(store, "none", m.ACK) == m.Ack("lost", -1, "cut off")
 
 
 def test_a_value_that_is_not_a_message_is_refused_naming_the_field() -> None:
