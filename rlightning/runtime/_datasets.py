@@ -134,6 +134,19 @@ class FleetExperience:
         joined = TensorDict.cat([batch for batch, _ in batches], dim=1)  # along the env dimension
         return Dataset(joined, returns, lags, time.monotonic() - started, version)
 
+    def pull_weights(self, version: int, timeout: float) -> trajectories.HeldWeights | None:
+        """Ask the evaluators connected to this rank's intake for their weights (`TrajectoryIntake.pull_weights`).
+
+        Args:
+            version (int): The fleet's newest weight version; the first evaluator holding it ends the pull.
+            timeout (float): Seconds to wait at most.
+
+        Returns:
+            trajectories.HeldWeights | None: The weights of an evaluator holding `version` (else the newest any
+            evaluator answered with), or None when none answered with weights.
+        """
+        return self.intake.pull_weights(version, timeout)
+
     def dropped_batches(self) -> int:
         """Batches this rank's intake dropped since start (too old for `train.maxPolicyLag`, or invalid)."""
         return self.intake.stats.stale + self.intake.stats.invalid

@@ -16,7 +16,8 @@ to the trainer ranks (`rlightning.trajectories.TrajectorySender`, at most `BATCH
 stamped with the version applied at its first step, the ordinal and the episodes that finished in it. Under
 `train.maxPolicyLag: 0` a batch during which a new version was applied is not sent (it could not be trained on),
 and none is collected while every trainer rank holds enough of the version it has
-(`TrajectorySender.wanted`): it waits for the next version.
+(`TrajectorySender.wanted`): it waits for the next version. A restarted trainer gang without a checkpoint pulls the
+weights this evaluator holds over the same connection (`held_weights`, docs/trajectories.md).
 Between batches it plays deterministic evaluation episodes of the version it holds when
 `eval.evaluationIntervalSeconds` passed since its last complete evaluation, or when it has had no credit (the
 trainers take no data) for `IDLE_EVALUATION_SECONDS`. Otherwise it only plays evaluation episodes, without pause.
@@ -78,6 +79,9 @@ IDLE_EVALUATION_SECONDS = 0.5
 """An evaluator without credit for this long (the trainers take no data: training, or confirming the target on
 the newest version) plays evaluation episodes meanwhile."""
 CREDIT_POLL_SECONDS = 0.05
+PULL_APPLY_WAIT_SECONDS = 1.0
+"""Bound on waiting, when a trainer pulls the weights, for a version staged but not yet applied; past it the pull is
+answered with version 0 (the trainer asks another evaluator)."""
 
 
 class EvaluationRecord:
@@ -145,6 +149,7 @@ class Evaluator:
                 ordinal,
                 credits=BATCH_CREDITS[min(spec.train.max_policy_lag, 1)],
                 ack_timeout=spec.weight_sync.timeout_seconds,
+                held_weights=self.held_weights,
             )
             if settings.fleet_data
             else None
@@ -152,6 +157,7 @@ class Evaluator:
         self.record = EvaluationRecord(spec.eval.episodes_per_report)
         self._env_steps = 0
         self._lock = threading.Lock()
+        self._weights_lock = threading.Lock()  # held while a received version is applied, and while it is copied
         self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
         self._report: dict[str, float] = {}
         self._applied = threading.Event()
@@ -173,12 +179,30 @@ class Evaluator:
         """
         own = self._dtypes
         state = {name: t.to(own[name]) if name in own and t.dtype != own[name] else t for name, t in state.items()}
-        if not self.policy.push_weights(version, state):
-            raise RuntimeError(f"version {version} is not newer than the one held ({self.policy.weight_version})")
-        timeout = min(APPLY_TIMEOUT_SECONDS, self.spec.weight_sync.timeout_seconds / 2)
-        if self.policy.weight_buffer_strategy == "single" and not self.policy.wait_for_weight_update_done(timeout):
-            log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
-            raise RuntimeError(f"version {version} was not applied within {timeout:.0f} s")
+        with self._weights_lock:
+            if not self.policy.push_weights(version, state):
+                raise RuntimeError(f"version {version} is not newer than the one held ({self.policy.weight_version})")
+            timeout = min(APPLY_TIMEOUT_SECONDS, self.spec.weight_sync.timeout_seconds / 2)
+            if self.policy.weight_buffer_strategy == "single" and not self.policy.wait_for_weight_update_done(timeout):
+                log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
+                raise RuntimeError(f"version {version} was not applied within {timeout:.0f} s")
+
+    def held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The version held and a CPU copy of the weights, for a restarted trainer's pull (`TrajectorySender`).
+
+        Called on the main thread between batches and episodes (no rollout runs); the lock keeps the receiving
+        thread from applying a version meanwhile, and a version still staged is waited for.
+
+        Returns:
+            tuple[int, dict[str, torch.Tensor]]: The version and clean name -> tensor (the `named_state` form a
+            trainer's `get_eval_weights()` names); `(0, {})` before the first version, or while one is not applied
+            within `PULL_APPLY_WAIT_SECONDS`.
+        """
+        with self._weights_lock:
+            if self.policy.weight_version == 0 or not self.policy.wait_for_weight_update_done(PULL_APPLY_WAIT_SECONDS):
+                return 0, {}
+            state = {name: t.to("cpu", copy=True) for name, t in weights.named_state(self.policy).items()}
+            return self.policy.weight_version, state
 
     def _receive_loop(self) -> None:
         while not self.stop.requested:

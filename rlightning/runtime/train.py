@@ -13,7 +13,10 @@ Rank 0 also hosts the `rlightning.weights.WeightSender` (store on ENV_TRAIN_MAST
 which owns the weight version: it starts from the checkpoint's and assigns every publish the next one, above
 whatever the evaluators hold (so a trainer replaced without its run directory continues above the fleet; at start
 rank 0 waits up to `_fleet.FLEET_REJOIN_SECONDS` for the evaluators to re-register, and publishes once when they
-produce the data). Each iteration rank 0 publishes (every `weightSync.intervalIterations` when the trainers
+produce the data). With no checkpoint resumed while the evaluators hold a version, rank 0 first pulls the newest
+weights from one of them over its trajectory intake and every rank starts from those (`pull_from_fleet`,
+`_resume.restart_from_fleet`); where they send no trajectories, it starts from fresh weights and says so.
+Each iteration rank 0 publishes (every `weightSync.intervalIterations` when the trainers
 collect their own data, else after every update) and checks the evaluators (`_fleet`), decides the stop
 (`_stop`, pure) and writes the records (`_records`: metrics.jsonl, Prometheus, status.training, summary.json);
 it writes the checkpoints, which hold the version published.
@@ -41,7 +44,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlightning import contract, weights
+from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
 from rlightning.runtime import _datasets, _fleet, _health, _records, _resume, _signals, _stop
@@ -122,8 +125,11 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         fleet = _fleet.Fleet(PolicyGroup(policy, sender=sender), settings.expected_evaluators)
         recorder = _records.Recorder(settings, run_dir)
         fleet.await_rejoin()
-        if settings.fleet_data:  # the evaluators need weights before they can produce the first data
-            recorder.publish(fleet.publish(policy.iteration))
+    if resumed_from is None:  # a gang restarted without its run directory continues from the fleet's weights
+        _resume.restart_from_fleet(policy, None if fleet is None else lambda: pull_from_fleet(fleet, source, policy))
+    if fleet is not None and recorder is not None and settings.fleet_data:
+        # the evaluators need weights before they can produce the first data
+        recorder.publish(fleet.publish(policy.iteration))
 
     # In a pod, local rank 0 keeps the file of the pod's liveness probe fresh while the loop moves.
     heartbeat = settings.health_file if os.environ.get("LOCAL_RANK", "0") == "0" else None
@@ -192,6 +198,35 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         policy.close()
         dist.destroy_process_group()
     return 0
+
+
+def pull_from_fleet(
+    fleet: _fleet.Fleet,
+    source: _datasets.OwnExperience | _datasets.FleetExperience,
+    policy: BasePolicy,
+) -> trajectories.HeldWeights | None:
+    """Rank 0 with no checkpoint: the newest weights an evaluator holds, when the fleet holds a newer version.
+
+    Returns:
+        trajectories.HeldWeights | None: One evaluator's weights; None when the fleet holds nothing newer (a first
+            start), sends no trajectories (nothing to pull over), or none answered within
+            `_resume.FLEET_PULL_SECONDS` (each logged as a warning: training starts from fresh weights).
+    """
+    version = fleet.sender.fleet_version
+    if version <= policy.weight_version:
+        return None
+    if not isinstance(source, _datasets.FleetExperience):
+        log.warning("no checkpoint to resume and the evaluators hold weight version %d, but they send no trajectories "
+                    "(spec.train.dataSource: trainers), so their weights cannot be pulled: training starts from fresh "
+                    "weights, versions continuing above %d", version, version)
+        return None
+    log.info("no checkpoint to resume: pulling weight version %d from the evaluators (at most %.0f s)",
+             version, _resume.FLEET_PULL_SECONDS)
+    held = source.pull_weights(version, _resume.FLEET_PULL_SECONDS)
+    if held is None:
+        log.warning("no evaluator answered the pull of weight version %d within %.0f s: training starts from fresh "
+                    "weights, versions continuing above %d", version, _resume.FLEET_PULL_SECONDS, version)
+    return held
 
 
 def _fleet_env_steps(

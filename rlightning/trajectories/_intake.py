@@ -5,12 +5,14 @@ The socket is read only inside `fill`, so a rank busy training reads nothing: th
 evaluators' credits run out (backpressure, never unbounded memory). Every batch read is judged at once (stale,
 invalid or accepted) and acknowledged to its sender with that outcome and the fill's room (how many more batches it
 still wants), by which senders route their next batches. Accepted batches are held until `drain`;
-those that became stale for a newer version by the next `fill` are dropped and counted then. Use an intake from
-one thread.
+those that became stale for a newer version by the next `fill` are dropped and counted then. A restarted trainer's
+rank 0 may first `pull_weights` from an evaluator (the batches it reads meanwhile wait for the next `fill`, judged and
+acknowledged there as if still queued). Use an intake from one thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -20,7 +22,7 @@ from collections.abc import Callable
 import zmq
 from tensordict import TensorDict
 
-from rlightning.trajectories import _codec, _messages
+from rlightning.trajectories import _codec, _messages, _pull
 from rlightning.trajectories._stamp import BatchStamp
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,10 @@ restarts is a new identity, so the oldest are forgotten first."""
 
 ACK_QUEUE_MESSAGES = 1000
 """Send high-water mark for acknowledgements per evaluator (a few bytes each); past it zmq drops them."""
+
+PULL_ANSWER_SECONDS = 5.0
+"""How long `pull_weights` waits for one evaluator's answer before it asks the next. An evaluator answers when it
+next reads its sockets: between batches and evaluation episodes (CartPole: well under a second)."""
 
 
 @dataclasses.dataclass
@@ -102,6 +108,8 @@ class TrajectoryIntake:
         self._count = 0  # the current (or last) fill's count, for the room acknowledged
         self._logged_invalid: set[str] = set()
         self._peers: dict[bytes, None] = {}  # identities heard from, oldest first
+        self._connected: dict[bytes, None] = {}  # identities that announced a connection (PROBE_ROUTER), oldest first
+        self._unread: list[list[bytes]] = []  # batches read by `pull_weights`, for the next fill to judge
         # A context of its own, so that close() can wait for libzmq to release the port (Context.term).
         self._context = zmq.Context()
         self._socket: zmq.Socket[bytes] = self._context.socket(zmq.ROUTER)
@@ -148,6 +156,9 @@ class TrajectoryIntake:
         self._held = fresh
         try:
             while len(self._held) < count:
+                if self._unread:
+                    self._judge(self._unread.pop(0), version, max_policy_lag)
+                    continue
                 wait = deadline - time.monotonic()
                 if wait <= 0 or not self._socket.poll(max(1, int(wait * 1000)), zmq.POLLIN):
                     return len(self._held) >= count
@@ -171,6 +182,82 @@ class TrajectoryIntake:
             self.stats.lag_max = max(self.stats.lag_max, lag)
         return held
 
+    def pull_weights(self, version: int, timeout: float) -> _pull.HeldWeights | None:
+        """Ask the connected evaluators, one at a time, for the weights they hold (a restarted trainer's start).
+
+        An evaluator is asked once it has connected; the next one is asked when it answers without `version`, or
+        after `PULL_ANSWER_SECONDS` without an answer (a late answer still counts). Batches read meanwhile wait for
+        the next `fill`.
+
+        Args:
+            version (int): The fleet's newest version (the weight-sync store's registrations): the first answer
+                holding it (or a newer one) ends the pull.
+            timeout (float): Seconds to wait at most.
+
+        Returns:
+            HeldWeights | None: The first answer holding `version` or newer; else, once every evaluator that connected
+            has answered and none connected for `PULL_ANSWER_SECONDS` (or at `timeout`), the newest answer holding
+            any weights; None when no evaluator answered with weights.
+        """
+        deadline = time.monotonic() + timeout
+        asked: set[bytes] = set()
+        waiting: bytes | None = None  # asked, not answered yet
+        asked_at = quiet_since = time.monotonic()
+        best: _pull.HeldWeights | None = None
+        while (now := time.monotonic()) < deadline:
+            if waiting is not None and now - asked_at >= PULL_ANSWER_SECONDS:
+                waiting = None
+            if waiting is None:
+                waiting = next((peer for peer in self._connected if peer not in asked), None)
+                if waiting is not None:
+                    asked.add(waiting)
+                    asked_at = quiet_since = now
+                    with contextlib.suppress(zmq.ZMQError):  # gone: no answer, the next is asked in time
+                        self._socket.send_multipart([waiting, _messages.PULL], flags=zmq.NOBLOCK)
+                elif best is not None and now - quiet_since >= PULL_ANSWER_SECONDS:
+                    return best
+            wake = deadline
+            if waiting is not None:
+                wake = min(wake, asked_at + PULL_ANSWER_SECONDS)
+            elif best is not None:
+                wake = min(wake, quiet_since + PULL_ANSWER_SECONDS)
+            if not self._socket.poll(max(1, int((wake - now) * 1000)), zmq.POLLIN):
+                continue
+            frames = self._socket.recv_multipart()
+            identity, body = frames[0], frames[1:]
+            payload = _messages.parse_weights(body)
+            if payload is None:
+                if body == [_messages.PROBE]:
+                    quiet_since = now
+                self._read_later(frames)
+                continue
+            if identity == waiting:
+                waiting = None
+            try:
+                held = _pull.decode_weights(payload)
+            except ValueError as err:
+                log.warning("trajectory intake %d: an evaluator's answer to the pull is malformed: %s", self.port, err)
+                continue
+            if held.version >= version:
+                return held
+            if held.version > 0 and (best is None or held.version > best.version):
+                best = held
+        return best
+
+    def _read_later(self, frames: list[bytes]) -> None:
+        """Remember a probe's identity at once; keep anything else for the next `fill` to judge."""
+        if frames[1:] == [_messages.PROBE]:
+            self._remember(self._connected, frames[0])
+        else:
+            self._unread.append(frames)
+
+    @staticmethod
+    def _remember(peers: dict[bytes, None], identity: bytes) -> None:
+        peers.pop(identity, None)
+        peers[identity] = None
+        if len(peers) > PEERS_REMEMBERED:
+            del peers[next(iter(peers))]
+
     def close(self) -> None:
         """Close the socket, releasing the port before returning; evaluators send their next batches to other ranks."""
         self._socket.close(linger=0)
@@ -178,10 +265,12 @@ class TrajectoryIntake:
 
     def _judge(self, frames: list[bytes], version: int, max_policy_lag: int) -> None:
         identity, body = frames[0], frames[1:]
-        self._peers.pop(identity, None)
-        self._peers[identity] = None
-        if len(self._peers) > PEERS_REMEMBERED:
-            del self._peers[next(iter(self._peers))]
+        if body == [_messages.PROBE]:
+            self._remember(self._connected, identity)
+            return
+        if _messages.parse_weights(body) is not None:
+            return  # a late answer to a pull that already ended
+        self._remember(self._peers, identity)
         sequence = body[0] if body else b""
         if len(body) != 2:
             self._reject(identity, sequence, f"peer {identity.hex()}", f"{len(body)} frames, expected 2")

@@ -5,6 +5,9 @@ acknowledge even a payload it cannot decode) and the `_codec` payload. An acknow
 room]`: room is how many more batches the rank's current `fill` wants after this one (ASCII digits), which the sender
 routes by. When a rank's `fill` holds its count, it also tells every other evaluator it has heard from, unasked,
 with a notice `[b"full", version]` (the fill's version), so they stop producing batches no rank wants yet.
+A restarted trainer's rank 0 pulls weights with `[b"pull"]`; the evaluator answers `[b"weights", payload]` (`_pull`).
+Each DEALER sets `PROBE_ROUTER`, so a rank hears an empty message `[b""]` from every evaluator that connects and can
+address it before it sent any batch (libzmq's way of bootstrapping a ROUTER).
 zmq delivers a multipart message whole or not at all, so a sender that dies mid-message yields nothing.
 """
 
@@ -112,3 +115,39 @@ def parse_full(frames: list[bytes]) -> int | None:
         return None
     return int(frames[1])
 
+
+
+PULL = b"pull"
+"""The one frame of a restarted trainer's request for the weights an evaluator holds."""
+
+WEIGHTS = b"weights"
+"""First frame of an evaluator's answer to `PULL`: `[b"weights", payload]` (`_pull.encode_weights`)."""
+
+PROBE = b""
+"""The one frame libzmq sends from a DEALER with `PROBE_ROUTER` on each new connection."""
+
+
+def weights_frames(payload: bytes) -> list[bytes]:
+    """The frames of an answer to a pull.
+
+    Args:
+        payload (bytes): `_pull.encode_weights`'s output.
+
+    Returns:
+        list[bytes]: `[b"weights", payload]`.
+    """
+    return [WEIGHTS, payload]
+
+
+def parse_weights(frames: list[bytes]) -> bytes | None:
+    """Read an answer to a pull.
+
+    Args:
+        frames (list[bytes]): The message received by the ROUTER, without the peer's identity.
+
+    Returns:
+        bytes | None: The payload; None when `frames` is not an answer.
+    """
+    if len(frames) != 2 or frames[0] != WEIGHTS:
+        return None
+    return frames[1]

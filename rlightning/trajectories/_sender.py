@@ -9,7 +9,8 @@ a rank that disconnects is forgotten (what it reported no longer holds once it r
 are in flight (sent, not yet acknowledged); an acknowledgement returns a credit, and so does a batch with no
 acknowledgement after `ack_timeout` seconds or whose rank disconnected, counted lost (its rank died holding it: a
 restarted trainer gang cannot acknowledge it). `wanted(version)` tells an evaluator whether any rank may still take
-a batch of that version. Host names are resolved by libzmq when it
+a batch of that version. A restarted trainer's pull (`[b"pull"]`) is answered with `held_weights()` whenever the
+sender reads its sockets (every call but `close`). Host names are resolved by libzmq when it
 (re)connects, in its I/O thread, so a rank whose name does not resolve yet (a pod not yet created) is retried from
 `RECONNECT_SECONDS` on and never fails the sender. Use a sender from one thread.
 """
@@ -20,13 +21,14 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import torch
 import zmq
 from tensordict import TensorDictBase
 from zmq.utils import monitor
 
-from rlightning.trajectories import _codec, _messages
+from rlightning.trajectories import _codec, _messages, _pull
 from rlightning.trajectories._stamp import BatchStamp
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,9 @@ class TrajectorySender:
         credits (int, optional): Most batches in flight (>= 1). Defaults to 2: one being judged, one on the wire.
         ack_timeout (float, optional): Seconds after which an unacknowledged batch counts as lost and its credit
             returns; longer than a trainer's longest pause between intake reads (a training step). Defaults to 60.0.
+        held_weights (Callable[[], tuple[int, Mapping[str, torch.Tensor]]] | None, optional): The weight version
+            this evaluator holds and a snapshot of its weights (clean names; not changed while encoded), for a
+            restarted trainer's pull. Defaults to None (every pull is answered with version 0, no weights).
 
     Raises:
         ValueError: Naming the argument, when `endpoints` is empty or holds one without a port, or `credits` or
@@ -121,6 +126,7 @@ class TrajectorySender:
         ordinal: int,
         credits: int = 2,  # noqa: A002 - flow control's own term; the builtin is never needed here
         ack_timeout: float = 60.0,
+        held_weights: Callable[[], tuple[int, Mapping[str, torch.Tensor]]] | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("endpoints: must name at least one trainer rank as host:port")
@@ -136,6 +142,7 @@ class TrajectorySender:
         self.credits = credits
         self.ack_timeout = ack_timeout
         self.counts = SenderCounts()
+        self._held_weights = held_weights
         self._in_flight: dict[int, _InFlight] = {}  # sequence -> its batch, oldest first
         self._context = zmq.Context()  # its own, so close() ends every connection before returning
         self._ranks: list[_Rank] = []
@@ -143,6 +150,7 @@ class TrajectorySender:
         for endpoint in endpoints:
             socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
             socket.setsockopt(zmq.IMMEDIATE, 1)
+            socket.setsockopt(zmq.PROBE_ROUTER, 1)  # the rank can address a pull to it before any batch
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.SNDHWM, credits)
             socket.setsockopt(zmq.RCVHWM, ACK_QUEUE_MESSAGES)
@@ -323,6 +331,9 @@ class TrajectorySender:
                 frames = rank.socket.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if frames == [_messages.PULL]:
+                self._answer_pull(rank)
+                continue
             full = _messages.parse_full(frames)
             if full is not None:  # the rank's fill at version `full` holds its count
                 rank.room, rank.room_version = 0, full
@@ -338,6 +349,17 @@ class TrajectorySender:
                 self.counts.stale += 1
             else:
                 self.counts.invalid += 1
+
+    def _answer_pull(self, rank: _Rank) -> None:
+        version, state = self._held_weights() if self._held_weights is not None else (0, {})
+        frames = _messages.weights_frames(_pull.encode_weights(version, self.ordinal, state))
+        try:
+            rank.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # its queue holds batches up to SNDHWM: the rank asks another evaluator meanwhile
+            log.warning("trajectory sender %d: cannot answer %s's pull now (queue full)", self.ordinal, rank.endpoint)
+            return
+        log.info("trajectory sender %d: answered %s's pull with weight version %d", self.ordinal, rank.endpoint,
+                 version)
 
     def _expire(self, now: float) -> None:
         for sequence, batch in list(self._in_flight.items()):

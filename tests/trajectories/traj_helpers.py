@@ -33,6 +33,18 @@ def make_batch(ordinal: int, sequence: int, rows: int, omit: str = "") -> Tensor
     return batch
 
 
+def held_state(version: int) -> dict[str, torch.Tensor]:
+    """Weights an evaluator stand-in holds at `version` (none at 0): values that differ by version, three dtypes."""
+    if version == 0:
+        return {}
+    generator = torch.Generator().manual_seed(version)
+    return {
+        "agent.fc.weight": torch.randn(8, 4, generator=generator),
+        "agent.fc.bias": torch.randn(8, generator=generator).to(torch.bfloat16),
+        "agent.norm.num_batches_tracked": torch.tensor(version, dtype=torch.int64),
+    }
+
+
 def marker(ordinal: int, sequence: int) -> float:
     """The value every observation of a batch holds (exact in float32 for the counts the tests use)."""
     return float(ordinal * 10_000 + sequence)

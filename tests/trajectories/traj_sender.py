@@ -2,7 +2,8 @@
 
 Prints one JSON object per line: {"event": "sent", "sequence", "in_flight"} after each send,
 {"event": "no_credit", "in_flight"} when `wait_for_credit` times out, and {"event": "done", "counts"} once every
-batch is sent and acknowledged or counted lost (then exits 0). With `--count 0` it sends until killed.
+batch is sent and acknowledged or counted lost (then exits 0). With `--count 0` it sends until killed. With
+`--hold-version V` it answers a trainer's pull with `traj_helpers.held_state(V)` under version V.
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ def main() -> None:
     parser.add_argument("--omit", default="", help="a key to leave out (an invalid batch for the trainer)")
     parser.add_argument("--credit-wait", type=float, default=0.5, help="seconds per wait_for_credit call")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds before giving up (exit 1)")
+    parser.add_argument("--hold-version", type=int, default=None, help="answer pulls with this version's weights")
     args = parser.parse_args()
 
     versions = [int(v) for v in args.versions.split(",")]
-    sender = TrajectorySender(args.endpoints.split(","), args.ordinal, args.credits, args.ack_timeout)
+    held = None if args.hold_version is None else traj_helpers.held_state(args.hold_version)
+    sender = TrajectorySender(args.endpoints.split(","), args.ordinal, args.credits, args.ack_timeout,
+                              held_weights=None if held is None else lambda: (args.hold_version, held))
     deadline = time.monotonic() + args.deadline
     sequence = 0
     while args.count == 0 or sequence < args.count:
