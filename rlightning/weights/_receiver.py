@@ -114,12 +114,16 @@ class WeightReceiver:
                 self._address = _transport.local_address_toward(self.host, self.port)
             # bounded: a listening socket of a stopped sender accepts connections but never answers
             count = _store.bounded(lambda: store.add(_store.ANNOUNCE_COUNT, 0), self._timeout, "a first read")
-            self._report_store = store.clone()  # reports must not queue behind a blocking wait()
+            # reports must not queue behind a blocking wait()
+            self._report_store = _store.connect_again(store, self._timeout)
             # one connection waits for announcements, for as long as this one lives (not one per publish)
-            watch = _store.bounded(store.clone, self._timeout, "a new connection")
-            self._watcher = _store.KeyWatcher(watch, self._timeout)
-            self._spares = _store.SpareConnections(store, 1 + self.config.relay_fanout)  # parent and children
+            self._watcher = _store.KeyWatcher(_store.connect_again(store, self._timeout), self._timeout)
+            # the edges of two trees in a row: from the parent and to each child
+            self._spares = _store.SpareConnections(store, 2 * (1 + self.config.relay_fanout), self._timeout)
             self._next_seq = count + 1
+            # joined once its edges need no new connection (within the caller's time), so its first publish does
+            # not wait for one
+            self._spares.wait_ready(min(_store.CONNECT_BOUND, max(deadline - time.monotonic(), 0.0)))
             self._register()
             log.info("receiver %d connected to %s:%d", self.ordinal, self.host, self.port)
         return self._store
@@ -369,7 +373,9 @@ class WeightReceiver:
 
         def edge(child: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
             prefix = _store.edge_prefix(group.index, group.generation, child)
-            return _transport.BroadcastGroup(spares.take(), prefix, rank, 2, timeout, group.backend, self._address)
+            return _transport.BroadcastGroup(
+                spares.take(timeout), prefix, rank, 2, timeout, group.backend, self._address
+            )
 
         if place.children and self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="wsync-relay")

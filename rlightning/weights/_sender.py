@@ -96,8 +96,8 @@ class WeightSender:
         self._host, self._port = host, port
         self._address = ""  # local address toward `host`, found when the first group forms (the name may
         # not resolve yet when a pod starts)
-        self._heartbeat = _store.Heartbeat(self._store.clone(), self._timeout / 4)
-        self._spares = _store.SpareConnections(self._store, 1)  # for the edge to a re-formed tree's root
+        self._heartbeat = _store.Heartbeat(_store.connect_again(self._store, self._timeout), self._timeout / 4)
+        self._spares = _store.SpareConnections(self._store, 2, self._timeout)  # for the edges to re-formed trees' roots
         self._published: dict[int, tuple[list[int], list[int]]] = {}  # seq -> (groups, ordinals), for cleanup
         self._membership = _membership.Membership()
         self._events_read = 0
@@ -159,7 +159,7 @@ class WeightSender:
             if not self._address:
                 self._address = _transport.local_address_toward(self._host, self._port)
             live.transport = _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
-                self._spares.take(),
+                self._spares.take(self._timeout),
                 _store.edge_prefix(plan.index, plan.generation, plan.members[0].ordinal),
                 0,
                 2,
@@ -233,6 +233,7 @@ class WeightSender:
                         fleet, self._version, fleet + 1)
         version = self._version = max(self._version, fleet) + 1
         formed = self._plan()
+        self._spares.reserve(2 * len(self._groups))  # one edge per group, for two re-forms in a row
         self._seq += 1
         seq = self._seq
         groups = [self._groups[g] for g in sorted(self._groups)]

@@ -8,8 +8,10 @@ values are, and their encoding, is `_messages`.
 torch's c10d names both ends of every store connection it makes with `getnameinfo` (a reverse DNS lookup),
 the client while connecting and the hosted store in its one event-loop thread, which then answers no one. Where
 a DNS reply is lost, glibc waits its resolver timeout (5 s) for it. Hence the store listens on IPv4 (`host_store`,
-so a loopback peer is named from /etc/hosts), and group edges take connections opened ahead of need
-(`SpareConnections`), so no connection is made on a publish's critical path.
+so a loopback peer is named from /etc/hosts), every new connection may take `CONNECT_BOUND` whatever the store
+calls' own timeout (`connect_again`), and group edges take connections opened ahead of need (`SpareConnections`),
+so no connection is made on a publish's critical path. The client's lookup cannot be avoided: c10d connects over
+IPv6 first, to the IPv4-mapped address (`::ffff:10.0.0.7`), which no /etc/hosts names.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ ANNOUNCE_COUNT = ROOT + "announce/n"
 HEARTBEAT = ROOT + "heartbeat"
 """Counter the sender's `Heartbeat` thread advances (store.add) every `timeout_seconds / 4`; receivers that see it
 stand still for more than `2 * timeout_seconds` treat the sender as gone (e.g. its node vanished without a RST)."""
+
+
+CONNECT_BOUND = 15.0
+"""Seconds a new store connection may take: above glibc's worst reverse lookup with the default resolver options
+(2 attempts of 5 s each, resolv.conf(5)), which c10d makes for every connection it opens."""
 
 
 def member_event(index: int) -> str:
@@ -169,6 +176,37 @@ def probe(host: str, port: int, timeout: float) -> OSError | None:
         return exc
 
 
+def _open(host: str, port: int, connect: float) -> dist.TCPStore:
+    # bounded: a stopped sender's socket accepts the connection but never answers the handshake
+    return bounded(
+        functools.partial(dist.TCPStore, host, port, None, False, _timedelta(connect), wait_for_workers=False),
+        connect + 1.0,
+        "the connection",
+    )
+
+
+def connect_again(store: dist.TCPStore, timeout: float) -> dist.TCPStore:
+    """Open another connection to the store `store` is connected to (or hosts), like `store.clone()`, but allowing
+    it `CONNECT_BOUND` seconds to connect; its store calls then have `timeout`.
+
+    `clone()` connects within the store calls' timeout, which a single slow reverse lookup (see the module
+    docstring) exceeds when that timeout is short.
+
+    Args:
+        store (dist.TCPStore): a client or the hosted store.
+        timeout (float): default bound of blocking store calls once connected, seconds.
+
+    Returns:
+        dist.TCPStore: a new client.
+
+    Raises:
+        RuntimeError: (torch's DistNetworkError, or `bounded`'s) when the connection failed within `CONNECT_BOUND`.
+    """
+    connection = _open(store.host, store.port, max(CONNECT_BOUND, timeout))
+    connection.set_timeout(_timedelta(timeout))
+    return connection
+
+
 def connect_store(
     host: str, port: int, timeout: float, deadline: float | None = None, backoff: Backoff | None = None
 ) -> dist.TCPStore:
@@ -176,6 +214,7 @@ def connect_store(
 
     Each attempt first probes `host:port` with a plain TCP connect (`probe`) and creates the TCPStore client
     only when that succeeds, so waiting for an absent sender logs one INFO line per attempt and no c10d errors.
+    The TCPStore client may then take up to `CONNECT_BOUND` seconds (or what is left before `deadline`).
 
     Args:
         host (str): the sender's host.
@@ -204,20 +243,13 @@ def connect_store(
         if wait > 0:
             time.sleep(wait)
         left = None if deadline is None else deadline - time.monotonic()
-        # each attempt's own connect bound is short, so a deadline is honoured closely
-        bound = min(backoff.delay * 10, 5.0)
-        connect = max(0.5, bound if left is None else min(bound, left))
-        error: Exception | None = probe(host, port, connect)
+        # the probe is short, so a deadline is honoured closely; the connection itself may take a DNS stall
+        short = min(backoff.delay * 10, 5.0)
+        error: Exception | None = probe(host, port, max(0.5, short if left is None else min(short, left)))
+        connect = max(0.5, CONNECT_BOUND if left is None else min(CONNECT_BOUND, left))
         if error is None:
             try:
-                # bounded: a stopped sender's socket accepts the connection but never answers the handshake
-                store = bounded(
-                    functools.partial(
-                        dist.TCPStore, host, port, None, False, _timedelta(connect), wait_for_workers=False
-                    ),
-                    connect + 1.0,
-                    "the connection",
-                )
+                store = _open(host, port, connect)
                 store.set_timeout(_timedelta(timeout))
                 backoff.reset()
                 return store
@@ -288,52 +320,90 @@ def wait_keys(store: dist.Store, keys: list[str], timeout: float) -> list[str]:
 
 
 class SpareConnections:
-    """Store connections opened ahead of need by a daemon thread; each one taken is used by one group only.
+    """Store connections opened ahead of need, in the background; each one taken is used by one group only.
 
     Forming a broadcast group needs a connection of its own (a TCPStore client holds its lock through a blocking
-    `get`, so groups forming at once on one client would wait for each other). Connecting may take glibc's
-    resolver timeout (5 s, see the module docstring), as long as a whole publish may wait for a peer, so the
-    connection is opened beforehand and `take` only hands it over. After each `take` the thread opens a new one.
+    `get`, so groups forming at once on one client would wait for each other). Connecting may take a DNS stall
+    (`CONNECT_BOUND`, see the module docstring), as long as a whole publish may wait for a peer, so connections
+    are opened beforehand, each in a thread of its own, and `take` only hands one over. Keep twice the edges one
+    publish forms: a tree re-formed twice in a row then still finds its connections ready. A failed attempt
+    (the sender restarting) is retried with `Backoff` until `close`.
 
     Args:
-        store (dist.Store): the connection to clone (`store.clone()`).
-        count (int): connections to keep ready (the edges one publish may form).
+        store (dist.TCPStore): the store to connect to (`connect_again`).
+        count (int): connections to keep ready (>= 1).
+        timeout (float): default bound of the connections' blocking store calls, seconds.
     """
 
-    def __init__(self, store: dist.Store, count: int) -> None:
+    def __init__(self, store: dist.TCPStore, count: int, timeout: float) -> None:
         self._store = store
+        self._timeout = timeout
         self._count = count
         self._ready: list[dist.Store] = []
+        self._opening = 0
+        self._backoff = Backoff()
         self._changed = threading.Condition()
         self._closed = False
-        threading.Thread(target=self._fill, name="wsync-spares", daemon=True).start()
+        self._open_missing()
 
-    def _fill(self) -> None:
+    def _open_missing(self) -> None:
+        with self._changed:
+            missing = 0 if self._closed else self._count - len(self._ready) - self._opening
+            self._opening += max(missing, 0)
+        for _ in range(missing):
+            threading.Thread(target=self._open_one, name="wsync-spare", daemon=True).start()
+
+    def _open_one(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._closed or len(self._ready) < self._count)
                 if self._closed:
+                    self._opening -= 1
                     return
+                wait = self._backoff.not_before - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             try:
-                spare = self._store.clone()
-            except RuntimeError as exc:  # the store is gone: `take` connects (and fails) itself
-                log.debug("weight-sync spare connection not opened: %s", exc)
-                return
+                unreachable = probe(self._store.host, self._store.port, 5.0)  # no c10d error log per attempt
+                if unreachable is not None:
+                    raise RuntimeError(f"weight-sync store unreachable: {unreachable}")
+                spare = connect_again(self._store, self._timeout)
+            except RuntimeError as exc:
+                with self._changed:
+                    delay = self._backoff.failed(exc)
+                log.debug("weight-sync spare connection not opened (%s); retrying in %.1f s", exc, delay)
+                continue
             with self._changed:
-                if self._closed:
-                    return
-                self._ready.append(spare)
+                self._backoff.reset()
+                self._opening -= 1
+                if not self._closed:
+                    self._ready.append(spare)
+                    self._changed.notify_all()
+                return
 
-    def take(self) -> dist.Store:
-        """A connection of its own for one group: a spare, or a new one when none is ready.
+    def reserve(self, count: int) -> None:
+        """Keep `count` connections ready from now on (opening the missing ones); never fewer than one."""
+        with self._changed:
+            self._count = max(count, 1)
+        self._open_missing()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until every connection is ready; True when they are."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._closed or len(self._ready) >= self._count, timeout)
+
+    def take(self, timeout: float) -> dist.Store:
+        """A connection of its own for one group, waiting up to `timeout` seconds for one to be ready.
 
         Raises:
-            RuntimeError: (from torch) when no spare is ready and connecting fails.
+            RuntimeError: when none was ready within `timeout` or after `close()`.
         """
         with self._changed:
-            spare = self._ready.pop() if self._ready else None
-            self._changed.notify_all()
-        return spare if spare is not None else self._store.clone()
+            self._changed.wait_for(lambda: self._closed or bool(self._ready), timeout)
+            if self._closed or not self._ready:
+                raise RuntimeError(f"no weight-sync store connection ready within {timeout:g} s")
+            spare = self._ready.pop()
+        self._open_missing()
+        return spare
 
     def close(self) -> None:
         """Stop opening connections and drop the ready ones."""
@@ -355,7 +425,7 @@ class KeyWatcher:
     store's timeout (the sender went away), or on `cancel()`, which drops the connection after the step.
 
     Args:
-        store (dist.Store): a connection of its own (e.g. `clone()`), used only by this watcher.
+        store (dist.Store): a connection of its own (e.g. `connect_again`), used only by this watcher.
         step (float): longest single wait, seconds (the receiver passes `timeout_seconds`).
     """
 
@@ -429,7 +499,7 @@ class Heartbeat:
     """Advances `HEARTBEAT` every `period` seconds from a daemon thread, on its own store connection.
 
     Args:
-        store (dist.Store): a connection of its own (e.g. `clone()` of the hosted store).
+        store (dist.Store): a connection of its own (e.g. `connect_again` of the hosted store).
         period (float): seconds between beats (the sender passes `timeout_seconds / 4`).
     """
 

@@ -103,7 +103,7 @@ class BroadcastGroup:
     Args:
         connection (dist.Store): a connection to the weight-sync store used by this group only (a TCPStore
             client holds its lock through a blocking get, so groups forming concurrently on one connection would
-            wait for each other, and a dead member would stall every group), e.g. `_store.SpareConnections.take()`.
+            wait for each other, and a dead member would stall every group), e.g. `_store.SpareConnections.take`.
         prefix (str): the group's key prefix (group and generation).
         rank (int): this process's rank in the group.
         size (int): number of ranks (receivers + 1).

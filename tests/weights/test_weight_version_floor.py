@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+import types
 
 import pytest
 import torch
@@ -143,3 +144,30 @@ def test_connect_store_gives_up_at_its_deadline_and_keeps_backing_off(caplog):
             assert time.monotonic() - start >= 0.45  # it waits out its deadline, no busy loop
     assert backoff.attempt >= 3 and backoff.delay > _store.Backoff.FIRST * 4
     assert len([r for r in caplog.records if "not reachable yet" in r.getMessage()]) == backoff.attempt
+
+
+def test_spare_connections_outlive_an_absent_store_and_take_is_bounded():
+    port = WEIGHTS_VERSION_FLOOR.port(4)
+    # what `SpareConnections` connects to: nothing listens on the address yet (a sender restarting)
+    address = types.SimpleNamespace(host="127.0.0.1", port=port)
+    spares = _store.SpareConnections(address, 2, TIMEOUT)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="no weight-sync store connection ready within 0.3 s"):
+            spares.take(0.3)
+        assert 0.25 <= time.monotonic() - start < 2.0
+        assert not spares.wait_ready(0.5)
+
+        store = _store.host_store(port, TIMEOUT)  # the sender is back: the failed attempts were retried
+        assert spares.wait_ready(_store.CONNECT_BOUND + 5.0)
+        taken = [spares.take(0.0), spares.take(_store.CONNECT_BOUND)]  # the second is reopened after the first
+        taken[0].set("k", b"v")
+        assert taken[1].get("k") == b"v" and store.get("k") == b"v"
+        spares.reserve(3)
+        assert spares.wait_ready(_store.CONNECT_BOUND + 5.0)
+    finally:
+        spares.close()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="ready within"):
+        spares.take(5.0)
+    assert time.monotonic() - start < 1.0  # closed: at once
