@@ -109,6 +109,11 @@ class Reconciler:
             seen = self._trainers_seen.setdefault((metadata.get("namespace", ""), labels[contract.LABEL_GROUP]), {})
             seen[metadata.get("name", "")] = dict(pod)
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what the pod watch remembered of a PolicyGroup's trainer pods (call once the PolicyGroup is gone)."""
+        with self._trainers_guard:
+            self._trainers_seen.pop((namespace, name), None)
+
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
             lock = self._locks.get((namespace, name))

@@ -109,7 +109,10 @@ class Refresher:
         metrics.RECONCILES.labels(trigger="child" if full else "child-status").inc()
         try:
             body = await self._in_thread(self._reconciler.read_group, namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
+            if body is None:  # deleted: its pods' last events brought it here, and nothing will need them
+                self._reconciler.forget(namespace, name)
+                return
+            if body["metadata"].get("deletionTimestamp"):
                 return
             work = self._reconciler.reconcile if full else self._reconciler.refresh_status
             outcome = await self._in_thread(work, body)

@@ -417,17 +417,22 @@ def test_evaluators_stop_or_serve_once_training_has_ended(api, reconciler, after
     assert status["eval"]["afterTraining"] == ("Stopped" if after == "Stop" else "Serving")
 
 
-def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, events, reconciler):
+@pytest.mark.parametrize("group_deleted", [False, True], ids=["same-group", "after-the-group-was-deleted"])
+def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, events, reconciler, group_deleted):
     reconciler.reconcile(group())
     # kubectl delete pod: the watch saw it deleted; by the pass it is gone and the Job failed because of it.
     deleted = trainer_pod("cartpole-train-0-abcde", 0, phase="Failed")
     deleted["metadata"]["deletionTimestamp"] = "2026-12-01T10:01:15Z"
     reconciler.note_pod(deleted)
     reconciler.note_pod({**group(), "kind": "PolicyGroup"})  # not a pod of a role: ignored
+    if group_deleted:  # the refresher found the PolicyGroup gone: its pods are no evidence for a successor
+        reconciler.forget(NS, "cartpole")
     api.objects[("Job", NS, "cartpole-train")]["status"] = {
         "failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
     body = group()
     body["status"] = stored_status(api)
     reconciler.reconcile(body)
     restarts = stored_status(api)["restarts"]
-    assert (restarts["disruptions"], restarts["failures"], restarts["reason"]) == (1, 0, "PodDeleted")
+    lost = (0, 1) if group_deleted else (1, 0)  # a Job failure without evidence counts as a failure
+    assert (restarts["disruptions"], restarts["failures"]) == lost
+    assert (restarts["reason"] == "PodDeleted") is not group_deleted

@@ -20,8 +20,13 @@ class FakeReconciler:
         self.exists = exists
         self.lock = threading.Lock()
 
+        self.forgotten = []
+
     def read_group(self, namespace, name):
         return {"metadata": {"namespace": namespace, "name": name}} if self.exists else None
+
+    def forget(self, namespace, name):
+        self.forgotten.append((namespace, name))
 
     def reconcile(self, body):
         with self.lock:
@@ -92,8 +97,10 @@ def test_failed_and_blocked_passes_are_retried(monkeypatch, reconciler, why):
     assert _one_pass(reconciler, "a") == ["a", "a", "a"], why
 
 
-def test_a_deleted_group_is_left_alone():
-    assert _one_pass(FakeReconciler(exists=False), "gone") == []
+def test_a_deleted_group_is_left_alone_and_its_remembered_pods_forgotten():
+    reconciler = FakeReconciler(exists=False)
+    assert _one_pass(reconciler, "gone") == []
+    assert reconciler.forgotten == [("ns", "gone")]
 
 
 def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_refresh():
