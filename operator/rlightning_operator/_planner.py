@@ -12,7 +12,8 @@ No I/O. Rules, per desired child (compared by kind and name):
   a cluster IP): recreate, delete and create at once (clusterIP is immutable: a patch gets 422 Invalid forever);
 - StatefulSet whose spec hash differs: patch the template (a rolling update of the evaluators) and replicas;
   whose replicas only differ: patch `spec.replicas` alone (scaling never touches the template);
-- any other child whose spec hash or owner reference differs: patch it with the desired content.
+- any other child whose spec hash or owner reference differs: patch it with the desired content (a JSON merge
+  patch; in the fields only this operator writes, `_OWNED_FIELDS`, it also removes what the spec dropped).
 
 Restarts of the trainer gang (`plan_restart`) come first: a pod of the current attempt that failed or went
 ends the attempt; the next one is a Job of attempt N+1, which the rules above then recreate (Foreground: every
@@ -42,6 +43,15 @@ _PATCHED_FIELDS: dict[str, tuple[str, ...]] = {
     "PodDisruptionBudget": ("spec",),  # all of it mutable since Kubernetes 1.15
 }
 _STATEFULSET_SPEC_FIELDS = ("replicas", "template", "updateStrategy")
+# Patched fields that only this operator writes: their patch also removes what the desired manifest no longer has
+# (a JSON merge patch, RFC 7386, otherwise only adds and replaces keys: a dropped nodeSelector would stay, and a PDB
+# switched from maxUnavailable to minAvailable would hold both, which the API server refuses). A Service's spec is
+# left out: the API server allocates fields there (clusterIPs, ipFamilies) that no patch may null.
+_OWNED_FIELDS: dict[str, tuple[str, ...]] = {
+    "ConfigMap": ("data",),
+    "StatefulSet": ("spec",),
+    "PodDisruptionBudget": ("spec",),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,16 +92,28 @@ def _controller_uid(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _patch_body(desired: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = desired["metadata"]
+def _removing(desired: Any, observed: Any) -> Any:
+    """`desired` as a JSON merge patch (RFC 7386) over `observed` that also sets to null every key of an object
+    that `observed` has and `desired` lacks, at any depth (lists and values are replaced whole anyway).
+    """
+    if not isinstance(desired, Mapping) or not isinstance(observed, Mapping):
+        return desired
+    patch = {name: _removing(value, observed.get(name)) for name, value in desired.items()}
+    patch.update({name: None for name in observed if name not in desired})
+    return patch
+
+
+def _patch_body(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> dict[str, Any]:
+    kind, metadata = desired["kind"], desired["metadata"]
     body: dict[str, Any] = {
         "metadata": {name: metadata[name] for name in ("labels", "annotations", "ownerReferences") if name in metadata}
     }
-    for field in _PATCHED_FIELDS[desired["kind"]]:
-        value = desired[field]
-        if desired["kind"] == "StatefulSet":
+    for field in _PATCHED_FIELDS[kind]:
+        value, current = desired[field], observed.get(field) or {}
+        if kind == "StatefulSet":
             value = {name: value[name] for name in _STATEFULSET_SPEC_FIELDS if name in value}
-        body[field] = value
+            current = {name: current[name] for name in _STATEFULSET_SPEC_FIELDS if name in current}
+        body[field] = _removing(value, current) if field in _OWNED_FIELDS.get(kind, ()) else value
     return body
 
 
@@ -130,7 +152,7 @@ def plan_child(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -
             return Action("scale", kind, name, {"spec": {"replicas": replicas}}, f"replicas -> {replicas}")
         return None
     if hash_differs or observed_owner is None:
-        return Action("patch", kind, name, _patch_body(desired), "spec changed" if hash_differs else "adopt")
+        return Action("patch", kind, name, _patch_body(desired, observed), "spec changed" if hash_differs else "adopt")
     return None
 
 

@@ -170,11 +170,14 @@ class EvalConfig(StrictModel):
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")
     disruption_budget: DisruptionBudgetConfig = Field(
         default_factory=lambda: DisruptionBudgetConfig(max_unavailable="100%"),
-        json_schema_extra={"default": {"maxUnavailable": "100%"}},  # the CRD's default (a factory has none)
+        # No default in the CRD (a null one is dropped): a stored maxUnavailable the user never wrote would stay
+        # beside a minAvailable applied later (kubectl apply removes only what it applied), which the exactly-one
+        # rule refuses.
+        json_schema_extra={"default": None},
         description=(
-            "The evaluators' PodDisruptionBudget. The default lets every evaluator be evicted (an evaluator that "
-            "leaves drops its batch and is never counted as a failure); set it to keep a share of the fleet "
-            "through node drains and consolidation."
+            "The evaluators' PodDisruptionBudget; unset: maxUnavailable 100%, every evaluator may be evicted (an "
+            "evaluator that leaves drops its batch and is never counted as a failure). Set it to keep a share of "
+            "the fleet through node drains and consolidation."
         ),
     )
     after_training: Literal["Stop", "Serve"] = Field(

@@ -146,3 +146,24 @@ def test_delete_removes_every_child(crd, namespace, operator):
         return not left and not pods(crd, namespace)
 
     wait_for("garbage collection of every child and pod", gone)
+
+
+def test_a_setting_dropped_from_the_spec_is_removed_from_the_children(crd, namespace, operator):
+    tiny = {"resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
+    apply(crd, namespace, small(**{"spec.eval.pod": {**tiny, "nodeSelector": {"pool": "cpu"}}}))
+
+    def evaluators(node_selector, budget):
+        """The eval StatefulSet's node selector and PDB spec are these (None: not created yet)."""
+        found = {item["kind"]: item for item in items(crd, "statefulsets,poddisruptionbudgets", "-n", namespace)
+                 if item["metadata"]["name"] == "cartpole-eval"}
+        if set(found) != {"StatefulSet", "PodDisruptionBudget"}:
+            return False
+        budget_seen = {k: v for k, v in found["PodDisruptionBudget"]["spec"].items() if k != "selector"}
+        return found["StatefulSet"]["spec"]["template"]["spec"].get("nodeSelector") == node_selector and \
+            budget_seen == budget
+
+    wait_for("pinned evaluators, all evictable", lambda: evaluators({"pool": "cpu"}, {"maxUnavailable": "100%"}))
+    # the user drops the node selector and sets a budget of the other form than the default (one with both fields
+    # is refused, by the CRD's rule and by the API server in a PDB)
+    apply(crd, namespace, small(**{"spec.eval.disruptionBudget": {"minAvailable": 1}}))
+    wait_for("no node selector, a budget of the other form", lambda: evaluators(None, {"minAvailable": 1}))

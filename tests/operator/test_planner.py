@@ -122,3 +122,16 @@ def test_service_recreate_carries_the_headless_manifest():
     (action,) = plan(desired(), observed)
     assert action.body == next(c for c in desired() if key(c) == ("Service", "cartpole-eval"))
     assert action.body["spec"]["clusterIP"] == "None"
+
+
+def test_a_patch_removes_what_the_spec_dropped_where_only_the_operator_writes():
+    observed = as_observed(desired(**{"spec.eval.pod": {"nodeSelector": {"pool": "cpu"}},
+                                      "spec.eval.disruptionBudget": {"maxUnavailable": 1}}))
+    service = observed[("Service", "cartpole-train")]
+    service["spec"]["clusterIPs"] = ["None"]  # allocated by the API server
+    service["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = "hand-edited"
+    actions = {a.kind: a for a in plan(desired(**{"spec.eval.disruptionBudget": {"minAvailable": 1}}), observed)}
+    assert actions["StatefulSet"].body["spec"]["template"]["spec"]["nodeSelector"] is None
+    budget = actions["PodDisruptionBudget"].body["spec"]
+    assert (budget["maxUnavailable"], budget["minAvailable"]) == (None, 1)
+    assert "clusterIPs" not in actions["Service"].body["spec"]  # the server's allocation is kept
