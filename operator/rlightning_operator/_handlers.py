@@ -10,6 +10,9 @@
   crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest); a refresh that
   finds a trainer pod failed or gone reconciles whole (a gang restart). The reconciler keeps each trainer pod's
   last state from these events, the evidence of a pod that is gone before the pass runs.
+- events of the PolicyGroups themselves (their status included): a status refresh only when the trainer's report
+  of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`); nothing else in
+  a PolicyGroup's status changes without a child changing.
 
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
 """
@@ -166,6 +169,17 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
         memo.reconciler.note_pod(pod)  # a trainer pod's last state: evidence of a loss once it is gone
         memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
                               status.pod_fingerprint(pod), deleted=type == "DELETED", child=False)
+
+
+@kopf.on.event(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, registry=REGISTRY)
+async def group_changed(body: kopf.Body, memo: Context, **_: Any) -> None:
+    """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
+    data (status.training) and the DataFlowing condition disagree. Spec changes have handlers of their own.
+    """
+    namespace, name = body.metadata.namespace, body.metadata.name
+    if memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
+            status.data_condition_stale(_plain(body)):
+        memo.refresher.schedule(namespace, name, full=False)
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

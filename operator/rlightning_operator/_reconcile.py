@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning.config import ManifestError, PolicyGroupManifest, parse_manifest
 from rlightning_operator import _builders as builders
 from rlightning_operator import _kube as kube
@@ -266,6 +266,8 @@ class Reconciler:
             max_restarts=manifest.spec.train.max_restarts,
             after_training=manifest.spec.eval.after_training,
             checkpoints_persistent=bool(manifest.spec.train.checkpoint.persistent_volume_claim),
+            fleet_data=launch.fleet_collects(manifest.spec),
+            training=current_status.get("training") or {},
         )
         computed = status.compute_status(observation)
         written = self._write_status(namespace, name, current_status, computed)

@@ -3,9 +3,12 @@
 The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, `restarts`, `replicas` and
 `selector`; `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge
 patch without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Admitted (only when the trainer
-Job names a Kueue queue), CheckpointsPersistent, TrainerRestarting (once the gang restarted), Ready (Valid,
-TrainersReady and EvaluatorsReady). A suspended trainer Job (waiting for Kueue's admission) is not stuck:
-TrainersReady is False with reason Queued and the phase stays Pending.
+Job names a Kueue queue), CheckpointsPersistent, TrainerRestarting (once the gang restarted), DataFlowing (while
+training runs and rank 0 has reported), Ready (Valid, TrainersReady and EvaluatorsReady).
+DataFlowing is read from what the trainer reports (status.training `waitingForDataSeconds`): False, reason
+WaitingForData, once the trainers have waited `DATA_WAIT_SECONDS` for the evaluators' batches (training paused);
+it is not part of Ready (every pod is ready; the data is not there). A suspended trainer Job (waiting for Kueue's
+admission) is not stuck: TrainersReady is False with reason Queued and the phase stays Pending.
 
 Restarts of the trainer gang (`_planner.plan_restart`): while attempt N+1 forms (the Job of attempt N goes, the
 new one's pods are not all ready) the phase is `Restarting`, TrainersReady says `Restarting` with the lost pod,
@@ -39,7 +42,12 @@ OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "r
 RESTARTING = "Restarting"
 MAX_RESTARTS_REACHED = "MaxRestartsReached"
 CHECKPOINTS_NOT_PERSISTENT = "CheckpointsNotPersistent"
-WARNING_REASONS = (MAX_RESTARTS_REACHED,)
+WAITING_FOR_DATA = "WaitingForData"
+DATA_WAIT_SECONDS = 30.0
+"""Seconds the trainers wait for the fleet's batches before DataFlowing turns False (as long as the trainer's own
+warning interval, `rlightning.runtime._records.WAITING_LOG_SECONDS`: shorter waits are an evaluator reconnecting or a
+weight version being applied)."""
+WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA)
 """Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
 RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
 """Keys of status.restarts (`rlightning.config.RestartStatus`)."""
@@ -66,6 +74,8 @@ class Observation:
         max_restarts (int): spec.train.maxRestarts.
         after_training (str): spec.eval.afterTraining, `Stop` or `Serve`.
         checkpoints_persistent (bool): Whether the trainers' run directory is a PersistentVolumeClaim.
+        fleet_data (bool): Whether the trainers learn from the evaluators' batches (`launch.fleet_collects`).
+        training (Mapping[str, Any]): status.training as trainer rank 0 last wrote it ({} before its first report).
     """
 
     name: str
@@ -84,6 +94,8 @@ class Observation:
     max_restarts: int = 0
     after_training: str = "Stop"
     checkpoints_persistent: bool = True
+    fleet_data: bool = False
+    training: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -237,6 +249,8 @@ def compute_status(observation: Observation) -> dict[str, Any]:
     extra = [_checkpoints_condition(obs)]
     if restarts["total"]:
         extra.append(_restarting_condition(obs, restarts, restarting, bool(ended)))
+    if obs.training and train_ok and not ended:
+        extra.append(_data_condition(obs, eval_ready))
     if obs.conflicts:
         ready_ok, ready_reason = False, "Conflict"
         ready_message = "children controlled by another owner: " + "; ".join(obs.conflicts)
@@ -314,6 +328,49 @@ def _admitted_condition(obs: Observation) -> dict[str, Any] | None:
     if _suspended(obs.job):
         return _condition("Admitted", False, *_suspension(obs.job), obs)
     return _condition("Admitted", True, "Admitted", f"Kueue queue {_queue(obs.job)!r} admitted the trainers", obs)
+
+
+# -- The fleet's data ------------------------------------------------------------------------------------
+def waiting_for_data(training: Mapping[str, Any]) -> bool:
+    """Whether status.training says the trainers have waited `DATA_WAIT_SECONDS` or more for the fleet's batches."""
+    waited = training.get("waitingForDataSeconds")
+    return isinstance(waited, (int, float)) and waited >= DATA_WAIT_SECONDS
+
+
+def data_condition_stale(group: Mapping[str, Any]) -> bool:
+    """Whether a PolicyGroup's DataFlowing condition disagrees with its status.training (a status refresh is due).
+
+    Only the trainer writes status.training, and no child changes when the data stops: the operator learns of it
+    from the PolicyGroup's own events, and this keeps those events from each costing a refresh.
+
+    Args:
+        group (Mapping[str, Any]): The PolicyGroup as delivered by its watch.
+
+    Returns:
+        bool: True when the condition says the data flows while the trainers wait, or the reverse; or when a
+            running PolicyGroup whose trainer reported has none yet.
+    """
+    group_status = group.get("status") or {}
+    training = group_status.get("training") or {}
+    if not training:
+        return False
+    current = next((c for c in group_status.get("conditions") or [] if c.get("type") == "DataFlowing"), None)
+    if current is None:  # not computed since the trainer's first report
+        return group_status.get("phase") == "Running"
+    return (current.get("status") == "True") == waiting_for_data(training)
+
+
+def _data_condition(obs: Observation, eval_ready: int) -> dict[str, Any]:
+    if not obs.fleet_data:
+        return _condition("DataFlowing", True, "TrainersCollect",
+                          "the trainers collect their own data (spec.train.dataSource)", obs)
+    if waiting_for_data(obs.training):
+        return _condition("DataFlowing", False, WAITING_FOR_DATA,
+                          f"the trainers have waited {obs.training['waitingForDataSeconds']:.0f} s for the evaluators' "
+                          f"batches and training is paused; {eval_ready}/{obs.replicas} evaluator pods ready", obs)
+    rate = obs.training.get("envStepsPerSecond")
+    detail = f" ({rate:.0f} env steps/s)" if isinstance(rate, (int, float)) else ""
+    return _condition("DataFlowing", True, "Flowing", f"the trainers learn from the evaluators' batches{detail}", obs)
 
 
 def _restarts(obs: Observation) -> dict[str, Any]:

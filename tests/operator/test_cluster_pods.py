@@ -84,3 +84,25 @@ def test_a_rollout_stuck_on_a_revision_that_cannot_run_is_reported(crd, namespac
         crd, "statefulset", "cartpole-eval", "-n", namespace)["status"].get("updateRevision") != update)
     crd.kubectl("delete", "pod", "cartpole-eval-1", "-n", namespace, "--wait=false")
     wait_for("Ready=True again", lambda: ready(crd, namespace))
+
+
+def test_trainers_waiting_for_the_fleets_data_are_reported(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=2))
+    wait_for("Ready=True", lambda: ready(crd, namespace))
+
+    def report(waited):
+        """Write status.training as trainer rank 0 does (a merge patch of the status subresource)."""
+        training = {"iteration": 4, "envStepsPerSecond": 900.0, "waitingForDataSeconds": waited}
+        crd.kubectl("patch", "pg", "cartpole", "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"training": training}}))
+
+    report(None)
+    wait_for("DataFlowing=True", lambda: reason_of(crd, namespace, "DataFlowing", "Flowing"))
+    report(45.0)  # no child changes: the PolicyGroup's own event brings the refresh
+    group = wait_for("DataFlowing=False", lambda: reason_of(crd, namespace, "DataFlowing", "WaitingForData"))
+    assert "waited 45 s" in condition(group, "DataFlowing")["message"]
+    assert condition(group, "Ready")["status"] == "True", "every pod is ready: the data is what is missing"
+    (event,) = wait_for("one WaitingForData Warning", lambda: warnings(crd, namespace, "WaitingForData"))
+    assert "2/2 evaluator pods ready" in event["message"]
+    report(None)
+    wait_for("DataFlowing=True again", lambda: reason_of(crd, namespace, "DataFlowing", "Flowing"))

@@ -6,7 +6,7 @@ import pytest
 
 from rlightning import contract
 from rlightning_operator import Observation, compute_status
-from rlightning_operator._status import differs
+from rlightning_operator._status import data_condition_stale, differs
 
 SELECTOR = "rlightning.io/policy-group=g,rlightning.io/role=eval"
 
@@ -143,3 +143,38 @@ def test_admitted_condition_only_for_a_job_in_a_queue():
     assert "Admitted" not in conditions(plain)
     waiting = compute_status(Observation("g", 1, nodes=2, replicas=3, job=queued(True), stateful_set=sts(3, 3)))
     assert "rl-trainers" in next(c["message"] for c in waiting["conditions"] if c["type"] == "Admitted")
+
+
+@pytest.mark.parametrize(("fleet_data", "training", "expected"), [
+    (True, {}, None),  # rank 0 has not reported yet
+    (True, {"iteration": 3, "envStepsPerSecond": 812.4}, ("True", "Flowing")),
+    (True, {"iteration": 3, "waitingForDataSeconds": 12.0}, ("True", "Flowing")),  # an evaluator reconnecting
+    (True, {"iteration": 3, "waitingForDataSeconds": 45.0}, ("False", "WaitingForData")),
+    (False, {"iteration": 3}, ("True", "TrainersCollect")),
+], ids=["not-reported", "flowing", "short-wait", "waiting", "trainers-data"])
+def test_data_flowing_follows_what_the_trainer_reports(fleet_data, training, expected):
+    observed = Observation("g", 1, nodes=2, replicas=3, job=job(ready=2), stateful_set=sts(3, 2), now="T",
+                           fleet_data=fleet_data, training=training)
+    status = compute_status(observed)
+    got = conditions(status)
+    assert got.get("DataFlowing") == expected
+    assert got["Ready"] == ("False", "Waiting"), "DataFlowing is not part of Ready"
+    if expected == ("False", "WaitingForData"):
+        message = next(c["message"] for c in status["conditions"] if c["type"] == "DataFlowing")
+        assert "waited 45 s" in message and "2/3 evaluator pods ready" in message
+    group = {"status": {**status, "training": training}}
+    assert not data_condition_stale(group), "the condition just computed agrees with the report"
+    if expected is not None:  # the report changes the other way: a refresh is due
+        flipped = {"waitingForDataSeconds": None if expected[0] == "False" else 60.0}
+        assert data_condition_stale({"status": {**status, "training": {**training, **flipped}}})
+    ended = compute_status(Observation("g", 1, nodes=2, replicas=3, job=job(succeeded=2, conditions=["Complete"]),
+                                       stateful_set=sts(3, 3), now="T", fleet_data=fleet_data, training=training))
+    assert "DataFlowing" not in conditions(ended)
+
+
+def test_a_running_group_gets_the_condition_on_the_refresh_after_the_trainers_first_report():
+    running = {"phase": "Running", "conditions": [], "training": {"waitingForDataSeconds": 31.0}}
+    assert data_condition_stale({"status": running})
+    assert data_condition_stale({"status": {**running, "training": {"waitingForDataSeconds": None}}})
+    assert not data_condition_stale({"status": {**running, "phase": "Pending"}})
+    assert not data_condition_stale({"metadata": {"name": "g"}})  # a strange object: no status at all
