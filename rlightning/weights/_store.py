@@ -367,7 +367,7 @@ class SpareConnections:
                 if unreachable is not None:
                     raise RuntimeError(f"weight-sync store unreachable: {unreachable}")
                 spare = connect_again(self._store, self._timeout)
-            except RuntimeError as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever failed is retried: this thread must not end early
                 with self._changed:
                     delay = self._backoff.failed(exc)
                 log.debug("weight-sync spare connection not opened (%s); retrying in %.1f s", exc, delay)
