@@ -325,12 +325,12 @@ class SpareConnections:
     Forming a broadcast group needs a connection of its own (a TCPStore client holds its lock through a blocking
     `get`, so groups forming at once on one client would wait for each other). Connecting may take a DNS stall
     (`CONNECT_BOUND`, see the module docstring), as long as a whole publish may wait for a peer, so connections
-    are opened beforehand, each in a thread of its own, and `take` only hands one over. Keep twice the edges one
-    publish forms: a tree re-formed twice in a row then still finds its connections ready. A failed attempt
-    (the sender restarting) is retried with `Backoff` until `close`.
+    are opened beforehand, each in a thread of its own (`connect_store`: probe, backoff), and `take` only hands one
+    over. Keep twice the edges one publish forms: a tree re-formed twice in a row then still finds its connections
+    ready. Attempts go on (the sender restarting) until `close`.
 
     Args:
-        store (dist.TCPStore): the store to connect to (`connect_again`).
+        store (dist.TCPStore): the store to connect to (its `host` and `port`).
         count (int): connections to keep ready (>= 1).
         timeout (float): default bound of the connections' blocking store calls, seconds.
     """
@@ -341,7 +341,6 @@ class SpareConnections:
         self._count = count
         self._ready: list[dist.Store] = []
         self._opening = 0
-        self._backoff = Backoff()
         self._changed = threading.Condition()
         self._closed = False
         self._open_missing()
@@ -354,26 +353,18 @@ class SpareConnections:
             threading.Thread(target=self._open_one, name="wsync-spare", daemon=True).start()
 
     def _open_one(self) -> None:
+        backoff = Backoff()  # one per thread: `connect_store` updates it
         while True:
             with self._changed:
                 if self._closed:
                     self._opening -= 1
                     return
-                wait = self._backoff.not_before - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            try:
-                unreachable = probe(self._store.host, self._store.port, 5.0)  # no c10d error log per attempt
-                if unreachable is not None:
-                    raise RuntimeError(f"weight-sync store unreachable: {unreachable}")
-                spare = connect_again(self._store, self._timeout)
-            except Exception as exc:  # noqa: BLE001 - whatever failed is retried: this thread must not end early
-                with self._changed:
-                    delay = self._backoff.failed(exc)
-                log.debug("weight-sync spare connection not opened (%s); retrying in %.1f s", exc, delay)
+            try:  # in steps of `CONNECT_BOUND`, so a closed pool stops trying
+                spare = connect_store(self._store.host, self._store.port, self._timeout,
+                                      time.monotonic() + CONNECT_BOUND, backoff)
+            except TimeoutError:
                 continue
             with self._changed:
-                self._backoff.reset()
                 self._opening -= 1
                 if not self._closed:
                     self._ready.append(spare)

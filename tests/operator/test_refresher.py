@@ -19,7 +19,6 @@ class FakeReconciler:
         self.blocked = blocked
         self.exists = exists
         self.lock = threading.Lock()
-
         self.forgotten = []
 
     def read_group(self, namespace, name):
