@@ -10,7 +10,9 @@ GPUs. On one GPU this checks:
   3. ProcessGroupNCCL built by rlightning on a PrefixStore with world size 1 (eager connect), broadcast works;
   4. `resolve_backend("auto")` picks nccl on this machine;
   5. with three GPUs or more (else SKIP): an NCCL publish, cast to bfloat16, from GPU 0 along a relay chain
-     (fan-out 1) to receivers on GPUs 1 and 2: both report the cast digests.
+     (fan-out 1) to receivers on GPUs 1 and 2: both report the cast digests;
+  6. check 2 with receivers that receive in place (`bufferStrategy: none`) into CUDA tensors of the policy's
+     dtypes (cast back from bfloat16 on landing, from CPU staging buffers), and check 5 the same way on GPUs.
 
 Usage: python benchmarks/nccl_check.py [--port 27700]    (needs CUDA; about a minute; uses --port .. --port + 2)
 """
@@ -45,7 +47,7 @@ def cuda_state() -> dict[str, torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     return {
         "w": torch.randn(512, 512, device="cuda", generator=gen),
-        "big": torch.randn(600_000, device="cuda", generator=gen),  # above ZERO_COPY_MIN_BYTES
+        "big": torch.randn(600_000, device="cuda", generator=gen),  # above the bucket bound: sent directly
         "h": torch.randn(64, 3, device="cuda", generator=gen).to(torch.bfloat16),
         "steps": torch.tensor(3, device="cuda"),
     }
@@ -73,11 +75,11 @@ def sync_config(backend: Literal["gloo", "nccl"], fanout: int) -> WeightSyncConf
     )
 
 
-def check_publish(port: int, backend: Literal["gloo", "nccl"], fanout: int) -> str:
+def check_publish(port: int, backend: Literal["gloo", "nccl"], fanout: int, in_place: bool = False) -> str:
     """Publish `cuda_state()` cast to bfloat16 to receivers 0 and 1 in one relay tree; both must match."""
     procs = [
         subprocess.Popen([sys.executable, __file__, "--receiver", "--port", str(port), "--ordinal", str(o),
-                          "--backend", backend, "--fanout", str(fanout)])
+                          "--backend", backend, "--fanout", str(fanout), *(["--in-place"] if in_place else [])])
         for o in (0, 1)
     ]
     sender = WeightSender(sync_config(backend, fanout), HOST, port)
@@ -101,23 +103,42 @@ def check_publish(port: int, backend: Literal["gloo", "nccl"], fanout: int) -> s
             proc.wait(60)
 
 
-def run_receiver(port: int, ordinal: int, backend: Literal["gloo", "nccl"], fanout: int) -> None:
+class InPlace:
+    """A policy's CUDA tensors (the sender's dtypes) that each version is received into (`bufferStrategy: none`)."""
+
+    def __init__(self) -> None:
+        self.tensors = {name: torch.zeros_like(t) for name, t in cuda_state().items()}
+
+    def receive_targets(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def begin_weight_receive(self, timeout: float) -> bool:
+        return True
+
+    def end_weight_receive(self, version: int | None) -> None:
+        assert version is not None, "a receive in place stopped part way"
+
+
+def run_receiver(port: int, ordinal: int, backend: Literal["gloo", "nccl"], fanout: int, in_place: bool) -> None:
     if backend == "nccl":
         torch.cuda.set_device(ordinal + 1)  # the sender holds GPU 0; NCCL wants one rank per GPU
     receiver = WeightReceiver(sync_config(backend, fanout), HOST, port, ordinal)
+    into = InPlace() if in_place else None
     while not receiver.sender_closed:
-        got = receiver.receive(timeout=1.0)
+        got = receiver.receive(timeout=1.0, into=into)
         if got is not None:
             version, state = got
             on_gpu = {k: v.to("cuda") for k, v in state.items()}
-            receiver.report(WeightRecord(version, {}, tensor_digests(on_gpu)), {})
+            # in place the tensors hold the policy's dtypes: compare in the wire's, as evaluators report
+            digests = tensor_digests(on_gpu, "bfloat16") if in_place else tensor_digests(on_gpu)
+            receiver.report(WeightRecord(version, {}, digests), {})
     receiver.close()
 
 
-def check_nccl_relay_chain(port: int) -> str:
+def check_nccl_relay_chain(port: int, in_place: bool = False) -> str:
     if torch.cuda.device_count() < 3:
         return "SKIP: needs three GPUs (a sender and two relaying receivers, one GPU each)"
-    return check_publish(port, "nccl", fanout=1)
+    return check_publish(port, "nccl", fanout=1, in_place=in_place)
 
 
 def check_nccl_world_size_one(port: int) -> str:
@@ -146,9 +167,10 @@ def main() -> None:
     parser.add_argument("--ordinal", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"], help=argparse.SUPPRESS)
     parser.add_argument("--fanout", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--in-place", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:
-        run_receiver(args.port, args.ordinal, args.backend, args.fanout)
+        run_receiver(args.port, args.ordinal, args.backend, args.fanout, args.in_place)
         return
     if not torch.cuda.is_available():
         print("FAIL cuda: no CUDA device")
@@ -159,6 +181,8 @@ def main() -> None:
         ("nccl_world_size_1", lambda: check_nccl_world_size_one(args.port + 1)),
         ("auto_backend_is_nccl", check_auto_backend),
         ("nccl_relay_chain_cast", lambda: check_nccl_relay_chain(args.port + 2)),
+        ("gloo_relayed_publish_in_place", lambda: check_publish(args.port, "gloo", fanout=2, in_place=True)),
+        ("nccl_relay_chain_in_place", lambda: check_nccl_relay_chain(args.port + 2, in_place=True)),
     ]
     failed = 0
     for name, check in checks:

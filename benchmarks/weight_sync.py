@@ -19,6 +19,7 @@ have their own cores and network (here all processes share the CPUs: read the cu
 Usage:
     python benchmarks/weight_sync.py                                   # 1M,10M x 1,2,4,8,16 receivers
     python benchmarks/weight_sync.py --sizes 10M,100M --receivers 1,8 --json rows.json
+    python benchmarks/weight_sync.py --sizes 100M --receivers 1,4 --in-place    # receivers as bufferStrategy none
 
 `--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
 model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -105,11 +107,34 @@ def config(args: argparse.Namespace, receivers: int) -> WeightSyncConfig:
 
 
 # -- receiver process ---------------------------------------------------------------------------------
+class InPlace:
+    """The weights received first, as a policy's own tensors that later versions are received into (`--in-place`:
+    what an evaluator with `bufferStrategy: none` does; nothing rolls out here, so nothing pauses).
+    """
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def receive_targets(self) -> Mapping[str, torch.Tensor]:
+        return self.tensors
+
+    def begin_weight_receive(self, timeout: float) -> bool:
+        return True
+
+    def end_weight_receive(self, version: int | None) -> None:
+        if version is None:
+            raise SystemExit("a receive in place stopped part way")
+
+
 def run_receiver(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     receiver = WeightReceiver(config(args, args.n), HOST, args.port, args.ordinal)
-    state: dict[str, torch.Tensor] = {}
+    state: Mapping[str, torch.Tensor] = {}
     done = set()
+
+    def into() -> InPlace | None:
+        return InPlace(state) if args.in_place and state else None
+
     while not receiver.sender_closed:
         store = receiver._store  # benchmark only: its keys share the sender's store
         if (
@@ -121,7 +146,7 @@ def run_receiver(args: argparse.Namespace) -> None:
 
             def until_next(out: list = received) -> None:
                 while not out[-1:] and not receiver.sender_closed:
-                    got = receiver.receive(timeout=0.2)
+                    got = receiver.receive(timeout=0.2, into=into())
                     if got is not None:
                         out.append(got)
 
@@ -129,7 +154,7 @@ def run_receiver(args: argparse.Namespace) -> None:
             store.set(PEAK.format(ordinal=args.ordinal), str(peak))
             got = received[0] if received else None
         else:
-            got = receiver.receive(timeout=0.2)
+            got = receiver.receive(timeout=0.2, into=into())
         if got is not None:
             state = got[1]
         store = receiver._store
@@ -169,7 +194,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     cmd = [sys.executable, __file__, "--role", "receiver", "--port", str(port), "--n", str(n), "--bucket-bytes",
            str(args.bucket_bytes), "--timeout", str(args.timeout), "--group-size", str(args.group_size),
-           "--fanout", str(args.fanout)]
+           "--fanout", str(args.fanout), *(["--in-place"] if args.in_place else [])]
     procs = [subprocess.Popen([*cmd, "--ordinal", str(o)]) for o in range(n)]
     sender = WeightSender(config(args, n), HOST, port)
     row: dict = {"params": numel, "receivers": n, "model_bytes": nbytes}
@@ -250,7 +275,9 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
 
 
 def print_header(args: argparse.Namespace) -> None:
-    print(f"bucket bound {args.bucket_bytes / 2**20:.0f} MiB, relay fan-out {args.fanout}; seconds per sync (best "
+    receive = "in place" if args.in_place else "staged"
+    print(f"bucket bound {args.bucket_bytes / 2**20:.0f} MiB, relay fan-out {args.fanout}, receivers {receive}; "
+          f"seconds per sync (best "
           f"of {args.syncs}); GB/s per receiver; egress: sender bytes sent / model bytes; peaks in MiB")
     head = (
         f"{'params':>7} {'recv':>4} {'MB':>6} | {'bucketed s':>10} {'GB/s':>6} | {'naive s':>8} | {'tcp s':>7} | "
@@ -319,6 +346,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list to this file")
     parser.add_argument(
+        "--in-place", action="store_true",
+        help="receivers receive each version into the weights they hold (bufferStrategy none), not a fresh copy",
+    )
+    parser.add_argument(
         "--port", type=int, default=BENCH_WEIGHT_SYNC.first,
         help="first port; each case uses two from here on (default: block BENCH_WEIGHT_SYNC of tests/_ports.py)",
     )
@@ -339,7 +370,8 @@ def main() -> None:
         for n in (int(x) for x in args.receivers.split(",")):
             cmd = [sys.executable, __file__, "--role", "case", "--sizes", size, "--n", str(n), "--port", str(port),
                    "--syncs", str(args.syncs), "--gap", str(args.gap), "--bucket-bytes", str(args.bucket_bytes),
-                   "--group-size", str(args.group_size), "--fanout", str(args.fanout), "--timeout", str(args.timeout)]
+                   "--group-size", str(args.group_size), "--fanout", str(args.fanout), "--timeout", str(args.timeout),
+                   *(["--in-place"] if args.in_place else [])]
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
             rows.append(json.loads(next(line for line in out.splitlines() if line.startswith("ROW "))[4:]))
             print_row(rows[-1])

@@ -11,11 +11,12 @@ Block                   Ports        Used by
 RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync,
                                      2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
-WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _memory (6), _relay (7, 16, 17),
+WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _relay (7, 16, 17), _memory (6, 9),
                                      _liveness (10-13), _cadence (15), _dtype (18), _ack (19),
                                      _scale_down (8)
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
 WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
+WEIGHTS_IN_PLACE        27240-27249  tests/weights/test_weight_relay.py, receivers in place (0, 1)
 WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)
 POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
@@ -95,6 +96,7 @@ RUNTIME_METRICS = PortBlock("RUNTIME_METRICS", 27100, 10)
 WEIGHTS_SYNC = PortBlock("WEIGHTS_SYNC", 27200, 20)
 WEIGHTS_STATE = PortBlock("WEIGHTS_STATE", 27220, 10)
 WEIGHTS_VERSION_FLOOR = PortBlock("WEIGHTS_VERSION_FLOOR", 27230, 10)
+WEIGHTS_IN_PLACE = PortBlock("WEIGHTS_IN_PLACE", 27240, 10)
 WEIGHTS_TORCHRUN = PortBlock("WEIGHTS_TORCHRUN", 27300, 10)
 POLICY = PortBlock("POLICY", 27400, 10)
 BENCH_WEIGHT_SYNC = PortBlock("BENCH_WEIGHT_SYNC", 27500, 100)
@@ -104,8 +106,8 @@ TRAJECTORIES = PortBlock("TRAJECTORIES", 27800, 20)
 BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
 
 BLOCKS = (
-    RUNTIME_RUNS, RUNTIME_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR, WEIGHTS_TORCHRUN, POLICY,
-    BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
+    RUNTIME_RUNS, RUNTIME_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR, WEIGHTS_IN_PLACE,
+    WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
 )
 """Every block of the table above."""
 

@@ -44,7 +44,10 @@ class WeightBufferConfig(StrictModel):
         default="single",
         description=(
             "single: weights are received into one staging buffer by a background thread and applied between "
-            "rollouts; none: no background thread, the caller applies updates itself."
+            "rollouts, which never pause (memory: a second copy of the model during a sync); none: no buffer, an "
+            "evaluator receives each version straight into the policy's tensors with rollouts paused for the "
+            "receive (memory: the model plus two transfers of at most 32 MiB), and in-process callers apply "
+            "updates themselves."
         ),
     )
 

@@ -118,16 +118,16 @@ class RolloutGate:
             self._active -= 1
             self._wake()
 
-    @contextlib.contextmanager
-    def exclusive(self, timeout: float | None = None) -> Iterator[bool]:
-        """Hold the gate alone for a weight update: wait for running rollouts, keep new ones out.
+    def acquire_exclusive(self, timeout: float | None = None) -> bool:
+        """Hold the gate alone for a weight update: wait for running rollouts, keep new ones out until
+        `release_exclusive` (for an update that spans calls, such as a receive straight into the weights).
 
         Args:
             timeout (float | None, optional): Seconds to wait for running rollouts; None waits forever.
                 Defaults to None.
 
-        Yields:
-            bool: True when held exclusively; False on timeout (the body must then not touch the weights).
+        Returns:
+            bool: True when held exclusively; False on timeout (the caller must then not touch the weights).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -145,13 +145,37 @@ class RolloutGate:
                 self._updates_waiting -= 1
                 if not self._updates_waiting and not self._updating:
                     self._wake()
+        return acquired
+
+    def release_exclusive(self) -> None:
+        """Let rollouts in again after `acquire_exclusive` returned True.
+
+        Raises:
+            RuntimeError: When the gate is not held exclusively.
+        """
+        with self._cond:
+            if not self._updating:
+                raise RuntimeError("release_exclusive called without a matching acquire_exclusive")
+            self._updating = False
+            self._wake()
+
+    @contextlib.contextmanager
+    def exclusive(self, timeout: float | None = None) -> Iterator[bool]:
+        """`acquire_exclusive` for the body of a `with` block, released at its end.
+
+        Args:
+            timeout (float | None, optional): Seconds to wait for running rollouts; None waits forever.
+                Defaults to None.
+
+        Yields:
+            bool: True when held exclusively; False on timeout (the body must then not touch the weights).
+        """
+        acquired = self.acquire_exclusive(timeout)
         try:
             yield acquired
         finally:
             if acquired:
-                with self._cond:
-                    self._updating = False
-                    self._wake()
+                self.release_exclusive()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no rollout and no update is in flight.

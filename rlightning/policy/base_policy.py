@@ -480,6 +480,42 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         """
         return self._update_thread.apply_staged(timeout)
 
+    def receive_targets(self) -> dict[str, torch.Tensor]:
+        """The tensors a version received in place is written into (`WeightReceiver.receive(into=...)`).
+
+        Returns:
+            dict[str, torch.Tensor]: Clean name -> this policy's own tensor (`named_state`, no copy).
+        """
+        return weights.named_state(self)
+
+    def begin_weight_receive(self, timeout: float) -> bool:
+        """Pause rollouts while a version is written straight into this policy's tensors (buffer strategy
+        `none`, `rlightning.weights.WeightReceiver`): waits for running rollouts, keeps new ones out until
+        `end_weight_receive`.
+
+        Args:
+            timeout (float): Seconds to wait for running rollouts.
+
+        Returns:
+            bool: True when paused (call `end_weight_receive` afterwards); False when rollouts did not drain in
+            time (nothing may be written).
+        """
+        return self._gate.acquire_exclusive(timeout)
+
+    def end_weight_receive(self, version: int | None) -> None:
+        """Let rollouts in again after `begin_weight_receive`.
+
+        Args:
+            version (int | None): The version the tensors now hold completely; None when the receive stopped part
+                way, so they hold no version: `weight_version` is 0 until the next complete one.
+
+        Raises:
+            RuntimeError: When no receive was begun.
+        """
+        with self._weight_apply_lock:
+            self.weight_version = 0 if version is None else int(version)
+        self._gate.release_exclusive()
+
     def update_weights(self) -> None:
         """The update thread's loop (`init_eval` starts it on a daemon thread): wait for a request, wait for
         rollouts to drain, apply, repeat.

@@ -29,8 +29,11 @@ After every `eval.episodesPerReport` evaluation episodes it reports:
   entirely with the version now applied, that version and their mean (what the trainer's target check uses);
 - `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent.
 
-With `policy.weightBuffer.bufferStrategy: none` there is no update thread: `BasePolicy.push_weights`
-applies the version at once, still never during a forward pass (it waits for running rollouts to drain).
+With `policy.weightBuffer.bufferStrategy: none` a version is received in place (`WeightReceiver.receive(into=...)`,
+`rlightning.weights._inplace`): rollouts pause from its first transfer to its commit and it lands in the policy's
+own tensors, so the evaluator holds the model plus two transfer buffers, never a second copy. A receive that stops
+part way leaves the policy holding no version: the evaluator is not Ready, drops the batch or episode that ran
+meanwhile and plays nothing until the next complete version.
 
 SIGTERM (pod deletion, `rlightning run` stopping) ends the current episode or batch (a batch cut short is not
 sent), waits at most `SHUTDOWN_JOIN_SECONDS` for the receiving thread, leaves the weight-sync group and exits 0:
@@ -162,7 +165,9 @@ class Evaluator:
         self._report: dict[str, float] = {}
         self._applied = threading.Event()
         self._new_version = threading.Event()  # set by the receiving thread after each apply
+        self._torn = 0  # receives in place that stopped part way: what ran meanwhile used no whole version
         self._dtypes = {name: t.dtype for name, t in weights.named_state(self.policy).items()}
+        self._in_place = self if self.policy.weight_buffer_strategy == "none" else None
 
     # -- receiving thread ---------------------------------------------------------------------------------
     def _apply(self, version: int, state: dict[str, torch.Tensor]) -> None:
@@ -187,6 +192,37 @@ class Evaluator:
                 log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
                 raise RuntimeError(f"version {version} was not applied within {timeout:.0f} s")
 
+    # -- receiving in place (buffer strategy `none`, `weights.WeightReceiver.receive(into=...)`) ----------------
+    def receive_targets(self) -> dict[str, torch.Tensor]:
+        """The policy's own tensors, which a version received in place is written into."""
+        return self.policy.receive_targets()
+
+    def begin_weight_receive(self, timeout: float) -> bool:
+        """Pause rollouts (and a trainer's pull of the weights) while a version is written into the policy."""
+        if not self._weights_lock.acquire(timeout=timeout):
+            return False
+        if self.policy.begin_weight_receive(timeout):
+            return True
+        self._weights_lock.release()
+        return False
+
+    def end_weight_receive(self, version: int | None) -> None:
+        """Resume rollouts; after a receive that stopped part way the policy holds no version, so this evaluator
+        is not Ready and plays nothing until the next complete one (what was cut short is dropped).
+        """
+        try:
+            self.policy.end_weight_receive(version)
+            if version is None:
+                with self._lock:
+                    self._torn += 1
+                    self._applied_record = None
+                self._applied.clear()
+                _health.remove(self.health_file)
+                log.warning("evaluator %d holds no whole version after a failed receive; waiting for the next",
+                            self.ordinal)
+        finally:
+            self._weights_lock.release()
+
     def held_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """The version held and a CPU copy of the weights, for a restarted trainer's pull (`TrajectorySender`).
 
@@ -206,7 +242,7 @@ class Evaluator:
 
     def _receive_loop(self) -> None:
         while not self.stop.requested:
-            if self.receiver.receive(RECEIVE_POLL_SECONDS, apply=self._apply) is None:
+            if self.receiver.receive(RECEIVE_POLL_SECONDS, apply=self._apply, into=self._in_place) is None:
                 continue
             # Only this thread asks for updates, so the weights stay put while they are digested.
             record = weights.WeightRecord.of(
@@ -236,8 +272,7 @@ class Evaluator:
         thread = threading.Thread(target=self._receive_loop, name="weight-receiver", daemon=True)
         thread.start()
         log.info("evaluator %d waiting for the first weights", self.ordinal)
-        while not self.stop.requested and not self._applied.wait(0.5):
-            pass
+        self._wait_for_weights()
         try:
             if self.data_sender is None:
                 while not self.stop.requested:
@@ -258,10 +293,21 @@ class Evaluator:
             self.policy.close()
         return 0
 
+    def _wait_for_weights(self) -> None:
+        """Block until the policy holds a whole version, or a stop is requested."""
+        while not self.stop.requested and not self._applied.wait(0.5):
+            pass
+
     def _evaluate_one(self) -> None:
         """Play one deterministic evaluation episode with the newest weights; report when a report is due."""
+        self._wait_for_weights()
+        if self.stop.requested:
+            return
+        torn = self._torn
         episode = self.record.episodes
         before = self.policy.weight_version
+        if before == 0:  # torn after the wait (the version drops before `_torn` counts it): wait again
+            return
         (ret,) = collector.evaluate_episodes(
             self.policy,
             self.spec.env,
@@ -269,6 +315,8 @@ class Evaluator:
             deterministic=self.spec.eval.deterministic,
             seed=self.spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + episode,
         )
+        if self._torn != torn:
+            return  # played partly with no whole version: not counted
         self.metrics.episodes.inc()
         report = self.record.add(ret, before, self.policy.weight_version)
         if report is not None:
@@ -289,7 +337,11 @@ class Evaluator:
         sequence = 0
         try:
             while not self.stop.requested:
+                self._wait_for_weights()
+                torn = self._torn
                 version = self.policy.weight_version
+                if version == 0:  # torn after the wait: wait again
+                    continue
                 # On-policy, a batch of a version every rank already holds enough of is waste: wait for the next.
                 wanted = spec.train.max_policy_lag > 0 or sender.wanted(version)
                 credit = sender.wait_for_credit(0.0) and wanted
@@ -312,6 +364,8 @@ class Evaluator:
                 batch = rollouts.collect(spec.train.rollout_steps)
                 if self.stop.requested:
                     break  # the batch may be cut short by the signal's episode end; never sent
+                if self._torn != torn:
+                    continue  # collected partly with no whole version
                 if self.policy.weight_version != version and spec.train.max_policy_lag == 0:
                     continue  # a new version came mid-batch: too old on arrival
                 new = min(rollouts.episodes_finished - finished, len(rollouts.recent_returns))

@@ -10,7 +10,7 @@ import concurrent.futures
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from rlightning.config import WeightSyncConfig
 from rlightning.weights import (
     _buckets,
     _fingerprint,
+    _inplace,
     _messages,
     _nccl,
     _relay,
@@ -160,7 +161,9 @@ class WeightReceiver:
         self._store, self._report_store, self._watcher, self._spares = None, None, None, None
 
     # -- receiving -------------------------------------------------------------------------------------
-    def receive(self, timeout: float, apply: Apply | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+    def receive(
+        self, timeout: float, apply: Apply | None = None, into: _inplace.InPlaceTarget | None = None
+    ) -> tuple[int, Mapping[str, torch.Tensor]] | None:
         """Wait up to `timeout` seconds for the next publish and receive it completely.
 
         A publish that has begun is finished (bounded by `timeout_seconds` per step) even past `timeout`.
@@ -171,14 +174,22 @@ class WeightReceiver:
         version and returns None. It must return within `timeout_seconds` (the sender waits no longer).
         Without it, the acknowledgement means received (the caller applies what is returned).
 
+        With `into`, the publish is received in place (`_inplace`): rollouts pause from the first transfer to the
+        commit, the transfers land in `into`'s own tensors (the model plus two transfer buffers in memory, no
+        second copy), the version is applied once committed, and the acknowledgement means applied as with
+        `apply` (which is then not called). A receive that fails part way leaves `into` holding no version
+        (`end_weight_receive(None)`); one whose tensors do not fit is received aside and acknowledged `failed`.
+
         Args:
             timeout (float): seconds to wait for a connection and an announcement.
             apply (Apply | None, optional): applies a received version, e.g. stage it and wait until the
                 policy applied it between rollouts. Defaults to None.
+            into (InPlaceTarget | None, optional): receive in place into this policy's tensors. Defaults to None.
 
         Returns:
-            tuple[int, dict[str, torch.Tensor]] | None: (version, name -> tensor) in fresh memory owned by the
-            caller, or None when nothing complete arrived in time (or the sender announced its close).
+            tuple[int, Mapping[str, torch.Tensor]] | None: (version, name -> tensor) in fresh memory owned by the
+            caller (with `into`: `into`'s own tensors), or None when nothing complete arrived in time (or the
+            sender announced its close).
         """
         deadline = time.monotonic() + timeout
         while True:
@@ -193,7 +204,7 @@ class WeightReceiver:
                     self._drop_group()
                     return None
                 self.sender_closed = False
-                got = self._take_part(store, ann, apply)
+                got = self._take_part(store, ann, apply, into)
                 if got is not None:
                     return got
                 continue
@@ -262,8 +273,12 @@ class WeightReceiver:
         )
 
     def _take_part(
-        self, store: dist.TCPStore, ann: _messages.Publish, apply: Apply | None
-    ) -> tuple[int, dict[str, torch.Tensor]] | None:
+        self,
+        store: dist.TCPStore,
+        ann: _messages.Publish,
+        apply: Apply | None,
+        into: _inplace.InPlaceTarget | None,
+    ) -> tuple[int, Mapping[str, torch.Tensor]] | None:
         seq, version = ann.seq, ann.version
         mine = next(
             (
@@ -289,52 +304,79 @@ class WeightReceiver:
         layout = self._layout(store, ann.signature)
         transport = self._transport
         assert transport is not None
-        header = torch.zeros(4, dtype=torch.int64, device=transport.device)
-        flats = self._take_buckets(layout, transport.device)
-        transfers = [header] + [flats[seg.bucket][seg.offset : seg.offset + seg.numel] for seg in layout.segments]
-        forwarder = _relay.Forwarder(self._children, transfers)
-        try:
-            transport.wait_work(transport.broadcast(header))
-            expected = _transport.header_tensor(seq, version, len(layout.buckets), layout.signature, transport.device)
-            if not torch.equal(header, expected):
-                raise _RoundFailed(f"header {header.tolist()} does not match announcement {seq} (version {version})")
-            forwarder.advance(1)
-            inflight: collections.deque[dist.Work] = collections.deque()
-            arrived = 1
-            for flat in transfers[1:]:  # the sender's transfers, in its order, straight into the buckets
-                if len(inflight) >= _transport.MAX_IN_FLIGHT:
-                    transport.wait_work(inflight.popleft())
-                    arrived += 1
-                    forwarder.advance(arrived)  # relay each transfer as soon as it is here
-                inflight.append(transport.broadcast(flat))
-            while inflight:
-                transport.wait_work(inflight.popleft())
-                arrived += 1
-                forwarder.advance(arrived)
-        except RuntimeError as exc:
-            if place.parent is not None:  # (the sender knows when its edge to the root broke)
-                # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a parent
-                # that has not yet: it died, or dropped this publish and closed its edges
-                cut = _topology.subtree(tree, self.ordinal) + [place.parent]
-                self._report_lost(store, seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
-            raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
-        commit = _store.commit(seq, key[0])
-
-        def committed() -> bool:
-            missing = _store.wait_keys(store, [commit], 2 * self._timeout)
-            return not missing and _messages.read(store, commit, _messages.COMMIT).ok
-
-        if not _store.bounded(committed, 3 * self._timeout, f"the commit of publish {seq}"):
-            raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
         ignored = version <= self.version  # acknowledged as ignored: the sender does not count it as applied
-        ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", version)
-        state = layout.unpack_all(flats)
-        if apply is not None and not ignored:
+        landing: _inplace.Landing | None = None
+        unfit: ValueError | None = None  # the policy's tensors do not fit: received aside, acknowledged failed
+        if into is not None and not ignored:
             try:
-                apply(version, state)
-            except Exception as exc:  # noqa: BLE001 - whatever the policy raised: reported, never acknowledged
-                log.error("receiver %d: applying version %d failed: %r", self.ordinal, version, exc)
-                ack = _messages.Ack("failed", self.version, repr(exc))
+                landing = _inplace.Landing(layout, into.receive_targets(), transport.device)
+            except ValueError as exc:
+                unfit = exc
+        flats: list[torch.Tensor] = []
+        if landing is None:
+            flats = self._take_buckets(layout, transport.device)
+            destinations = [flats[seg.bucket][seg.offset : seg.offset + seg.numel] for seg in layout.segments]
+        else:
+            destinations = [landing.destination(i) for i in range(len(layout.segments))]
+        header = torch.zeros(4, dtype=torch.int64, device=transport.device)
+        transfers = [header] + destinations
+        forwarder = _relay.Forwarder(self._children, transfers)
+        paused = False  # rollouts of `into` paused: a failure from here on leaves it holding no version
+        try:
+            try:
+                transport.wait_work(transport.broadcast(header))
+                expected = _transport.header_tensor(
+                    seq, version, len(layout.buckets), layout.signature, transport.device
+                )
+                if not torch.equal(header, expected):
+                    raise _RoundFailed(
+                        f"header {header.tolist()} does not match announcement {seq} (version {version})"
+                    )
+                forwarder.advance(1)
+                if landing is not None:
+                    assert into is not None
+                    pause = self._timeout / 2
+                    if not into.begin_weight_receive(pause):
+                        raise _RoundFailed(f"rollouts did not pause within {pause:.1f} s for publish {seq}")
+                    paused = True
+                self._receive_transfers(transport, transfers, forwarder, landing)
+            except RuntimeError as exc:
+                if place.parent is not None:  # (the sender knows when its edge to the root broke)
+                    # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a
+                    # parent that has not yet: it died, or dropped this publish and closed its edges
+                    cut = _topology.subtree(tree, self.ordinal) + [place.parent]
+                    self._report_lost(store, seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
+                raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
+            commit = _store.commit(seq, key[0])
+
+            def committed() -> bool:
+                missing = _store.wait_keys(store, [commit], 2 * self._timeout)
+                return not missing and _messages.read(store, commit, _messages.COMMIT).ok
+
+            if not _store.bounded(committed, 3 * self._timeout, f"the commit of publish {seq}"):
+                raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
+        except BaseException:
+            if paused:
+                assert into is not None
+                into.end_weight_receive(None)  # part of the version was written: it holds none
+            raise
+        ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", version)
+        state: Mapping[str, torch.Tensor]
+        if landing is not None:
+            assert into is not None
+            into.end_weight_receive(version)
+            state = into.receive_targets()
+        else:
+            state = layout.unpack_all(flats)
+            if unfit is not None:
+                log.error("receiver %d: version %d does not fit the policy: %s", self.ordinal, version, unfit)
+                ack = _messages.Ack("failed", self.version, repr(unfit))
+            elif apply is not None and not ignored:
+                try:
+                    apply(version, dict(state))
+                except Exception as exc:  # noqa: BLE001 - whatever the policy raised: reported, never acknowledged
+                    log.error("receiver %d: applying version %d failed: %r", self.ordinal, version, exc)
+                    ack = _messages.Ack("failed", self.version, repr(exc))
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
         )
@@ -344,11 +386,54 @@ class WeightReceiver:
         if ignored:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
             return None
-        self._last_layout = (layout, transport.device)
+        # buckets for the next publish are prepared between publishes only on the staged path
+        self._last_layout = None if landing is not None else (layout, transport.device)
         if ack.outcome == "failed":
             return None
         self.version = version
         return version, state
+
+    def _receive_transfers(
+        self,
+        transport: _transport.BroadcastGroup,
+        transfers: list[torch.Tensor],
+        forwarder: _relay.Forwarder,
+        landing: _inplace.Landing | None,
+    ) -> None:
+        """Receive every transfer after the header, in the sender's order, relaying each one as soon as it is here.
+
+        In place (`landing`), a staged transfer is unpacked into the policy's tensors on arrival, and its staging
+        buffer is reused only once the children got it too (`Forwarder.release`).
+
+        Raises:
+            RuntimeError: when a transfer failed or timed out.
+        """
+        inflight: collections.deque[dist.Work] = collections.deque()
+        arrived = 1  # transfers here, the header included
+        last_in_slot: list[int | None] = [None] * _inplace.STAGING_SLOTS  # segment last received into each
+
+        def arrive() -> None:
+            nonlocal arrived
+            transport.wait_work(inflight.popleft())
+            if landing is not None:
+                landing.land(arrived - 1, transfers[arrived])
+            arrived += 1
+            forwarder.advance(arrived)  # relay each transfer as soon as it is here
+
+        for index, flat in enumerate(transfers[1:]):
+            if len(inflight) >= _transport.MAX_IN_FLIGHT:
+                arrive()
+            slot = None if landing is None else landing.slot(index)
+            if slot is not None:
+                previous = last_in_slot[slot]
+                if previous is not None:  # its buffer is reused: unpacked and relayed first
+                    while arrived <= previous + 1:
+                        arrive()
+                    forwarder.release(previous + 2, time.monotonic() + self._timeout)
+                last_in_slot[slot] = index
+            inflight.append(transport.broadcast(flat))
+        while inflight:
+            arrive()
 
     def _report_lost(self, store: dist.TCPStore, seq: int, ordinals: list[int], why: str) -> None:
         """Acknowledge publish `seq` as `lost` for `ordinals` where they did not acknowledge yet, so the sender

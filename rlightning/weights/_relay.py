@@ -78,6 +78,7 @@ class Forwarder:
         self._transfers = transfers
         self._sent = {child.ordinal: 0 for child in children}
         self._works: dict[int, collections.deque[dist.Work]] = {c.ordinal: collections.deque() for c in children}
+        self._available = 0
 
     def advance(self, available: int) -> None:
         """Queue transfers [sent, available) on every child edge that is formed; never blocks on a child.
@@ -85,6 +86,7 @@ class Forwarder:
         Args:
             available (int): how many transfers, from the first, have arrived completely.
         """
+        self._available = max(self._available, available)
         for child in self._children:
             edge = child.ready()
             if edge is None:
@@ -96,6 +98,29 @@ class Forwarder:
                 while self._sent[child.ordinal] < available:
                     works.append(edge.broadcast(self._transfers[self._sent[child.ordinal]]))
                     self._sent[child.ordinal] += 1
+            except RuntimeError as exc:
+                child.fail(f"forwarding failed: {exc}")
+
+    def release(self, count: int, deadline: float) -> None:
+        """Wait, at most until `deadline`, for every child to have received the first `count` transfers, so
+        their memory may be reused (a receive in place reuses two staging buffers, `_inplace`).
+
+        A child that misses the deadline, or whose edge has not formed by then, is dropped for this publish, as
+        in `finish` (it reports there).
+
+        Args:
+            count (int): transfers, from the first, that must have left (at most the arrived ones).
+            deadline (float): `time.monotonic()` bound shared by all children.
+        """
+        for child in self._children:
+            if child.error is None and child.ready(deadline - time.monotonic()) is None and child.error is None:
+                child.fail("the edge did not form before its buffer was reused")
+        self.advance(self._available)
+        for child in self._children:
+            works = self._works[child.ordinal]
+            try:
+                while works and child.edge is not None and self._sent[child.ordinal] - len(works) < count:
+                    child.edge.wait_work(works.popleft(), deadline)
             except RuntimeError as exc:
                 child.fail(f"forwarding failed: {exc}")
 

@@ -221,3 +221,45 @@ def test_older_versions_are_ignored() -> None:
         assert policy.weight_version == 3 and policy.scale_value == 3.0
     finally:
         policy.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_receive_in_place_keeps_rollouts_out_and_a_torn_one_leaves_no_version() -> None:
+    policy = _eval_policy(strategy="none")
+    try:
+        assert policy.begin_weight_receive(timeout=2.0)
+        # a rollout waits for the receive; it times out meanwhile
+        with pytest.raises(TimeoutError):
+            policy.rollout(obs(), timeout=0.2)
+        for tensor in policy.receive_targets().values():
+            tensor.fill_(0.5)  # what the receiver writes, straight into the policy
+        policy.end_weight_receive(3)
+        assert policy.weight_version == 3 and policy.scale_value == 0.5
+        assert policy.rollout(obs(), timeout=2.0).shape == (4, 2)
+
+        assert policy.begin_weight_receive(timeout=2.0)
+        policy.end_weight_receive(None)  # stopped part way
+        assert policy.weight_version == 0
+        assert policy.rollout(obs(), timeout=2.0).shape == (4, 2)  # the gate is free again
+        with pytest.raises(RuntimeError, match="without a matching"):
+            policy.end_weight_receive(4)
+    finally:
+        policy.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_receive_in_place_waits_for_a_running_rollout() -> None:
+    policy = _eval_policy(strategy="none")
+    entered = threading.Event()
+    try:
+        assert policy._gate.enter_rollout(2.0)  # a rollout in flight (held open by the test)
+        assert not policy.begin_weight_receive(0.1)  # it does not drain in time: nothing may be written
+        waiter = threading.Thread(target=lambda: entered.set() if policy.begin_weight_receive(5.0) else None)
+        waiter.start()
+        assert not entered.wait(0.3)  # the receive waits for it
+        policy._gate.exit_rollout()
+        assert entered.wait(5.0)
+        waiter.join(5.0)
+        policy.end_weight_receive(1)
+    finally:
+        policy.close()

@@ -25,7 +25,7 @@ from wsync_helpers import (
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightSender, WeightSyncError, tensor_digests
 from rlightning.weights._topology import Place, relay_tree, subtree
-from tests._ports import WEIGHTS_SYNC
+from tests._ports import WEIGHTS_IN_PLACE, WEIGHTS_SYNC
 
 torch.set_num_threads(1)
 TIMEOUT = 5.0
@@ -80,9 +80,23 @@ def config() -> WeightSyncConfig:
     )
 
 
-def start_fleet(port: int, *extra_of: tuple[int, tuple[str, ...]]) -> list:
+def start_fleet(port: int, *extra_of: tuple[int, tuple[str, ...]], common: tuple[str, ...] = ()) -> list:
     extra = dict(extra_of)
-    return [start_receiver(port, o, *extra.get(o, ()), group_size=8, lifetime=120.0) for o in FLEET]
+    return [start_receiver(port, o, *common, *extra.get(o, ()), group_size=8, lifetime=120.0) for o in FLEET]
+
+
+IN_PLACE = pytest.mark.parametrize("receive", ["staged", "in-place"])
+"""Receivers stage each version (`single`), or receive it straight into the policy (`none`), relaying from its
+tensors and from two reused transfer buffers."""
+
+
+def receiver_mode(receive: str) -> tuple[str, ...]:
+    return ("--in-place",) if receive == "in-place" else ()
+
+
+def port_of(receive: str, staged: int, in_place: int) -> int:
+    """A port per mode: a parametrized run must not wait for the previous one's sockets to close."""
+    return WEIGHTS_IN_PLACE.port(in_place) if receive == "in-place" else WEIGHTS_SYNC.port(staged)
 
 
 def digests_match(reports: dict, ordinals: list[int], version: int) -> bool:
@@ -94,9 +108,10 @@ def digests_match(reports: dict, ordinals: list[int], version: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_eight_receivers_relaying_hold_identical_weights_after_every_publish(procs):
-    port = WEIGHTS_SYNC.port(16)
-    procs += start_fleet(port)
+@IN_PLACE
+def test_eight_receivers_relaying_hold_identical_weights_after_every_publish(procs, receive):
+    port = port_of(receive, 16, 0)
+    procs += start_fleet(port, common=receiver_mode(receive))
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
         wait_members(sender, set(FLEET), timeout=120.0)
@@ -114,10 +129,11 @@ def test_eight_receivers_relaying_hold_identical_weights_after_every_publish(pro
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_version(procs):
-    port = WEIGHTS_SYNC.port(17)
+@IN_PLACE
+def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_version(procs, receive):
+    port = port_of(receive, 17, 1)
     # tree (fanout 2): 0 -> 1, 2; 1 -> 3, 4; 2 -> 5, 6; 3 -> 7. Relay 1 dies receiving version 2.
-    procs += start_fleet(port, (1, ("--die-in-version", "2")))
+    procs += start_fleet(port, (1, ("--die-in-version", "2")), common=receiver_mode(receive))
     cut_off, others = [1, 3, 4, 7], [0, 2, 5, 6]
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
@@ -145,7 +161,7 @@ def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_ver
     stop(procs)
     for ordinal in others:
         assert applied_versions(procs[ordinal]) == [1, 2, 3]
-    for ordinal in (3, 4, 7):  # never a torn version 2: they kept 1 until 3 arrived
+    for ordinal in (3, 4, 7):  # never a torn version 2: they kept 1 (staged) or held none (in place) until 3
         assert applied_versions(procs[ordinal]) == [1, 3]
 
 

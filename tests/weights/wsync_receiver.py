@@ -5,6 +5,8 @@ version inside `receive` (its `apply` hook: the acknowledgement means applied) a
 that apply raise for version N. --die-in-version N sends SIGKILL to itself in the
 middle of receiving version N (after its first transfers), to test a receiver that dies mid-broadcast.
 --leave-after-version N leaves cleanly once it applied version N (a scale-down: what an evaluator does on SIGTERM).
+--in-place receives straight into the policy's tensors (`receive(into=...)`, buffer strategy `none`); a receive
+that stops part way prints {"event": "torn"}.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
     parser.add_argument("--leave-after-version", type=int, default=0,
                         help="leave cleanly (as on SIGTERM in a pod) once this version is applied: a scale-down")
+    parser.add_argument("--in-place", action="store_true", help="receive into the policy's tensors")
     parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
     args = parser.parse_args()
     if args.log:
@@ -81,15 +84,35 @@ def main() -> None:
         receiver.report(WeightRecord.of(policy.weight_version, named_state(policy)), {"ordinal": float(args.ordinal)})
         print(json.dumps({"event": "applied", "version": version, "staged": staged, "applied": applied}), flush=True)
 
+    class InPlace:
+        """The policy as an in-place target (what `BasePolicy` provides, without a rollout gate: nothing rolls out)."""
+
+        def receive_targets(self) -> dict:
+            return named_state(policy)
+
+        def begin_weight_receive(self, timeout: float) -> bool:
+            return True
+
+        def end_weight_receive(self, version: int | None) -> None:
+            policy.weight_version = version or 0
+            if version is None:
+                print(json.dumps({"event": "torn"}), flush=True)
+
     print(json.dumps({"event": "started"}), flush=True)
     end = time.monotonic() + args.lifetime
     while time.monotonic() < end:
-        got = receiver.receive(timeout=1.0, apply=apply if args.apply_in_receive else None)
+        got = receiver.receive(
+            timeout=1.0, apply=apply if args.apply_in_receive else None, into=InPlace() if args.in_place else None
+        )
         if got is None:
             if receiver.sender_closed and not args.keep_after_close:
                 break
             continue
-        if not args.apply_in_receive:
+        if args.in_place:
+            record = WeightRecord.of(policy.weight_version, named_state(policy))
+            receiver.report(record, {"ordinal": float(args.ordinal)})
+            print(json.dumps({"event": "applied", "version": got[0], "staged": True, "applied": got[0]}), flush=True)
+        elif not args.apply_in_receive:
             apply(*got)
         if args.leave_after_version and receiver.version >= args.leave_after_version:
             break
