@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,19 +19,12 @@ from rlightning import weights
 from rlightning.config import parse_manifest
 from rlightning.runtime.eval import Evaluator
 from rlightning.runtime.settings import ProcessSettings
-from tests.runtime.conftest import tiny_manifest
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise TimeoutError(what)
-        time.sleep(0.02)
+from tests._polling import wait_for
 
 
 @pytest.mark.timeout(120)
-def test_in_place_evaluator_holds_no_version_after_a_torn_receive_until_the_next(tmp_path: Path) -> None:
+def test_in_place_evaluator_holds_no_version_after_a_torn_receive_until_the_next(tmp_path: Path, run_helpers) -> None:
+    tiny_manifest = run_helpers[0]
     doc = tiny_manifest("in-place", policy={"weightBuffer": {"bufferStrategy": "none"}})
     spec = parse_manifest(doc).spec
     health = tmp_path / "ready"
@@ -48,24 +40,29 @@ def test_in_place_evaluator_holds_no_version_after_a_torn_receive_until_the_next
     try:
         assert evaluator._in_place is evaluator
         runner.start()
-        wait_until(lambda: 0 in sender.members, 30.0, "the evaluator did not register")
+        wait_for("the evaluator to register", lambda: 0 in sender.members, 30.0, interval=0.05)
         state = {n: torch.full_like(t, 0.01) for n, t in weights.named_state(evaluator.policy).items()}
         assert sender.publish(state).receivers_acked == [0]  # an ack means applied: in the policy's own tensors
         assert evaluator.policy.weight_version == 1
-        wait_until(health.exists, 10.0, "not Ready with version 1")  # touched once the receive returned
-        wait_until(lambda: evaluator.record.episodes > 0, 30.0, "no evaluation episode with version 1")
+        wait_for("readiness with version 1", health.exists, 10.0, interval=0.05)  # touched once the receive returned
+        wait_for("an evaluation episode with version 1", lambda: evaluator.record.episodes > 0, 30.0, interval=0.05)
 
         played: list[tuple[int, int]] = []  # (version at the start, at the end) of every episode counted
         count = evaluator.record.add
-        evaluator.record.add = lambda ret, before, after: played.append((before, after)) or count(ret, before, after)
+
+        def add(ret: float, before: int, after: int) -> dict[str, float] | None:
+            played.append((before, after))
+            return count(ret, before, after)
+
+        evaluator.record.add = add
         assert evaluator.begin_weight_receive(5.0)  # a receive in place that fails after its first transfer
         evaluator.end_weight_receive(None)
         assert evaluator.policy.weight_version == 0 and not health.exists()
         assert evaluator.held_weights() == (0, {})  # a restarted trainer pulls from another evaluator
         stats = sender.publish({n: torch.full_like(t, 0.02) for n, t in state.items()})
         assert stats.receivers_acked == [0] and evaluator.policy.weight_version == 2
-        wait_until(health.exists, 10.0, "not Ready again with version 2")
-        wait_until(lambda: (2, 2) in played, 30.0, "no evaluation episode with version 2")
+        wait_for("readiness with version 2", health.exists, 10.0, interval=0.05)
+        wait_for("an evaluation episode with version 2", lambda: (2, 2) in played, 30.0, interval=0.05)
         # nothing counted was played with the torn weights: none started without a version
         assert all(before != 0 for before, _ in played), played
         held_version, held = evaluator.held_weights()
