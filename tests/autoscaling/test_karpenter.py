@@ -34,6 +34,10 @@ scheduler's retry of the pods; with slack for a loaded machine."""
 CONSOLIDATE_SECONDS = 150.0
 """Bound for emptied nodes to go: consolidateAfter (5 s) after the last pod left, Karpenter's disruption loop
 (every 10 s), its validation wait before it acts, and the termination of the NodeClaim and Node."""
+BLOCKED_SECONDS = 150.0
+"""Bound for Karpenter's DisruptionBlocked Event naming the trainer's annotation: it posts one such Event per node
+per 2 minutes (its recorder's dedupe by reason and node), whatever blocked the node first (a node just made is
+"nominated for a pending pod" for a while), then every 10 s disruption pass finds the trainer's annotation."""
 CLEANUP_SECONDS = 120.0
 """Bound for the pool's nodes to go once the NodePool is deleted (after the group's pods are gone)."""
 
@@ -132,7 +136,7 @@ def test_karpenter_adds_nodes_for_a_pending_fleet_and_consolidates_them_without_
         # Karpenter looked at the trainer's node and refused it for the trainer's annotation.
         blocked = _polling.wait_for("Karpenter to report the trainer's node blocked",
                                     lambda: [m for m in _blocked(cluster, trainer_node) if "do-not-disrupt" in m],
-                                    CONSOLIDATE_SECONDS, explain=lambda: _karpenter_log(karpenter))
+                                    BLOCKED_SECONDS, explain=lambda: _karpenter_log(karpenter))
         assert trainer["metadata"]["name"] in blocked[0], blocked
         assert len(items(cluster, "nodeclaims")) == len(left)
 
