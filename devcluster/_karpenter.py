@@ -43,9 +43,10 @@ CRD_FILES = (
     "kwok/charts/crds/karpenter.sh_nodeoverlays.yaml",
     "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml",
 )
-"""CRD files under the module folder. The kwok chart's copies of NodePool and NodeClaim carry the label-domain
-rule that allows ``karpenter.kwok.sh`` labels; NodeOverlay is installed too, since its feature gate can be turned
-on without a restart of anything else."""
+"""CRD files under the module folder: what the provider's own chart installs (``kwok/charts/crds``, whose NodePool
+and NodeClaim allow the ``karpenter.kwok.sh`` label domain, ``hack/kwok/requirements.sh``) and the node class.
+NodeOverlay is only read with the ``NodeOverlay`` feature gate on (off by default); it is installed as the chart
+does."""
 
 CRD_NAMES = (
     "nodepools.karpenter.sh",
