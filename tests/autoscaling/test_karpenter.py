@@ -124,21 +124,22 @@ def test_karpenter_adds_nodes_for_a_pending_fleet_and_consolidates_them_without_
         wait_for("1 evaluator left", lambda: len(pods(cluster, namespace, "eval")) == 1)
 
         def consolidated():
-            """The pool's nodes are exactly those that run the group's pods, and fewer than before."""
+            """The pool's nodes are exactly those that run the group's pods, fewer than before, one NodeClaim each."""
             running_on = {p["spec"].get("nodeName") for p in pods(cluster, namespace)
                           if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
             left = {n["metadata"]["name"] for n in _pool_nodes(cluster)}
-            return left if left == running_on and len(left) < len(nodes) else None
+            claimed = {c["status"].get("nodeName") for c in items(cluster, "nodeclaims")}
+            return left if left == running_on == claimed and len(left) < len(nodes) else None
 
         left = _polling.wait_for("consolidation to delete the emptied nodes", consolidated, CONSOLIDATE_SECONDS,
                                  explain=lambda: _karpenter_log(karpenter))
         assert trainer_node in left, "the trainer's node is never consolidated"
+        # Consolidation may go on (the last evaluator may be moved beside the trainer): the trainer's node stays.
         # Karpenter looked at the trainer's node and refused it for the trainer's annotation.
         blocked = _polling.wait_for("Karpenter to report the trainer's node blocked",
                                     lambda: [m for m in _blocked(cluster, trainer_node) if "do-not-disrupt" in m],
                                     BLOCKED_SECONDS, explain=lambda: _karpenter_log(karpenter))
         assert trainer["metadata"]["name"] in blocked[0], blocked
-        assert len(items(cluster, "nodeclaims")) == len(left)
 
         def settled():
             status = get_json(cluster, "pg", GROUP, "-n", namespace).get("status") or {}
