@@ -165,11 +165,12 @@ ADDONS = {
     "metrics-server": Target(
         "metrics-server", "metrics-server", ("sigs.k8s.io/metrics-server/cmd/metrics-server",), ("metrics-server",)
     ),
+    "karpenter": Target("karpenter", "karpenter", ("sigs.k8s.io/karpenter/kwok",), ("karpenter-kwok",)),
 }
 """Components built on demand (``build_addon``), each cached under a key of its own: they are not part of the
 control plane's key, so adding or bumping one never rebuilds the control plane."""
 
-ADDON_VERSIONS = {"metrics-server": _versions.METRICS_SERVER}
+ADDON_VERSIONS = {"metrics-server": _versions.METRICS_SERVER, "karpenter": _versions.KARPENTER}
 """The pinned upstream version of each add-on (part of its key)."""
 
 

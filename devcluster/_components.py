@@ -253,3 +253,38 @@ def metrics_server(
         "--kubelet-request-timeout=5s",  # below the resolution, which metrics-server requires
         "--profiling=false",
     ]
+
+
+KARPENTER_INSTANCE_TYPES = pathlib.Path(__file__).parent / "karpenter" / "instance-types.json"
+"""The instance types Karpenter's kwok provider offers (its ``--instance-types-file-path``): three CPU sizes and
+one GPU type, on-demand in one zone, priced in proportion to their size (a GPU costs as much as 24 CPUs), so
+Karpenter picks the smallest that fits and a GPU type only for pods that ask for ``nvidia.com/gpu``."""
+
+
+def karpenter(
+    kubeconfig: pathlib.Path, ports: _ports.Ports, binary: pathlib.Path, instance_types: pathlib.Path
+) -> tuple[list[str], dict[str, str]]:
+    """Karpenter's kwok provider as a host process: its command line and the environment it adds.
+
+    It reads the cluster from ``KUBECONFIG`` (its flag set has no ``--kubeconfig``) and runs without leader
+    election (one replica; ``DISABLE_LEADER_ELECTION``). Its metrics and health servers bind every interface at
+    the block's ``karpenter_metrics`` and ``karpenter_health`` ports (Karpenter takes ports, not addresses).
+
+    Args:
+        kubeconfig (pathlib.Path): The admin kubeconfig.
+        ports (_ports.Ports): The cluster's port block.
+        binary (pathlib.Path): The built ``karpenter-kwok`` (``_build.build_addon("karpenter")``).
+        instance_types (pathlib.Path): Instance types file (:data:`KARPENTER_INSTANCE_TYPES`).
+
+    Returns:
+        tuple[list[str], dict[str, str]]: The command line (flags of Karpenter v1.13, ``karpenter-kwok --help``)
+        and the variables to add to the environment.
+    """
+    argv = [
+        str(binary),
+        f"--metrics-port={ports.karpenter_metrics}",
+        f"--health-probe-port={ports.karpenter_health}",
+        f"--instance-types-file-path={instance_types}",
+        "--log-level=info",
+    ]
+    return argv, {"KUBECONFIG": str(kubeconfig), "DISABLE_LEADER_ELECTION": "true"}

@@ -5,9 +5,9 @@ modules (k8s.io/api, k8s.io/client-go, ...) at ``v0.0.0`` and points them at ``.
 directives, which only apply when it is the main module. A wrapper module that requires the release and
 replaces each staging module with its published tag (``v0.34.4``) builds the commands. The replace list is
 read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm, coredns,
-metrics-server) only carry ``tool`` directives: their upstream ``replace`` directives point at local paths of their
-own repositories (etcd) or do not exist (kwok, helm, coredns, metrics-server), and the required versions they name
-are the published ones.
+metrics-server, karpenter) only carry ``tool`` directives: their upstream ``replace`` directives point at local
+paths of their own repositories (etcd) or do not exist (the others), and the required versions they name are the
+published ones.
 
 Run ``python -m devcluster gomod`` after bumping a version in ``_versions.py``; it rewrites each go.mod, then
 ``go mod tidy`` writes the matching go.sum. Both files are committed.
@@ -176,6 +176,7 @@ def generate(log: Callable[[str], None] = print) -> None:
     helm_text = upstream_gomod("helm.sh/helm/v3", _versions.HELM)
     coredns_text = upstream_gomod("github.com/coredns/coredns", _versions.COREDNS)
     metrics_server_text = upstream_gomod("sigs.k8s.io/metrics-server", _versions.METRICS_SERVER)
+    karpenter_text = upstream_gomod("sigs.k8s.io/karpenter", _versions.KARPENTER)
     files = {
         "kubernetes": kubernetes_gomod(k8s_text),
         "etcd": simple_gomod("etcd", "go.etcd.io/etcd/server/v3", _versions.ETCD, [], _go_version_of(etcd_text)),
@@ -198,6 +199,13 @@ def generate(log: Callable[[str], None] = print) -> None:
             _versions.METRICS_SERVER,
             ["sigs.k8s.io/metrics-server/cmd/metrics-server"],
             _go_version_of(metrics_server_text),
+        ),
+        "karpenter": simple_gomod(
+            "karpenter",
+            "sigs.k8s.io/karpenter",
+            _versions.KARPENTER,
+            ["sigs.k8s.io/karpenter/kwok"],
+            _go_version_of(karpenter_text),
         ),
     }
     for name, text in files.items():

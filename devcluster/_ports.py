@@ -43,6 +43,8 @@ class Ports:
         scheduler (int): kube-scheduler secure port (https, /healthz).
         kwok (int): kwok's server (/healthz, metrics; the fake nodes' kubelet endpoint).
         metrics_server (int): metrics-server's secure port (https), when it is started (``MetricsServer``).
+        karpenter_metrics (int): Karpenter's metrics endpoint (http), when it is started (``Karpenter``).
+        karpenter_health (int): Karpenter's health probes (http ``/healthz``, ``/readyz``).
     """
 
     etcd_client: int
@@ -52,6 +54,8 @@ class Ports:
     scheduler: int
     kwok: int
     metrics_server: int
+    karpenter_metrics: int
+    karpenter_health: int
 
     def named(self) -> dict[str, int]:
         """Return ``{field name: port}``."""
@@ -77,10 +81,10 @@ def for_slot(slot: int) -> Ports:
         slot (int): 0..:data:`MAX_SLOT`.
 
     Returns:
-        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..6.
+        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..8.
     """
     base = BASE_PORT + slot * BLOCK_SIZE
-    return Ports(base, base + 1, base + 2, base + 3, base + 4, base + 5, base + 6)
+    return Ports(*(base + offset for offset in range(len(dataclasses.fields(Ports)))))
 
 
 def check_free(ports: Ports) -> None:

@@ -22,6 +22,11 @@ METRICS_SERVER = "v0.9.0"
 """sigs.k8s.io/metrics-server release (no replace directives): the resource metrics API behind HPAs, an add-on
 component built on demand (``_build.build_addon``), never with the control plane."""
 
+KARPENTER = "v1.13.0"
+"""sigs.k8s.io/karpenter release (no replace directives; go 1.26.4): its kwok provider (main package ``kwok/``) is
+the node autoscaler add-on, built on demand like :data:`METRICS_SERVER`. Its CRDs are read from the module at this
+version."""
+
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
     """Return the tag of the staging modules (k8s.io/api, ...) that ship with a Kubernetes release.

@@ -1,4 +1,5 @@
-"""Fixtures of the autoscaling tests: the PolicyGroup CRD installed once, an operator process per test.
+"""Fixtures of the autoscaling tests: the PolicyGroup CRD installed once, an operator process per test, and the
+add-ons (metrics-server, Karpenter) started once per session on first use.
 
 Every test module here sets ``pytestmark = pytest.mark.autoscaling`` (``cluster`` comes with the fixtures):
 ``pytest -m autoscaling`` runs them against the devcluster, within 10 minutes in all (bounded waits only).
@@ -34,3 +35,12 @@ def metrics_server(autoscaling_crd):
     server = devcluster.MetricsServer(autoscaling_crd).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def karpenter(autoscaling_crd):
+    """Karpenter's kwok provider autoscaling the session cluster's fake nodes (built from its module on first use,
+    then cached). Its log: `karpenter.log` in the cluster's log folder."""
+    node_autoscaler = devcluster.Karpenter(autoscaling_crd).start()
+    yield node_autoscaler
+    node_autoscaler.stop()

@@ -1,28 +1,41 @@
-"""Add-on components (metrics-server): built and cached apart from the control plane, registered by pure
-manifests, started against the running cluster (the start itself: tests/autoscaling/test_hpa.py)."""
+"""Add-on components (metrics-server, Karpenter): built and cached apart from the control plane, registered by pure
+manifests, started against the running cluster (the starts themselves: tests/autoscaling/test_hpa.py and
+test_karpenter.py)."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 
-from devcluster import _build, _components, _gomod, _metrics_server, _nodes, _ports, _toolchain
+import pytest
+
+from devcluster import _build, _components, _gomod, _karpenter, _metrics_server, _nodes, _ports, _toolchain
 
 
 def _go() -> str:
     return _toolchain.go_binary()
 
 
-def test_an_addon_never_changes_the_control_plane_key(tmp_path, monkeypatch):
-    before = _build.cache_key(_go()), _build.addon_key(_go(), "metrics-server")
+@pytest.mark.parametrize("addon", sorted(_build.ADDONS))
+def test_an_addon_never_changes_the_control_plane_key(tmp_path, monkeypatch, addon):
+    others = [name for name in sorted(_build.ADDONS) if name != addon]
+    before = _build.cache_key(_go()), _build.addon_key(_go(), addon), [_build.addon_key(_go(), o) for o in others]
     copy = tmp_path / "go"
     shutil.copytree(_gomod.GO_DIR, copy)
     monkeypatch.setattr(_gomod, "GO_DIR", copy)
-    assert (_build.cache_key(_go()), _build.addon_key(_go(), "metrics-server")) == before
-    gomod = copy / "metrics-server" / "go.mod"
+    assert (_build.cache_key(_go()), _build.addon_key(_go(), addon)) == before[:2]
+    gomod = copy / addon / "go.mod"
     gomod.write_text(gomod.read_text() + "\n// bumped\n")
     assert _build.cache_key(_go()) == before[0], "the control plane is not rebuilt for an add-on"
-    assert _build.addon_key(_go(), "metrics-server") != before[1]
+    assert _build.addon_key(_go(), addon) != before[1]
+    assert [_build.addon_key(_go(), o) for o in others] == before[2], "nor another add-on"
+
+
+def test_karpenter_binary_does_not_clash_with_kwok():
+    binaries = [name for target in (*_build.targets(), *_build.ADDONS.values()) for name in target.binaries]
+    assert len(binaries) == len(set(binaries))
+    assert _build.ADDONS["karpenter"].binaries == ("karpenter-kwok",)
 
 
 def test_metrics_server_is_registered_through_an_external_name_on_loopback():
@@ -48,3 +61,38 @@ def test_fake_nodes_point_metrics_server_at_kwok():
     argv = _components.kwok(layout, ports)
     assert f"--node-port={ports.kwok}" in argv and "--node-ip=127.0.0.1" in argv
     assert all(f"--config={path}" in argv for path in _components.LOCAL_METRICS)
+
+
+def test_karpenter_runs_without_leader_election_on_its_own_ports():
+    ports = _ports.for_slot(2)
+    argv, env = _components.karpenter(pathlib.Path("/w/kubeconfig"), ports, pathlib.Path("/b/karpenter-kwok"),
+                                      _components.KARPENTER_INSTANCE_TYPES)
+    assert env == {"KUBECONFIG": "/w/kubeconfig", "DISABLE_LEADER_ELECTION": "true"}
+    assert f"--metrics-port={ports.karpenter_metrics}" in argv
+    assert f"--health-probe-port={ports.karpenter_health}" in argv
+    assert f"--instance-types-file-path={_components.KARPENTER_INSTANCE_TYPES}" in argv
+    named = ports.named()
+    assert len(set(named.values())) == len(named) <= _ports.BLOCK_SIZE, "every component has a port of its own"
+    assert max(named.values()) < _ports.BASE_PORT + 3 * _ports.BLOCK_SIZE, "the block stays within its slot"
+
+
+def test_karpenter_instance_types_are_small_cpu_types_and_one_gpu_type():
+    types = {t["name"]: t for t in json.loads(_components.KARPENTER_INSTANCE_TYPES.read_text())}
+    gpu = [name for name, t in types.items() if _nodes.GPU_RESOURCE in t["resources"]]
+    assert gpu == ["gpu-48x-4g"]
+    price = {name: min(o["Price"] for o in t["offerings"]) for name, t in types.items()}
+    cpus = {name: int(t["resources"]["cpu"]) for name, t in types.items()}
+    cpu_only = sorted((n for n in types if n not in gpu), key=cpus.__getitem__)
+    assert [price[n] for n in cpu_only] == sorted(price[n] for n in cpu_only), "bigger costs more"
+    assert all(price[g] > price[n] for g in gpu for n in cpu_only if cpus[n] <= cpus[g])
+    assert max(cpus[n] for n in cpu_only) > int(_nodes.CAPACITY["cpu"]), "a type bigger than the dev cluster's nodes"
+
+
+def test_karpenter_crd_names_match_their_files():
+    paths = _karpenter.crd_paths(pathlib.Path("/mod"))
+    assert all(path.is_relative_to("/mod/kwok") for path in paths)
+    names = []
+    for path in paths:  # controller-gen names a CRD file <group>_<plural>.yaml
+        group, plural = path.name.removesuffix(".yaml").split("_")
+        names.append(f"{plural}.{group}")
+    assert tuple(names) == _karpenter.CRD_NAMES

@@ -28,6 +28,6 @@ def test_kubernetes_wrapper_replaces_every_staging_module():
     assert f"k8s.io/kubernetes {devcluster.KUBERNETES}" in committed
 
 
-@pytest.mark.parametrize("name", ["kubernetes", "etcd", "kwok", "helm", "coredns"])
+@pytest.mark.parametrize("name", ["kubernetes", "etcd", "kwok", "helm", "coredns", "metrics-server", "karpenter"])
 def test_wrapper_has_go_sum(name):
     assert (_gomod.GO_DIR / name / "go.sum").stat().st_size > 0
