@@ -127,6 +127,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         fleet.await_rejoin()
     if resumed_from is None:  # a gang restarted without its run directory continues from the fleet's weights
         _resume.restart_from_fleet(policy, None if fleet is None else lambda: pull_from_fleet(fleet, source, policy))
+        if fleet is not None:  # it holds the fleet's version now, not its own 0: publish above it without a warning
+            sender.continue_from(policy.weight_version)
     if fleet is not None and recorder is not None and settings.fleet_data:
         # the evaluators need weights before they can produce the first data
         recorder.publish(fleet.publish(policy.iteration))

@@ -372,6 +372,15 @@ class WeightSender:
         """The newest version published, or the one this sender started from before its first publish."""
         return self._version
 
+    def continue_from(self, version: int) -> None:
+        """Publish above `version` from now on: the caller holds weights of that version from elsewhere (a trainer
+        gang restarted without a checkpoint pulls them from the fleet). Never lowers the version.
+
+        Args:
+            version (int): The version of the weights the caller now holds (>= 0).
+        """
+        self._version = max(self._version, int(version))
+
     def _known_fleet_version(self) -> int:
         return max(self._membership.highest_version, self._reported_version)
 
