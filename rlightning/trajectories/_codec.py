@@ -112,11 +112,24 @@ def _key(name: str, flat: dict[str, torch.Tensor]) -> tuple[str, ...]:
     return path
 
 
-def _metadata(payload: bytes) -> dict[str, str]:
-    # safetensors.torch.load has validated the header already; its Python API exposes metadata only for files.
+def header_metadata(payload: bytes) -> object:
+    """The `__metadata__` entry of a safetensors payload's JSON header, as parsed (None when absent).
+
+    Call it after `safetensors.torch.load(payload)` succeeded, which validates the header: safetensors' Python API
+    exposes the metadata only for files.
+
+    Args:
+        payload (bytes): A safetensors payload.
+
+    Returns:
+        object: The entry (a dict of str -> str when well formed), or None.
+    """
     length = int.from_bytes(payload[:_HEADER_LENGTH_BYTES], "little")
-    header = json.loads(payload[_HEADER_LENGTH_BYTES : _HEADER_LENGTH_BYTES + length])
-    metadata = header.get("__metadata__")
+    return json.loads(payload[_HEADER_LENGTH_BYTES : _HEADER_LENGTH_BYTES + length]).get("__metadata__")
+
+
+def _metadata(payload: bytes) -> dict[str, str]:
+    metadata = header_metadata(payload)
     if not isinstance(metadata, dict):
         raise BatchError(f"metadata: missing (needs {BATCH_SIZE_KEY!r} and {STAMP_KEY!r})")
     return metadata

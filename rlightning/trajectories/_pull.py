@@ -9,22 +9,19 @@ decimal strings. Decoding parses only safetensors and JSON (no pickle), as for b
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 
 import safetensors
 import safetensors.torch
 import torch
 
+from rlightning.trajectories import _codec
+
 VERSION_KEY = "version"
 """Metadata entry: the weight version held (decimal digits; 0 when the evaluator holds none yet)."""
 
 ORDINAL_KEY = "ordinal"
 """Metadata entry: the answering evaluator's ordinal (decimal digits)."""
-
-_HEADER_LENGTH_BYTES = 8
-"""A safetensors payload starts with its JSON header's length, a little-endian u64 (the format's first field)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class HeldWeights:
@@ -78,8 +75,7 @@ def decode_weights(payload: bytes) -> HeldWeights:
     """
     try:
         state = safetensors.torch.load(payload)
-        length = int.from_bytes(payload[:_HEADER_LENGTH_BYTES], "little")
-        metadata = json.loads(payload[_HEADER_LENGTH_BYTES : _HEADER_LENGTH_BYTES + length]).get("__metadata__")
+        metadata = _codec.header_metadata(payload)
     except (safetensors.SafetensorError, ValueError, TypeError) as err:
         raise ValueError(f"weights payload: not safetensors ({err})") from err
     numbers = {}
