@@ -48,7 +48,41 @@ def to_env_action(action: torch.Tensor, space: gymnasium.Space) -> np.ndarray:
     return array
 
 
-class RolloutCollector:
+class EpisodeTally:
+    """Returns and lengths of the last `RECENT_EPISODES` finished episodes (newest last), and how many finished.
+
+    Attributes:
+        recent_returns (collections.deque[float]): Returns of the last finished episodes, newest last.
+        recent_lengths (collections.deque[int]): Their lengths in steps.
+        episodes_finished (int): Episodes finished since construction.
+    """
+
+    def __init__(self) -> None:
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
+        self.recent_lengths: collections.deque[int] = collections.deque(maxlen=RECENT_EPISODES)
+        self.episodes_finished = 0
+
+    def record_episode(self, episode_return: float, length: int) -> None:
+        """Count one finished episode.
+
+        Args:
+            episode_return (float): Its undiscounted return.
+            length (int): Its length in env steps.
+        """
+        self.recent_returns.append(episode_return)
+        self.recent_lengths.append(length)
+        self.episodes_finished += 1
+
+    def mean_recent_return(self) -> float:
+        """Mean of `recent_returns`.
+
+        Returns:
+            float: The mean, or NaN before the first finished episode.
+        """
+        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
+
+
+class RolloutCollector(EpisodeTally):
     """Steps `env_config.num_envs` env copies with a policy and returns `[T, N]` experience.
 
     The TensorDict has exactly the keys of `policy.experience_fields()`: `observation`, `next_observation`,
@@ -98,9 +132,7 @@ class RolloutCollector:
         self._obs, _ = self.envs.reset(seed=seed)
         self._episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self._episode_length = np.zeros(self.num_envs, dtype=np.int64)
-        self.recent_returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
-        self.recent_lengths: collections.deque[int] = collections.deque(maxlen=RECENT_EPISODES)
-        self.episodes_finished = 0
+        super().__init__()
         self.env_steps = 0
 
     def collect(self, num_steps: int) -> TensorDict:
@@ -149,26 +181,16 @@ class RolloutCollector:
         self._episode_return += reward
         self._episode_length += 1
         for i in np.flatnonzero(done):
-            self.recent_returns.append(float(self._episode_return[i]))
-            self.recent_lengths.append(int(self._episode_length[i]))
-            self.episodes_finished += 1
+            self.record_episode(float(self._episode_return[i]), int(self._episode_length[i]))
         self._episode_return[done] = 0.0
         self._episode_length[done] = 0
-
-    def mean_recent_return(self) -> float:
-        """Mean of `recent_returns`.
-
-        Returns:
-            float: The mean, or NaN before the first finished episode.
-        """
-        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
 
     def close(self) -> None:
         """Close the env copies."""
         self.envs.close()
 
 
-class ShardedRolloutCollector:
+class ShardedRolloutCollector(EpisodeTally):
     """Steps `env_config.num_envs` env copies as `workers` shards at once, one thread each, into one `[T, N]` batch.
 
     Shard k is a `RolloutCollector` of consecutive copies (sizes differ by at most one) whose requests go through
@@ -220,9 +242,7 @@ class ShardedRolloutCollector:
             raise
         self.fields = self.shards[0].fields
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rollout-worker")
-        self.recent_returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
-        self.recent_lengths: collections.deque[int] = collections.deque(maxlen=RECENT_EPISODES)
-        self.episodes_finished = 0
+        super().__init__()
         self.env_steps = 0
 
     def collect(self, num_steps: int) -> TensorDict:
@@ -245,19 +265,12 @@ class ShardedRolloutCollector:
         for shard, before in zip(self.shards, finished, strict=True):
             new = min(shard.episodes_finished - before, len(shard.recent_returns))
             if new:
-                self.recent_returns.extend(list(shard.recent_returns)[-new:])
-                self.recent_lengths.extend(list(shard.recent_lengths)[-new:])
-            self.episodes_finished += shard.episodes_finished - before
+                returns, lengths = list(shard.recent_returns)[-new:], list(shard.recent_lengths)[-new:]
+                for episode_return, length in zip(returns, lengths, strict=True):
+                    self.record_episode(episode_return, length)
+            self.episodes_finished += shard.episodes_finished - before - new  # beyond what the shard remembers
         self.env_steps += num_steps * self.num_envs
         return TensorDict.cat(batches, dim=1)
-
-    def mean_recent_return(self) -> float:
-        """Mean of `recent_returns`.
-
-        Returns:
-            float: The mean, or NaN before the first finished episode.
-        """
-        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
 
     def close(self) -> None:
         """Stop the worker threads (after the batch in progress) and close the env copies."""
