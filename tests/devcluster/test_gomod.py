@@ -40,5 +40,5 @@ def test_keda_wrapper_repeats_the_upstream_module_replaces():
     replaces = _gomod.module_replacements(upstream)
     assert replaces, "KEDA's go.mod has a replace of a published module; the wrapper must repeat it"
     committed = (_gomod.GO_DIR / "keda" / "go.mod").read_text()
-    assert _directive_block(committed, "replace") == replaces
+    assert _gomod.module_replacements(committed) == replaces  # go mod tidy may fold a one-line block
     assert f"github.com/kedacore/keda/v2 {devcluster.KEDA}" in committed
