@@ -10,6 +10,7 @@ its minimum. The trainer is never restarted and no evaluator that left is counte
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import prometheus_client
@@ -75,9 +76,11 @@ def test_keda_scales_the_fleet_on_the_trainers_idle_fraction(autoscaling_crd, na
 
         metrics.idle_fraction.set(0.8)  # the trainers wait 80% of an iteration for the fleet's data
         apply(cluster, namespace, scaled)
+        began = time.monotonic()
         wait_for("the ScaledObject Ready", lambda: _ready(cluster, namespace), timeout=READY_SECONDS)
         wait_for("KEDA to scale the group to 8", lambda: _replicas(cluster, namespace) == 8, timeout=SCALE_SECONDS)
         wait_for("8 evaluators Running", lambda: running(pods(cluster, namespace, "eval")) == 8)
+        print(f"keda: 2 -> 8 evaluators Running {time.monotonic() - began:.1f}s after the ScaledObject")
         hpa = get_json(cluster, "hpa", HPA, "-n", namespace)
         assert hpa["spec"]["scaleTargetRef"]["kind"] == "PolicyGroup"
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 8)
@@ -85,8 +88,10 @@ def test_keda_scales_the_fleet_on_the_trainers_idle_fraction(autoscaling_crd, na
         assert hpa["status"]["currentMetrics"][0]["external"]["current"]["value"] == "800m"
 
         metrics.idle_fraction.set(0.0)  # the fleet now outpaces the trainers
+        began = time.monotonic()
         wait_for("KEDA to scale the group to 1", lambda: _replicas(cluster, namespace) == 1, timeout=SCALE_SECONDS)
         wait_for("1 evaluator left", lambda: len(pods(cluster, namespace, "eval")) == 1)
+        print(f"keda: 8 -> 1 evaluator {time.monotonic() - began:.1f}s after the idle fraction fell")
 
         def settled():
             status = get_json(cluster, "pg", GROUP, "-n", namespace).get("status") or {}
