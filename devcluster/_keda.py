@@ -46,7 +46,8 @@ CRD_FILES = (
     "config/crd/bases/keda.sh_clustertriggerauthentications.yaml",
 )
 """CRD files under the module folder. The eventing CRDs (CloudEventSource, ClusterCloudEventSource) are installed
-too (:data:`EVENTING_CRD_FILES`): the operator's controllers for them fail their informers' start without them."""
+too (:data:`EVENTING_CRD_FILES`), as KEDA's own chart does: the operator runs a controller for each, which watches
+their kinds."""
 
 EVENTING_CRD_FILES = (
     "config/crd/bases/eventing.keda.sh_cloudeventsources.yaml",
