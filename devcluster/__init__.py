@@ -4,7 +4,8 @@ What belongs here: building kube-apiserver, kube-controller-manager, kube-schedu
 (k8s.io/kubernetes at a pinned release), etcd, kwok, helm and CoreDNS from small wrapper modules in ``go/`` into a
 cache outside the repo; starting them as a cluster with fake kwok nodes and, on demand, one real node (kubelet,
 containerd, bridge CNI, CoreDNS; ``_realnode.py``), metrics-server (an add-on built and cached on its own;
-``_metrics_server.py``) and Karpenter's kwok provider (node autoscaling, an add-on too; ``_karpenter.py``);
+``_metrics_server.py``), Karpenter's kwok provider (node autoscaling, an add-on too; ``_karpenter.py``) and KEDA
+(event-driven pod autoscaling, an add-on too; ``_keda.py``);
 stopping every process it started and undoing host changes. Nothing here imports ``rlightning`` or the operator;
 tests reach it through the fixtures in ``tests/conftest.py``.
 
@@ -16,17 +17,19 @@ from devcluster._build import BuildError, BuildResult, build
 from devcluster._cli import main
 from devcluster._cluster import Cluster, ClusterError, launch
 from devcluster._karpenter import Karpenter, KarpenterError
+from devcluster._keda import Keda, KedaError
 from devcluster._metrics_server import MetricsServer, MetricsServerError
 from devcluster._nodeconfig import IMAGE, NODE_LABEL, NODE_NAME
 from devcluster._ports import PortInUseError, Ports
 from devcluster._realnode import RealNode, RealNodeError
-from devcluster._versions import ETCD, HELM, KARPENTER, KUBERNETES, KWOK, METRICS_SERVER
+from devcluster._versions import ETCD, HELM, KARPENTER, KEDA, KUBERNETES, KWOK, METRICS_SERVER
 
 __all__ = [
     "ETCD",
     "HELM",
     "IMAGE",
     "KARPENTER",
+    "KEDA",
     "KUBERNETES",
     "KWOK",
     "METRICS_SERVER",
@@ -38,6 +41,8 @@ __all__ = [
     "ClusterError",
     "Karpenter",
     "KarpenterError",
+    "Keda",
+    "KedaError",
     "MetricsServer",
     "MetricsServerError",
     "PortInUseError",

@@ -166,11 +166,21 @@ ADDONS = {
         "metrics-server", "metrics-server", ("sigs.k8s.io/metrics-server/cmd/metrics-server",), ("metrics-server",)
     ),
     "karpenter": Target("karpenter", "karpenter", ("sigs.k8s.io/karpenter/kwok",), ("karpenter-kwok",)),
+    "keda": Target(
+        "keda",
+        "keda",
+        ("github.com/kedacore/keda/v2/cmd/operator", "github.com/kedacore/keda/v2/cmd/adapter"),
+        ("keda-operator", "keda-adapter"),
+    ),
 }
 """Components built on demand (``build_addon``), each cached under a key of its own: they are not part of the
 control plane's key, so adding or bumping one never rebuilds the control plane."""
 
-ADDON_VERSIONS = {"metrics-server": _versions.METRICS_SERVER, "karpenter": _versions.KARPENTER}
+ADDON_VERSIONS = {
+    "metrics-server": _versions.METRICS_SERVER,
+    "karpenter": _versions.KARPENTER,
+    "keda": _versions.KEDA,
+}
 """The pinned upstream version of each add-on (part of its key)."""
 
 
@@ -242,14 +252,16 @@ def addon_key(go: str, name: str) -> str:
 def build_addon(name: str, log: Callable[[str], None] = print) -> pathlib.Path:
     """Build (or find cached) one add-on, under the same lock-and-marker scheme as :func:`build`.
 
-    Its folder is ``<cache root>/<name>-<addon key>/bin`` (cold build times: README's figures).
+    Its folder is ``<cache root>/<name>-<addon key>/bin`` (cold build times: README's figures). An add-on with
+    several commands (KEDA's operator and adapter) is built one ``go build`` per command, each named after its
+    entry in ``binaries`` (the second reuses what the first compiled).
 
     Args:
         name (str): A key of :data:`ADDONS`.
         log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
 
     Returns:
-        pathlib.Path: The binary.
+        pathlib.Path: The first binary of the add-on; the others (if any) lie in the same folder.
 
     Raises:
         KeyError: ``name`` is no add-on.
@@ -261,16 +273,25 @@ def build_addon(name: str, log: Callable[[str], None] = print) -> pathlib.Path:
     key_dir = cache_root() / f"{name}-{addon_key(go, name)}"
     binary = key_dir / "bin" / target.binaries[0]
     marker = key_dir / "bin" / ".complete"
-    if marker.is_file() and os.access(binary, os.X_OK):
+
+    def cached() -> bool:
+        return marker.is_file() and all(os.access(key_dir / "bin" / b, os.X_OK) for b in target.binaries)
+
+    if cached():
         return binary
     key_dir.mkdir(parents=True, exist_ok=True)
     with open(key_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and os.access(binary, os.X_OK):  # built by another process meanwhile
+        if cached():  # built by another process meanwhile
             return binary
         (key_dir / "bin").mkdir(exist_ok=True)
         log(f"build: add-on {name} is not cached; building it with {go} ({_go_version(go)})")
-        _run_target(target, go, key_dir / "bin", log)
+        if len(target.packages) == len(target.binaries) > 1:  # one command per binary name
+            for package, name_of_binary in zip(target.packages, target.binaries, strict=True):
+                _run_target(dataclasses.replace(target, packages=(package,), binaries=(name_of_binary,)), go,
+                            key_dir / "bin", log)
+        else:
+            _run_target(target, go, key_dir / "bin", log)
         marker.write_text(json.dumps({"binaries": list(target.binaries), "key": key_dir.name}))
         return binary
 

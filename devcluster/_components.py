@@ -288,3 +288,69 @@ def karpenter(
         "--log-level=info",
     ]
     return argv, {"KUBECONFIG": str(kubeconfig), "DISABLE_LEADER_ELECTION": "true"}
+
+
+KEDA_NAMESPACE = "kube-system"
+"""Namespace KEDA believes it runs in (``POD_NAMESPACE``, ``KEDA_CLUSTER_OBJECT_NAMESPACE``): where it would look
+for the Secrets of ClusterTriggerAuthentications. Nothing of KEDA's is created there by the dev cluster except the
+adapter's ExternalName Service."""
+
+
+def keda(
+    kubeconfig: pathlib.Path, ports: _ports.Ports, binaries: pathlib.Path, cert_dir: pathlib.Path
+) -> tuple[list[str], list[str], dict[str, str]]:
+    """KEDA's operator and metrics adapter as host processes: their command lines and the environment they add.
+
+    The operator runs its ScaledObject controller and, on ``keda_metrics_service``, the gRPC service from which the
+    adapter reads the scalers' values; the adapter serves ``external.metrics.k8s.io`` behind the aggregation layer
+    (authenticating the API server's proxied requests by the front-proxy certificate, as metrics-server does) and
+    answers with what it asks the operator. The two authenticate each other with the certificate in ``cert_dir``
+    (``ca.crt``, ``tls.crt``, ``tls.key``; ``_pki.mutual_tls``): the operator's certificate rotation (which would
+    write them into a Secret and patch the APIService and webhooks) stays off, its default. The adapter also serves
+    the API with that certificate (the APIService skips verification). Leader election off (one replica),
+    Prometheus metrics of the operator off (one port fewer), every namespace watched (``WATCH_NAMESPACE`` empty).
+
+    Args:
+        kubeconfig (pathlib.Path): The admin kubeconfig.
+        ports (_ports.Ports): The cluster's port block (``keda_*``).
+        binaries (pathlib.Path): Folder of ``keda-operator`` and ``keda-adapter`` (``_build.build_addon("keda")``).
+        cert_dir (pathlib.Path): The mutual-TLS folder.
+
+    Returns:
+        tuple[list[str], list[str], dict[str, str]]: The operator's and the adapter's command lines (flags of KEDA
+        v2.21, ``cmd/operator/main.go`` and ``cmd/adapter/main.go``) and the variables to add to the environment.
+    """
+    grpc = f"{_ports.HOST}:{ports.keda_metrics_service}"
+    operator = [
+        str(binaries / "keda-operator"),
+        f"--kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--enable-prometheus-metrics=false",
+        f"--health-probe-bind-address={_ports.HOST}:{ports.keda_health}",
+        f"--metrics-service-bind-address={grpc}",
+        f"--cert-dir={cert_dir}",
+        "--enable-cert-rotation=false",
+        "--zap-log-level=info",
+    ]
+    adapter = [
+        str(binaries / "keda-adapter"),
+        f"--kubeconfig={kubeconfig}",
+        f"--lister-kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={_ports.HOST}",
+        f"--secure-port={ports.keda_adapter}",
+        f"--cert-dir={cert_dir}",
+        f"--tls-cert-file={cert_dir / 'tls.crt'}",
+        f"--tls-private-key-file={cert_dir / 'tls.key'}",
+        f"--metrics-service-address={grpc}",
+        f"--port={ports.keda_adapter_metrics}",
+        "--profiling=false",
+    ]
+    env = {
+        "KUBECONFIG": str(kubeconfig),
+        "WATCH_NAMESPACE": "",
+        "POD_NAMESPACE": KEDA_NAMESPACE,
+        "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE,
+    }
+    return operator, adapter, env

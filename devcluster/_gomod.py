@@ -5,9 +5,10 @@ modules (k8s.io/api, k8s.io/client-go, ...) at ``v0.0.0`` and points them at ``.
 directives, which only apply when it is the main module. A wrapper module that requires the release and
 replaces each staging module with its published tag (``v0.34.4``) builds the commands. The replace list is
 read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm, coredns,
-metrics-server, karpenter) only carry ``tool`` directives: their upstream ``replace`` directives point at local
-paths of their own repositories (etcd) or do not exist (the others), and the required versions they name are the
-published ones.
+metrics-server, karpenter, keda) carry ``tool`` directives; an upstream ``replace`` that points at another
+published module version (KEDA has one) only applies when that module is the main module, so it is copied into
+the wrapper (:func:`module_replacements`); replaces that point at local paths of the upstream repository (etcd's)
+are dropped, the required versions they name being the published ones.
 
 Run ``python -m devcluster gomod`` after bumping a version in ``_versions.py``; it rewrites each go.mod, then
 ``go mod tidy`` writes the matching go.sum. Both files are committed.
@@ -46,6 +47,7 @@ func main() {
 """
 
 _LOCAL_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.\-]+)\s*=>\s*\./staging/src/(k8s\.io/[\w.\-]+)\s*$")
+_MODULE_REPLACE = re.compile(r"^\s*(?:replace\s+)?(\S+(?:\s+v\S+)?)\s*=>\s*([^./\s]\S*\s+v\S+)\s*$")
 _GODEBUG = re.compile(r"^godebug\s.*$", re.MULTILINE)
 _GO_DIRECTIVE = re.compile(r"^go\s+(\S+)\s*$", re.MULTILINE)
 
@@ -91,6 +93,34 @@ def staging_replacements(kubernetes_gomod: str) -> list[str]:
     return found
 
 
+def module_replacements(gomod_text: str) -> list[str]:
+    """Return a go.mod's ``replace`` directives whose target is a published module version (not a local path).
+
+    Args:
+        gomod_text (str): Text of an upstream go.mod.
+
+    Returns:
+        list[str]: Sorted ``"old [version] => new version"`` strings, e.g. KEDA's
+        ``"github.com/nexus-rpc/nexus-proto-annotations v0.1.0 => github.com/nexus-rpc/... v0.1.1-..."``.
+    """
+    found = []
+    in_block = False
+    for line in gomod_text.splitlines():
+        stripped = line.split("//", 1)[0].strip()
+        if stripped.startswith("replace ("):
+            in_block = True
+            continue
+        if in_block and stripped == ")":
+            in_block = False
+            continue
+        if not (in_block or stripped.startswith("replace ")):
+            continue
+        match = _MODULE_REPLACE.match(stripped)
+        if match:
+            found.append(f"{' '.join(match.group(1).split())} => {' '.join(match.group(2).split())}")
+    return sorted(found)
+
+
 def kubernetes_gomod(kubernetes_gomod_text: str, version: str = _versions.KUBERNETES) -> str:
     """Build the wrapper go.mod for the Kubernetes commands (before ``go mod tidy`` adds the requirements).
 
@@ -129,7 +159,9 @@ def kubernetes_gomod(kubernetes_gomod_text: str, version: str = _versions.KUBERN
     return "\n".join(lines)
 
 
-def simple_gomod(name: str, module: str, version: str, tools: list[str], go_version: str) -> str:
+def simple_gomod(
+    name: str, module: str, version: str, tools: list[str], go_version: str, replaces: list[str] | None = None
+) -> str:
     """Build a wrapper go.mod that requires one module and lists its commands as tools.
 
     Args:
@@ -138,6 +170,8 @@ def simple_gomod(name: str, module: str, version: str, tools: list[str], go_vers
         version (str): Upstream tag.
         tools (list[str]): Package paths of the commands (empty when the wrapper has its own main package).
         go_version (str): Value of the ``go`` directive (the upstream module's, so the toolchain check matches).
+        replaces (list[str] | None, optional): ``replace`` directives to repeat (:func:`module_replacements` of the
+            upstream go.mod). Defaults to None (none).
 
     Returns:
         str: go.mod text.
@@ -152,6 +186,8 @@ def simple_gomod(name: str, module: str, version: str, tools: list[str], go_vers
     if tools:
         lines += ["tool (", *(f"\t{t}" for t in tools), ")", ""]
     lines += [f"require {module} {version}", ""]
+    if replaces:
+        lines += ["replace (", *(f"\t{r}" for r in replaces), ")", ""]
     return "\n".join(lines)
 
 
@@ -177,6 +213,7 @@ def generate(log: Callable[[str], None] = print) -> None:
     coredns_text = upstream_gomod("github.com/coredns/coredns", _versions.COREDNS)
     metrics_server_text = upstream_gomod("sigs.k8s.io/metrics-server", _versions.METRICS_SERVER)
     karpenter_text = upstream_gomod("sigs.k8s.io/karpenter", _versions.KARPENTER)
+    keda_text = upstream_gomod("github.com/kedacore/keda/v2", _versions.KEDA)
     files = {
         "kubernetes": kubernetes_gomod(k8s_text),
         "etcd": simple_gomod("etcd", "go.etcd.io/etcd/server/v3", _versions.ETCD, [], _go_version_of(etcd_text)),
@@ -206,6 +243,14 @@ def generate(log: Callable[[str], None] = print) -> None:
             _versions.KARPENTER,
             ["sigs.k8s.io/karpenter/kwok"],
             _go_version_of(karpenter_text),
+        ),
+        "keda": simple_gomod(
+            "keda",
+            "github.com/kedacore/keda/v2",
+            _versions.KEDA,
+            ["github.com/kedacore/keda/v2/cmd/operator", "github.com/kedacore/keda/v2/cmd/adapter"],
+            _go_version_of(keda_text),
+            module_replacements(keda_text),
         ),
     }
     for name, text in files.items():

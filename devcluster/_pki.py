@@ -181,3 +181,45 @@ def client_certificate(folder: pathlib.Path, name: str, user: str, group: str) -
     )
     (folder / key).chmod(0o600)
     return folder / cert, folder / key
+
+
+def mutual_tls(folder: pathlib.Path, name: str) -> pathlib.Path:
+    """Create a CA of its own and one certificate it signed, usable as both server and client (mutual TLS).
+
+    For two host processes that authenticate each other with one shared certificate on loopback (KEDA's operator
+    and adapter read ``ca.crt``, ``tls.crt`` and ``tls.key`` from one folder). The CA is not the cluster's: a
+    client certificate signed by the cluster CA would also log in to the API server.
+
+    Args:
+        folder (pathlib.Path): Folder to create (or reuse); ``ca.crt``, ``ca.key``, ``tls.crt`` and ``tls.key``
+            (keys mode 0600) are written there, valid :data:`CERT_DAYS` days.
+        name (str): Common name of the CA (``<name>-ca``) and of the certificate; its SANs are ``127.0.0.1``
+            and ``localhost``.
+
+    Returns:
+        pathlib.Path: ``folder``.
+
+    Raises:
+        PKIError: When ``openssl`` is missing or fails.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    days = str(CERT_DAYS)
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key", cwd=folder)
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-subj", f"/CN={name}-ca", "-days", days,
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-out", "ca.crt", cwd=folder,
+    )
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "tls.key", cwd=folder)
+    _openssl("req", "-new", "-key", "tls.key", "-subj", f"/CN={name}", "-out", "tls.csr", cwd=folder)
+    (folder / "tls.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", days, "-extfile", "tls.ext", "-out", "tls.crt", cwd=folder,
+    )
+    for key in ("ca.key", "tls.key"):
+        (folder / key).chmod(0o600)
+    return folder

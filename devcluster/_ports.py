@@ -1,7 +1,7 @@
 """Fixed loopback ports of a dev cluster.
 
 Every cluster uses a block of :data:`BLOCK_SIZE` ports starting at ``BASE_PORT + slot * BLOCK_SIZE`` on
-127.0.0.1 (slot 0: 28700-28709, slot 1: 28710-28719, ...). The slot comes from ``RLIGHTNING_DEVCLUSTER_SLOT``
+127.0.0.1 (slot 0: 28700-28719, slot 1: 28720-28739, ...). The slot comes from ``RLIGHTNING_DEVCLUSTER_SLOT``
 (default 0), so two clusters on one machine (a long-lived ``up`` and a test session) can coexist by choice. Ports
 are never picked at random: a taken port is an error that names it.
 """
@@ -14,14 +14,14 @@ import os
 import socket
 
 BASE_PORT = 28700
-"""First port of slot 0; the whole range 28700-28799 lies below Linux's default ephemeral range (32768-60999,
+"""First port of slot 0; the whole range 28700-28899 lies below Linux's default ephemeral range (32768-60999,
 ``/proc/sys/net/ipv4/ip_local_port_range``), so an outgoing connection never takes one of these ports."""
 
-BLOCK_SIZE = 10
-"""Ports reserved per slot."""
+BLOCK_SIZE = 20
+"""Ports reserved per slot (13 used: the control plane's 6 and the add-ons' 7)."""
 
 MAX_SLOT = 9
-"""Highest slot (slot 9 ends at 28799)."""
+"""Highest slot (slot 9 ends at 28899)."""
 
 HOST = "127.0.0.1"
 """Every component listens on loopback only."""
@@ -45,6 +45,10 @@ class Ports:
         metrics_server (int): metrics-server's secure port (https), when it is started (``MetricsServer``).
         karpenter_metrics (int): Karpenter's metrics endpoint (http), when it is started (``Karpenter``).
         karpenter_health (int): Karpenter's health probes (http ``/healthz``, ``/readyz``).
+        keda_metrics_service (int): KEDA operator's gRPC metrics service (mutual TLS), which its adapter calls.
+        keda_health (int): KEDA operator's health probes (http ``/healthz``, ``/readyz``).
+        keda_adapter (int): KEDA's metrics API server (https, ``external.metrics.k8s.io``), when ``Keda`` runs.
+        keda_adapter_metrics (int): KEDA adapter's own Prometheus endpoint (http; it always serves one).
     """
 
     etcd_client: int
@@ -56,6 +60,10 @@ class Ports:
     metrics_server: int
     karpenter_metrics: int
     karpenter_health: int
+    keda_metrics_service: int
+    keda_health: int
+    keda_adapter: int
+    keda_adapter_metrics: int
 
     def named(self) -> dict[str, int]:
         """Return ``{field name: port}``."""
@@ -81,7 +89,7 @@ def for_slot(slot: int) -> Ports:
         slot (int): 0..:data:`MAX_SLOT`.
 
     Returns:
-        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..8.
+        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..12.
     """
     base = BASE_PORT + slot * BLOCK_SIZE
     return Ports(*(base + offset for offset in range(len(dataclasses.fields(Ports)))))

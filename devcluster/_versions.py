@@ -27,6 +27,11 @@ KARPENTER = "v1.13.0"
 the node autoscaler add-on, built on demand like :data:`METRICS_SERVER`. Its CRDs are read from the module at this
 version."""
 
+KEDA = "v2.21.0"
+"""github.com/kedacore/keda/v2 release (go 1.26.0; one ``replace`` of a published module, repeated by the wrapper):
+its operator (``cmd/operator``) and metrics API server (``cmd/adapter``) are the event-driven autoscaling add-on,
+built on demand like :data:`METRICS_SERVER`. Its CRDs are read from the module at this version."""
+
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
     """Return the tag of the staging modules (k8s.io/api, ...) that ship with a Kubernetes release.

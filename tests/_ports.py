@@ -11,6 +11,7 @@ Block                   Ports        Used by
 RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``: torchrun, weightSync,
                                      2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
+AUTOSCALING_METRICS     27110-27119  tests/autoscaling/test_keda.py: the trainer's /metrics that KEDA reads (0)
 WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _relay (7, 16, 17), _memory (6, 9),
                                      _liveness (10-13), _cadence (15), _dtype (18), _ack (19),
                                      _scale_down (8)
@@ -24,7 +25,7 @@ OPERATOR                27600-27619  tests/operator/operator_cluster.py: health,
 BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (3)
 TRAJECTORIES            27800-27819  tests/trajectories/ (one or two per test, numbered in each file)
 BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
-(devcluster)            28700-28799  devcluster/_ports.py: 10 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
+(devcluster)            28700-28899  devcluster/_ports.py: 20 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
 (defaults)              29500 29600  rlightning.contract torchrun, weight sync, trajectory intakes (29700,
                         29700 29701  29701): ``examples/cartpole.yaml``
                         9400         as run unchanged by tests/cli/test_examples.py; 8080, 9090: the
@@ -93,6 +94,7 @@ class PortBlock:
 
 RUNTIME_RUNS = PortBlock("RUNTIME_RUNS", 27000, 100)
 RUNTIME_METRICS = PortBlock("RUNTIME_METRICS", 27100, 10)
+AUTOSCALING_METRICS = PortBlock("AUTOSCALING_METRICS", 27110, 10)
 WEIGHTS_SYNC = PortBlock("WEIGHTS_SYNC", 27200, 20)
 WEIGHTS_STATE = PortBlock("WEIGHTS_STATE", 27220, 10)
 WEIGHTS_VERSION_FLOOR = PortBlock("WEIGHTS_VERSION_FLOOR", 27230, 10)
@@ -106,8 +108,8 @@ TRAJECTORIES = PortBlock("TRAJECTORIES", 27800, 20)
 BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
 
 BLOCKS = (
-    RUNTIME_RUNS, RUNTIME_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR, WEIGHTS_IN_PLACE,
-    WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
+    RUNTIME_RUNS, RUNTIME_METRICS, AUTOSCALING_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR,
+    WEIGHTS_IN_PLACE, WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
 )
 """Every block of the table above."""
 

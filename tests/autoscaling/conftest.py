@@ -1,5 +1,5 @@
 """Fixtures of the autoscaling tests: the PolicyGroup CRD installed once, an operator process per test, and the
-add-ons (metrics-server, Karpenter) started once per session on first use.
+add-ons (metrics-server, Karpenter, KEDA) started once per session on first use.
 
 Every test module here sets ``pytestmark = pytest.mark.autoscaling`` (``cluster`` comes with the fixtures):
 ``pytest -m autoscaling`` runs them against the devcluster, within 10 minutes in all (bounded waits only).
@@ -44,3 +44,12 @@ def karpenter(autoscaling_crd):
     node_autoscaler = devcluster.Karpenter(autoscaling_crd).start()
     yield node_autoscaler
     node_autoscaler.stop()
+
+
+@pytest.fixture(scope="session")
+def keda(autoscaling_crd):
+    """KEDA's operator and metrics adapter serving the session's cluster (built from its module on first use, then
+    cached). Their logs: `keda-operator.log` and `keda-adapter.log` in the cluster's log folder."""
+    event_autoscaler = devcluster.Keda(autoscaling_crd).start()
+    yield event_autoscaler
+    event_autoscaler.stop()

@@ -1,16 +1,17 @@
-"""Add-on components (metrics-server, Karpenter): built and cached apart from the control plane, registered by pure
-manifests, started against the running cluster (the starts themselves: tests/autoscaling/test_hpa.py and
-test_karpenter.py)."""
+"""Add-on components (metrics-server, Karpenter, KEDA): built and cached apart from the control plane, registered by
+pure manifests, started against the running cluster (the starts themselves: tests/autoscaling/test_hpa.py,
+test_karpenter.py and test_keda.py)."""
 
 from __future__ import annotations
 
 import json
 import pathlib
 import shutil
+import subprocess
 
 import pytest
 
-from devcluster import _build, _components, _gomod, _karpenter, _metrics_server, _nodes, _ports, _toolchain
+from devcluster import _build, _components, _gomod, _karpenter, _keda, _metrics_server, _nodes, _pki, _ports, _toolchain
 
 
 def _go() -> str:
@@ -96,3 +97,78 @@ def test_karpenter_crd_names_match_their_files():
         group, plural = path.name.removesuffix(".yaml").split("_")
         names.append(f"{plural}.{group}")
     assert tuple(names) == _karpenter.CRD_NAMES
+
+
+def test_module_replacements_keep_published_targets_only():
+    text = """module example.com/x
+
+go 1.26.0
+
+// a comment
+replace github.com/a/b v0.1.0 => github.com/a/b v0.1.1-0.20260629224316-835bd8d49cb4
+
+replace (
+\tgithub.com/c/d => github.com/e/d v1.2.3 // fork
+\tgithub.com/f/g v1.0.0 => ./local/g
+\tgithub.com/h/i => ../i
+)
+"""
+    assert _gomod.module_replacements(text) == [
+        "github.com/a/b v0.1.0 => github.com/a/b v0.1.1-0.20260629224316-835bd8d49cb4",
+        "github.com/c/d => github.com/e/d v1.2.3",
+    ]
+    wrapper = _gomod.simple_gomod("x", "example.com/x", "v1.0.0", ["example.com/x/cmd/x"], "1.26.0",
+                                  _gomod.module_replacements(text))
+    assert "replace (\n\tgithub.com/a/b v0.1.0 => github.com/a/b v0.1.1-" in wrapper
+    assert "./local" not in wrapper
+
+
+def test_keda_builds_two_named_binaries_and_runs_on_its_own_ports():
+    target = _build.ADDONS["keda"]
+    assert target.binaries == ("keda-operator", "keda-adapter") and len(target.packages) == 2
+    ports = _ports.for_slot(4)
+    operator, adapter, env = _components.keda(pathlib.Path("/w/kubeconfig"), ports, pathlib.Path("/b"),
+                                              pathlib.Path("/w/keda-certs"))
+    assert operator[0] == "/b/keda-operator" and adapter[0] == "/b/keda-adapter"
+    grpc = f"127.0.0.1:{ports.keda_metrics_service}"
+    assert f"--metrics-service-bind-address={grpc}" in operator
+    assert f"--metrics-service-address={grpc}" in adapter
+    assert "--leader-elect=false" in operator and "--enable-cert-rotation=false" in operator
+    assert "--cert-dir=/w/keda-certs" in operator and "--cert-dir=/w/keda-certs" in adapter
+    assert f"--secure-port={ports.keda_adapter}" in adapter and f"--port={ports.keda_adapter_metrics}" in adapter
+    assert env["WATCH_NAMESPACE"] == "" and env["KUBECONFIG"] == "/w/kubeconfig"
+    named = ports.named()
+    assert len(set(named.values())) == len(named) <= _ports.BLOCK_SIZE, "every component has a port of its own"
+    assert max(named.values()) < _ports.for_slot(5).etcd_client, "the block stays within its slot"
+
+
+def test_keda_adapter_is_registered_for_external_metrics_on_loopback():
+    port = _ports.for_slot(0).keda_adapter
+    service = _keda.service_manifest(port)
+    assert service["spec"] == {"type": "ExternalName", "externalName": "127.0.0.1",
+                               "ports": [{"name": "https", "port": port}]}
+    api = _keda.api_service_manifest(port)
+    assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
+    assert api["spec"]["group"] == "external.metrics.k8s.io"
+    assert api["spec"]["service"] == {"namespace": _keda.NAMESPACE, "name": _keda.SERVICE, "port": port}
+
+
+def test_keda_crd_names_match_their_files():
+    names = []
+    for path in _keda.crd_paths(pathlib.Path("/mod")):  # controller-gen names a CRD file <group>_<plural>.yaml
+        assert path.is_relative_to("/mod/config/crd/bases")
+        group, plural = path.name.removesuffix(".yaml").split("_")
+        names.append(f"{plural}.{group}")
+    assert tuple(names) == _keda.CRD_NAMES
+
+
+def test_mutual_tls_certificate_serves_and_authenticates_loopback(tmp_path):
+    folder = _pki.mutual_tls(tmp_path / "certs", "keda")
+    assert {p.name for p in folder.iterdir()} >= {"ca.crt", "tls.crt", "tls.key"}
+    text = subprocess.run(["openssl", "x509", "-in", str(folder / "tls.crt"), "-noout", "-text"],
+                          check=True, capture_output=True, text=True).stdout
+    assert "IP Address:127.0.0.1" in text
+    assert "TLS Web Server Authentication" in text and "TLS Web Client Authentication" in text
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(folder / "ca.crt"), str(folder / "tls.crt")],
+                              capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
