@@ -25,7 +25,9 @@ def go_binary() -> str:
     for candidate in (os.environ.get("GO"), shutil.which("go"), "/usr/local/go/bin/go"):
         if candidate and os.path.exists(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise ToolchainError("no Go toolchain: set GO=/path/to/go or put `go` (1.26.4 or newer: Karpenter's minimum) on PATH")
+    raise ToolchainError(
+        "no Go toolchain: set GO=/path/to/go or put `go` (1.26.4 or newer: Karpenter's minimum) on PATH"
+    )
 
 
 def go_env() -> dict[str, str]:
