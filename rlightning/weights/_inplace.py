@@ -86,11 +86,6 @@ class Landing:
         dtype = self._layout.buckets[segment.bucket].dtype
         return target.dtype == dtype and target.device == self._device and target.is_contiguous()
 
-    @property
-    def staging_bytes(self) -> int:
-        """Bytes of the staging buffers (0 when every transfer lands directly)."""
-        return sum(buffer.numel() for buffer in self._staging)
-
     def slot(self, index: int) -> int | None:
         """The staging buffer segment `index` lands in, or None when it lands in its tensor directly."""
         return self._slot_of[index]
