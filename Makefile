@@ -57,7 +57,7 @@ crd: install
 	cp crds/policygroups.rlightning.io.yaml charts/rlightning-operator/crds/
 
 cluster-binaries: install
-	$(PY) -m devcluster build --addon metrics-server --addon karpenter --addon keda
+	$(PY) -m devcluster build --addon metrics-server --addon karpenter --addon keda --addon kueue
 
 ## A local control plane for trials; prints the KUBECONFIG to export.
 cluster: cluster-binaries

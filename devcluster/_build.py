@@ -172,6 +172,7 @@ ADDONS = {
         ("github.com/kedacore/keda/v2/cmd/operator", "github.com/kedacore/keda/v2/cmd/adapter"),
         ("keda-operator", "keda-adapter"),
     ),
+    "kueue": Target("kueue", "kueue", ("sigs.k8s.io/kueue/cmd/kueue",), ("kueue",)),
 }
 """Components built on demand (``build_addon``), each cached under a key of its own: they are not part of the
 control plane's key, so adding or bumping one never rebuilds the control plane."""
@@ -180,6 +181,7 @@ ADDON_VERSIONS = {
     "metrics-server": _versions.METRICS_SERVER,
     "karpenter": _versions.KARPENTER,
     "keda": _versions.KEDA,
+    "kueue": _versions.KUEUE,
 }
 """The pinned upstream version of each add-on (part of its key)."""
 
@@ -321,19 +323,12 @@ def _run_target(target: Target, go: str, bin_dir: pathlib.Path, log: Callable[[s
     log(f"build: {target.name}: done in {elapsed:.0f}s ({', '.join(target.binaries)})")
 
 
-def _write_stages(key_dir: pathlib.Path, go: str) -> None:
+def _write_stages(key_dir: pathlib.Path) -> None:
     """Concatenate the pinned kwok module's Stage files into ``kwok-stages.yaml``."""
-    module_dir = subprocess.run(
-        [go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"],
-        cwd=_gomod.GO_DIR / "kwok",
-        check=True,
-        capture_output=True,
-        text=True,
-        env=_toolchain.go_env(),
-    ).stdout.strip()
+    module_dir = _gomod.module_dir("kwok", "sigs.k8s.io/kwok")
     parts = [f"# kwok {_versions.KWOK} stages from sigs.k8s.io/kwok/kustomize/stage (Apache-2.0)\n"]
     for rel in KWOK_STAGES:
-        parts.append("---\n" + (pathlib.Path(module_dir) / "kustomize" / "stage" / rel).read_text())
+        parts.append("---\n" + (module_dir / "kustomize" / "stage" / rel).read_text())
     (key_dir / "kwok-stages.yaml").write_text("".join(parts))
 
 
@@ -368,7 +363,7 @@ def build(log: Callable[[str], None] = print, parallel: int = 2) -> BuildResult:
         (bin_dir / ".complete").unlink(missing_ok=True)
         log(f"build: cache {key_dir} is cold; building with {go} ({_go_version(go)}), {parallel} at a time")
         invocations = _build_all(targets(), go, bin_dir, log, parallel, start)
-        _write_stages(key_dir, go)
+        _write_stages(key_dir)
         names = [name for target in targets() for name in target.binaries]
         (bin_dir / ".complete").write_text(json.dumps({"binaries": names, "key": key_dir.name}))
         log(f"build: all binaries ready in {bin_dir} after {time.monotonic() - start:.0f}s")

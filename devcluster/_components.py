@@ -354,3 +354,68 @@ def keda(
         "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE,
     }
     return operator, adapter, env
+
+
+KUEUE_NAMESPACE = "kueue-system"
+"""Namespace of Kueue's own objects (its webhook Service and certificate Secret), as its release installs them."""
+
+KUEUE_WEBHOOK_SERVICE = "kueue-webhook-service"
+"""The webhook Service's name: Kueue's certificate names ``<service>.<namespace>.svc``, and the API server verifies
+that name when it calls a webhook or a conversion through the Service (an ExternalName on loopback here)."""
+
+KUEUE_WEBHOOK_SECRET = "kueue-webhook-server-cert"
+"""The Secret where Kueue's certificate rotation keeps its CA and serving certificate (it must exist, empty)."""
+
+KUEUE_INTEGRATIONS = ("batch/job",)
+"""Kueue job integrations turned on: batch/v1 Jobs only (the trainer Job). Webhooks of the others answer as no-ops
+and are not registered (``_kueue.webhook_configurations``)."""
+
+
+def kueue_configuration(ports: _ports.Ports, cert_dir: pathlib.Path) -> dict:
+    """Kueue's configuration file (``config.kueue.x-k8s.io/v1beta2`` Configuration) for a host process.
+
+    Kueue's internal certificate management stays on (its default): it writes the webhook certificate into
+    ``cert_dir`` and the Secret, and injects its CA into the webhook configurations and the CRDs' conversion
+    webhooks, as it does in a cluster. Webhooks and health probes listen on loopback; metrics are off (``"0"``;
+    with certificate management on they need no certificate files), and so is the visibility API server
+    (``VisibilityOnDemand``, which would need an APIService). Leader election off (one replica).
+
+    Args:
+        ports (_ports.Ports): The cluster's port block (``kueue_*``).
+        cert_dir (pathlib.Path): Folder for the webhook certificate (``tls.crt``, ``tls.key``).
+
+    Returns:
+        dict: The configuration (fields of Kueue v0.17, ``apis/config/v1beta2/configuration_types.go``).
+    """
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "health": {"healthProbeBindAddress": f"{_ports.HOST}:{ports.kueue_health}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": _ports.HOST, "port": ports.kueue_webhook, "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {
+            "enable": True,
+            "webhookServiceName": KUEUE_WEBHOOK_SERVICE,
+            "webhookSecretName": KUEUE_WEBHOOK_SECRET,
+        },
+        "manageJobsWithoutQueueName": False,
+        "integrations": {"frameworks": list(KUEUE_INTEGRATIONS)},
+        "featureGates": {"VisibilityOnDemand": False},
+    }
+
+
+def kueue(kubeconfig: pathlib.Path, binary: pathlib.Path, config: pathlib.Path) -> tuple[list[str], dict[str, str]]:
+    """Kueue's manager as a host process: its command line and the environment it adds.
+
+    Args:
+        kubeconfig (pathlib.Path): The admin kubeconfig (read through ``KUBECONFIG``, as controller-runtime does).
+        binary (pathlib.Path): The built ``kueue`` (``_build.build_addon("kueue")``).
+        config (pathlib.Path): The file holding :func:`kueue_configuration`.
+
+    Returns:
+        tuple[list[str], dict[str, str]]: The command line (flags of Kueue v0.17, ``cmd/kueue/main.go``) and the
+        variables to add to the environment.
+    """
+    return [str(binary), f"--config={config}", "--zap-log-level=info"], {"KUBECONFIG": str(kubeconfig)}

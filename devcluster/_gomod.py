@@ -5,7 +5,7 @@ modules (k8s.io/api, k8s.io/client-go, ...) at ``v0.0.0`` and points them at ``.
 directives, which only apply when it is the main module. A wrapper module that requires the release and
 replaces each staging module with its published tag (``v0.34.4``) builds the commands. The replace list is
 read from the release's own go.mod here, never typed by hand. The other wrappers (etcd, kwok, helm, coredns,
-metrics-server, karpenter, keda) carry ``tool`` directives; an upstream ``replace`` that points at another
+metrics-server, karpenter, keda, kueue) carry ``tool`` directives; an upstream ``replace`` that points at another
 published module version (KEDA has one) only applies when that module is the main module, so it is copied into
 the wrapper (:func:`module_replacements`); replaces that point at local paths of the upstream repository (etcd's)
 are dropped, the required versions they name being the published ones.
@@ -45,6 +45,41 @@ func main() {
 \tetcdmain.Main(os.Args)
 }
 """
+
+
+
+class ModuleCacheError(RuntimeError):
+    """Raised when ``go list -m`` cannot name a pinned module's folder in Go's module cache."""
+
+
+def module_dir(wrapper: str, module: str) -> pathlib.Path:
+    """Return the folder of an upstream module, at the version its wrapper pins, in Go's module cache.
+
+    The add-ons read files that ship in their module (CRDs, stage configs, webhook manifests) from there, so they
+    always match the binary built from the same version. ``go list -m`` downloads the module when it is missing.
+
+    Args:
+        wrapper (str): The wrapper module's folder under :data:`GO_DIR` (``"keda"``).
+        module (str): The upstream module path (``"github.com/kedacore/keda/v2"``).
+
+    Returns:
+        pathlib.Path: ``$GOMODCACHE/<module>@<version>``.
+
+    Raises:
+        ModuleCacheError: ``go list`` failed (the module is not cached and the proxy is unreachable).
+        _toolchain.ToolchainError: No Go toolchain is found.
+    """
+    proc = subprocess.run(
+        [_toolchain.go_binary(), "list", "-m", "-f", "{{.Dir}}", module],
+        cwd=GO_DIR / wrapper,
+        capture_output=True,
+        text=True,
+        env=_toolchain.go_env(),
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise ModuleCacheError(f"go list -m {module} (in {wrapper}): exit {proc.returncode}: {proc.stderr[-2000:]}")
+    return pathlib.Path(proc.stdout.strip())
+
 
 _LOCAL_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.\-]+)\s*=>\s*\./staging/src/(k8s\.io/[\w.\-]+)\s*$")
 _MODULE_REPLACE = re.compile(r"^\s*(?:replace\s+)?(\S+(?:\s+v\S+)?)\s*=>\s*([^./\s]\S*\s+v\S+)\s*$")
@@ -214,6 +249,7 @@ def generate(log: Callable[[str], None] = print) -> None:
     metrics_server_text = upstream_gomod("sigs.k8s.io/metrics-server", _versions.METRICS_SERVER)
     karpenter_text = upstream_gomod("sigs.k8s.io/karpenter", _versions.KARPENTER)
     keda_text = upstream_gomod("github.com/kedacore/keda/v2", _versions.KEDA)
+    kueue_text = upstream_gomod("sigs.k8s.io/kueue", _versions.KUEUE)
     files = {
         "kubernetes": kubernetes_gomod(k8s_text),
         "etcd": simple_gomod("etcd", "go.etcd.io/etcd/server/v3", _versions.ETCD, [], _go_version_of(etcd_text)),
@@ -251,6 +287,9 @@ def generate(log: Callable[[str], None] = print) -> None:
             ["github.com/kedacore/keda/v2/cmd/operator", "github.com/kedacore/keda/v2/cmd/adapter"],
             _go_version_of(keda_text),
             module_replacements(keda_text),
+        ),
+        "kueue": simple_gomod(
+            "kueue", "sigs.k8s.io/kueue", _versions.KUEUE, ["sigs.k8s.io/kueue/cmd/kueue"], _go_version_of(kueue_text)
         ),
     }
     for name, text in files.items():

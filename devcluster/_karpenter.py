@@ -17,13 +17,12 @@ made stay (delete the NodePool while it runs to remove them).
 
 from __future__ import annotations
 
-import functools
 import os
 import pathlib
-import subprocess
 import time
 from collections.abc import Callable
 
+from devcluster import _addon
 from devcluster import _build
 from devcluster import _cluster
 from devcluster import _components
@@ -31,7 +30,6 @@ from devcluster import _gomod
 from devcluster import _http
 from devcluster import _ports
 from devcluster import _process
-from devcluster import _toolchain
 from devcluster import _versions
 
 MODULE = "sigs.k8s.io/karpenter"
@@ -60,37 +58,15 @@ START_TIMEOUT_SECONDS = 120.0
 """Bound for the CRDs to be Established and Karpenter's ``/readyz`` to answer 200 (its caches synced)."""
 
 
-class KarpenterError(RuntimeError):
-    """Raised when Karpenter exits, is not ready in time, or its CRDs cannot be installed (with its log tail)."""
-
-
-def module_dir() -> pathlib.Path:
-    """Return the folder of the pinned Karpenter module in Go's module cache (``go list -m``).
-
-    Returns:
-        pathlib.Path: ``$GOMODCACHE/sigs.k8s.io/karpenter@<version>``.
-
-    Raises:
-        KarpenterError: When ``go list`` fails (the module was never downloaded and the proxy is unreachable).
-        _toolchain.ToolchainError: When no Go toolchain is found.
-    """
-    proc = subprocess.run(
-        [_toolchain.go_binary(), "list", "-m", "-f", "{{.Dir}}", MODULE],
-        cwd=_gomod.GO_DIR / "karpenter",
-        capture_output=True,
-        text=True,
-        env=_toolchain.go_env(),
-    )
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise KarpenterError(f"go list -m {MODULE}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    return pathlib.Path(proc.stdout.strip())
+class KarpenterError(_addon.AddonError):
+    """Raised when Karpenter exits or is not ready in time (with its log tail)."""
 
 
 def crd_paths(folder: pathlib.Path) -> list[pathlib.Path]:
     """Return the CRD files of :data:`CRD_FILES` under a module folder.
 
     Args:
-        folder (pathlib.Path): The module folder (:func:`module_dir`).
+        folder (pathlib.Path): The module folder (``_gomod.module_dir``).
 
     Returns:
         list[pathlib.Path]: One path per CRD, in :data:`CRD_FILES` order.
@@ -115,7 +91,6 @@ class Karpenter:
         self.process: _process.Managed | None = None
         self.start_seconds = 0.0
         self._log = log
-        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -132,13 +107,15 @@ class Karpenter:
             Karpenter: ``self``.
 
         Raises:
-            KarpenterError: A CRD was refused or not Established in time, or Karpenter exited or was not ready.
+            KarpenterError: Karpenter exited or was not ready in time.
+            _addon.AddonError: A CRD was refused or not Established in time.
             _build.BuildError: The build failed.
+            _gomod.ModuleCacheError: The module's folder could not be found.
         """
         binary = _build.build_addon("karpenter", log=self._log)
         began = time.monotonic()
         deadline = began + timeout
-        self._install_crds(deadline)
+        _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir("karpenter", MODULE)), CRD_NAMES, deadline)
         argv, env = _components.karpenter(
             self.cluster.kubeconfig, self.cluster.ports, binary, _components.KARPENTER_INSTANCE_TYPES
         )
@@ -154,25 +131,6 @@ class Karpenter:
         self.start_seconds = time.monotonic() - began
         self._log(f"devcluster: karpenter {_versions.KARPENTER} ready after {self.start_seconds:.1f}s")
         return self
-
-    def _install_crds(self, deadline: float) -> None:
-        for path in crd_paths(module_dir()):
-            # Server-side: the NodePool CRD's schema is larger than client-side apply's annotation allows.
-            done = self.cluster.kubectl(
-                "apply", "--server-side", "--force-conflicts", "--field-manager=devcluster", "-f", str(path),
-                check=False,
-            )
-            if done.returncode != 0:
-                raise KarpenterError(f"applying {path}: {done.stderr.strip()}")
-        for name in CRD_NAMES:
-            failure = _process.wait_until(functools.partial(self._established, name), deadline, [])
-            if failure is not None:
-                raise KarpenterError(f"CRD {name} was not Established in time")
-
-    def _established(self, name: str) -> bool:
-        crd = self._api.get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
     def stop(self) -> None:
         """Stop it (SIGTERM, then SIGKILL, by its process group); idempotent. The CRDs and its nodes stay."""

@@ -18,13 +18,12 @@ APIService and Service are deleted, the CRDs stay.
 
 from __future__ import annotations
 
-import functools
 import os
 import pathlib
-import subprocess
 import time
 from collections.abc import Callable
 
+from devcluster import _addon
 from devcluster import _build
 from devcluster import _cluster
 from devcluster import _components
@@ -33,7 +32,6 @@ from devcluster import _http
 from devcluster import _pki
 from devcluster import _ports
 from devcluster import _process
-from devcluster import _toolchain
 from devcluster import _versions
 
 MODULE = "github.com/kedacore/keda/v2"
@@ -73,84 +71,20 @@ START_TIMEOUT_SECONDS = 120.0
 Available."""
 
 
-class KedaError(RuntimeError):
-    """Raised when KEDA exits, is not ready in time, or its CRDs cannot be installed (with its log tail)."""
-
-
-def module_dir() -> pathlib.Path:
-    """Return the folder of the pinned KEDA module in Go's module cache (``go list -m``).
-
-    Returns:
-        pathlib.Path: ``$GOMODCACHE/github.com/kedacore/keda/v2@<version>``.
-
-    Raises:
-        KedaError: When ``go list`` fails (the module was never downloaded and the proxy is unreachable).
-        _toolchain.ToolchainError: When no Go toolchain is found.
-    """
-    proc = subprocess.run(
-        [_toolchain.go_binary(), "list", "-m", "-f", "{{.Dir}}", MODULE],
-        cwd=_gomod.GO_DIR / "keda",
-        capture_output=True,
-        text=True,
-        env=_toolchain.go_env(),
-    )
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise KedaError(f"go list -m {MODULE}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    return pathlib.Path(proc.stdout.strip())
+class KedaError(_addon.AddonError):
+    """Raised when KEDA exits or is not ready in time (with its logs' tails)."""
 
 
 def crd_paths(folder: pathlib.Path) -> list[pathlib.Path]:
     """Return the CRD files of :data:`CRD_FILES` and :data:`EVENTING_CRD_FILES` under a module folder.
 
     Args:
-        folder (pathlib.Path): The module folder (:func:`module_dir`).
+        folder (pathlib.Path): The module folder (``_gomod.module_dir``).
 
     Returns:
         list[pathlib.Path]: One path per CRD, in :data:`CRD_NAMES` order.
     """
     return [folder / relative for relative in CRD_FILES + EVENTING_CRD_FILES]
-
-
-def service_manifest(port: int) -> dict:
-    """The ExternalName Service through which the aggregator reaches the adapter on loopback.
-
-    Args:
-        port (int): The adapter's secure port.
-
-    Returns:
-        dict: A v1 Service in :data:`NAMESPACE`.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": SERVICE, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": SERVICE}},
-        "spec": {"type": "ExternalName", "externalName": _ports.HOST, "ports": [{"name": "https", "port": port}]},
-    }
-
-
-def api_service_manifest(port: int) -> dict:
-    """The APIService that registers ``external.metrics.k8s.io/v1beta1`` (TLS verification skipped, as for
-    metrics-server: the dev cluster does not hand the adapter's CA to the aggregator).
-
-    Args:
-        port (int): The adapter's secure port.
-
-    Returns:
-        dict: An apiregistration.k8s.io/v1 APIService.
-    """
-    return {
-        "apiVersion": "apiregistration.k8s.io/v1",
-        "kind": "APIService",
-        "metadata": {"name": API_SERVICE, "labels": {"app.kubernetes.io/name": SERVICE}},
-        "spec": {
-            "group": "external.metrics.k8s.io",
-            "version": "v1beta1",
-            "service": {"namespace": NAMESPACE, "name": SERVICE, "port": port},
-            "insecureSkipTLSVerify": True,
-            "groupPriorityMinimum": 100,
-            "versionPriority": 100,
-        },
-    }
 
 
 class Keda:
@@ -193,8 +127,10 @@ class Keda:
             Keda: ``self``.
 
         Raises:
-            KedaError: A CRD was refused or not Established in time, a process exited, or the operator was not
-                ready or the APIService not Available in time.
+            KedaError: A process exited, or the operator was not ready or the APIService not Available in time.
+            _addon.AddonError: A CRD, the Service or the APIService was refused, or a CRD was not Established in
+                time.
+            _gomod.ModuleCacheError: The module's folder could not be found.
             _build.BuildError: The build failed.
             _pki.PKIError: ``openssl`` failed.
         """
@@ -202,7 +138,7 @@ class Keda:
         began = time.monotonic()
         deadline = began + timeout
         cluster = self.cluster
-        self._install_crds(deadline)
+        _addon.apply_crds(cluster, crd_paths(_gomod.module_dir("keda", MODULE)), CRD_NAMES, deadline)
         cert_dir = _pki.mutual_tls(cluster.workdir / "keda-certs", "keda")
         operator_argv, adapter_argv, extra_env = _components.keda(
             cluster.kubeconfig, cluster.ports, binary.parent, cert_dir
@@ -212,13 +148,10 @@ class Keda:
             self.operator = _process.start("keda-operator", operator_argv, self.log_path, detach=False, env=env)
             self.adapter = _process.start("keda-adapter", adapter_argv, self.adapter_log_path, detach=False, env=env)
             port = cluster.ports.keda_adapter
-            for path, manifest in (
-                (f"/api/v1/namespaces/{NAMESPACE}/services", service_manifest(port)),
-                ("/apis/apiregistration.k8s.io/v1/apiservices", api_service_manifest(port)),
-            ):
-                status, text = self._api.request("POST", path, manifest)
-                if status not in (201, 409):
-                    raise KedaError(f"POST {path}: HTTP {status}: {text[:500]}")
+            _addon.create(self._api, f"/api/v1/namespaces/{NAMESPACE}/services",
+                          _addon.external_name_service(SERVICE, NAMESPACE, port))
+            _addon.create(self._api, "/apis/apiregistration.k8s.io/v1/apiservices",
+                          _addon.api_service("external.metrics.k8s.io", "v1beta1", SERVICE, NAMESPACE, port))
             readyz = f"http://{_ports.HOST}:{cluster.ports.keda_health}/readyz"
             self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))
             self._wait("APIService Available", deadline, self.available)
@@ -239,30 +172,9 @@ class Keda:
             )
             raise KedaError(f"keda: waiting for {what}: {reason}\n{tails}")
 
-    def _install_crds(self, deadline: float) -> None:
-        for path in crd_paths(module_dir()):
-            # Server-side: the ScaledJob CRD's schema is larger than client-side apply's annotation allows.
-            done = self.cluster.kubectl(
-                "apply", "--server-side", "--force-conflicts", "--field-manager=devcluster", "-f", str(path),
-                check=False,
-            )
-            if done.returncode != 0:
-                raise KedaError(f"applying {path}: {done.stderr.strip()}")
-        for name in CRD_NAMES:
-            failure = _process.wait_until(functools.partial(self._established, name), deadline, [])
-            if failure is not None:
-                raise KedaError(f"CRD {name} was not Established in time")
-
-    def _established(self, name: str) -> bool:
-        crd = self._api.get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
     def available(self) -> bool:
         """Whether the APIService reports Available=True (the aggregator reaches the adapter)."""
-        service = self._api.get_json(f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}") or {}
-        conditions = (service.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
+        return _addon.api_service_available(self._api, API_SERVICE)
 
     def stop(self) -> None:
         """Unregister the adapter and stop both processes (SIGTERM, then SIGKILL, by process group); idempotent.

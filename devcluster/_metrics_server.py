@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from devcluster import _addon
 from devcluster import _build
 from devcluster import _cluster
 from devcluster import _components
 from devcluster import _http
-from devcluster import _ports
 from devcluster import _process
 
 NAMESPACE = "kube-system"
@@ -28,50 +28,8 @@ START_TIMEOUT_SECONDS = 120.0
 """Bound for the APIService to be Available and the resource metrics API to answer through it."""
 
 
-class MetricsServerError(RuntimeError):
+class MetricsServerError(_addon.AddonError):
     """Raised when metrics-server exits or does not serve node metrics in time (with its log tail)."""
-
-
-def service_manifest(port: int) -> dict:
-    """The ExternalName Service through which the aggregator reaches metrics-server on loopback.
-
-    Args:
-        port (int): metrics-server's secure port.
-
-    Returns:
-        dict: A v1 Service in :data:`NAMESPACE`.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": SERVICE, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": SERVICE}},
-        "spec": {"type": "ExternalName", "externalName": _ports.HOST, "ports": [{"name": "https", "port": port}]},
-    }
-
-
-def api_service_manifest(port: int) -> dict:
-    """The APIService that registers ``metrics.k8s.io/v1beta1`` (as metrics-server's own manifests do, with TLS
-    verification skipped: it serves a self-signed certificate).
-
-    Args:
-        port (int): metrics-server's secure port.
-
-    Returns:
-        dict: An apiregistration.k8s.io/v1 APIService.
-    """
-    return {
-        "apiVersion": "apiregistration.k8s.io/v1",
-        "kind": "APIService",
-        "metadata": {"name": API_SERVICE, "labels": {"app.kubernetes.io/name": SERVICE}},
-        "spec": {
-            "group": "metrics.k8s.io",
-            "version": "v1beta1",
-            "service": {"namespace": NAMESPACE, "name": SERVICE, "port": port},
-            "insecureSkipTLSVerify": True,
-            "groupPriorityMinimum": 100,
-            "versionPriority": 100,
-        },
-    }
 
 
 class MetricsServer:
@@ -107,6 +65,7 @@ class MetricsServer:
 
         Raises:
             MetricsServerError: It exited, or the API or node metrics did not appear in time.
+            _addon.AddonError: The Service or the APIService was refused.
             _build.BuildError: The build failed.
         """
         binary = _build.build_addon("metrics-server", log=self._log)
@@ -118,13 +77,10 @@ class MetricsServer:
         )
         try:
             port = cluster.ports.metrics_server
-            for path, manifest in (
-                (f"/api/v1/namespaces/{NAMESPACE}/services", service_manifest(port)),
-                ("/apis/apiregistration.k8s.io/v1/apiservices", api_service_manifest(port)),
-            ):
-                status, text = self._api.request("POST", path, manifest)
-                if status not in (201, 409):
-                    raise MetricsServerError(f"POST {path}: HTTP {status}: {text[:500]}")
+            _addon.create(self._api, f"/api/v1/namespaces/{NAMESPACE}/services",
+                          _addon.external_name_service(SERVICE, NAMESPACE, port))
+            _addon.create(self._api, "/apis/apiregistration.k8s.io/v1/apiservices",
+                          _addon.api_service("metrics.k8s.io", "v1beta1", SERVICE, NAMESPACE, port))
             self._wait(process, "APIService Available", began + timeout, self.available)
             self._wait(process, "the metrics API to answer", began + timeout, self._serving)
         except BaseException:
@@ -144,9 +100,7 @@ class MetricsServer:
 
     def available(self) -> bool:
         """Whether the APIService reports Available=True (the aggregator reaches metrics-server)."""
-        service = self._api.get_json(f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}") or {}
-        conditions = (service.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
+        return _addon.api_service_available(self._api, API_SERVICE)
 
     def _serving(self) -> bool:
         return self._api.request("GET", "/apis/metrics.k8s.io/v1beta1/nodes")[0] == 200

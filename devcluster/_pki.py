@@ -87,6 +87,16 @@ def _openssl(*args: str, cwd: pathlib.Path) -> None:
         raise PKIError(f"openssl {' '.join(args[:2])} failed (exit {proc.returncode}): {proc.stderr.strip()}")
 
 
+def _make_ca(folder: pathlib.Path, common_name: str) -> None:
+    """Write a self-signed P-256 CA (``ca.key``, ``ca.crt``, valid :data:`CERT_DAYS` days) into ``folder``."""
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key", cwd=folder)
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-subj", f"/CN={common_name}", "-days", str(CERT_DAYS),
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-out", "ca.crt", cwd=folder,
+    )
+
+
 def generate(folder: pathlib.Path) -> PKI:
     """Create a CA, the API server's serving certificate, the ServiceAccount key pair and the admin token.
 
@@ -101,12 +111,7 @@ def generate(folder: pathlib.Path) -> PKI:
     """
     folder.mkdir(parents=True, exist_ok=True)
     days = str(CERT_DAYS)
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key", cwd=folder)
-    _openssl(
-        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=rlightning-devcluster-ca", "-days", days,
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-out", "ca.crt", cwd=folder,
-    )
+    _make_ca(folder, "rlightning-devcluster-ca")
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "apiserver.key", cwd=folder)
     _openssl("req", "-new", "-key", "apiserver.key", "-subj", "/CN=kube-apiserver", "-out", "apiserver.csr", cwd=folder)
     sans = ",".join(
@@ -204,12 +209,7 @@ def mutual_tls(folder: pathlib.Path, name: str) -> pathlib.Path:
     """
     folder.mkdir(parents=True, exist_ok=True)
     days = str(CERT_DAYS)
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key", cwd=folder)
-    _openssl(
-        "req", "-x509", "-new", "-key", "ca.key", "-subj", f"/CN={name}-ca", "-days", days,
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-out", "ca.crt", cwd=folder,
-    )
+    _make_ca(folder, f"{name}-ca")
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "tls.key", cwd=folder)
     _openssl("req", "-new", "-key", "tls.key", "-subj", f"/CN={name}", "-out", "tls.csr", cwd=folder)
     (folder / "tls.ext").write_text(

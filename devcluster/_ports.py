@@ -18,7 +18,7 @@ BASE_PORT = 28700
 ``/proc/sys/net/ipv4/ip_local_port_range``), so an outgoing connection never takes one of these ports."""
 
 BLOCK_SIZE = 20
-"""Ports reserved per slot (13 used: the control plane's 6 and the add-ons' 7)."""
+"""Ports reserved per slot (15 used: the control plane's 6 and the add-ons' 9)."""
 
 MAX_SLOT = 9
 """Highest slot (slot 9 ends at 28899)."""
@@ -49,6 +49,8 @@ class Ports:
         keda_health (int): KEDA operator's health probes (http ``/healthz``, ``/readyz``).
         keda_adapter (int): KEDA's metrics API server (https, ``external.metrics.k8s.io``), when ``Keda`` runs.
         keda_adapter_metrics (int): KEDA adapter's own Prometheus endpoint (http; it always serves one).
+        kueue_webhook (int): Kueue's admission and CRD conversion webhooks (https), when ``Kueue`` runs.
+        kueue_health (int): Kueue's health probes (http ``/healthz``, ``/readyz``).
     """
 
     etcd_client: int
@@ -64,6 +66,8 @@ class Ports:
     keda_health: int
     keda_adapter: int
     keda_adapter_metrics: int
+    kueue_webhook: int
+    kueue_health: int
 
     def named(self) -> dict[str, int]:
         """Return ``{field name: port}``."""
@@ -89,7 +93,7 @@ def for_slot(slot: int) -> Ports:
         slot (int): 0..:data:`MAX_SLOT`.
 
     Returns:
-        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..12.
+        Ports: ``BASE_PORT + slot * BLOCK_SIZE`` plus fixed offsets 0..14.
     """
     base = BASE_PORT + slot * BLOCK_SIZE
     return Ports(*(base + offset for offset in range(len(dataclasses.fields(Ports)))))

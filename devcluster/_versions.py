@@ -32,6 +32,11 @@ KEDA = "v2.21.0"
 its operator (``cmd/operator``) and metrics API server (``cmd/adapter``) are the event-driven autoscaling add-on,
 built on demand like :data:`METRICS_SERVER`. Its CRDs are read from the module at this version."""
 
+KUEUE = "v0.17.0"
+"""sigs.k8s.io/kueue release (no replace directives; go 1.25.0; the only version the module proxy lists here): its
+manager (``cmd/kueue``) is the gang admission add-on for trainer Jobs, built on demand like :data:`METRICS_SERVER`.
+Its CRDs are read from the module at this version."""
+
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
     """Return the tag of the staging modules (k8s.io/api, ...) that ship with a Kubernetes release.

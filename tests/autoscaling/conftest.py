@@ -1,5 +1,5 @@
 """Fixtures of the autoscaling tests: the PolicyGroup CRD installed once, an operator process per test, and the
-add-ons (metrics-server, Karpenter, KEDA) started once per session on first use.
+add-ons (metrics-server, Karpenter, KEDA) started once per session on first use, and Kueue once per module.
 
 Every test module here sets ``pytestmark = pytest.mark.autoscaling`` (``cluster`` comes with the fixtures):
 ``pytest -m autoscaling`` runs them against the devcluster, within 10 minutes in all (bounded waits only).
@@ -53,3 +53,13 @@ def keda(autoscaling_crd):
     event_autoscaler = devcluster.Keda(autoscaling_crd).start()
     yield event_autoscaler
     event_autoscaler.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue(autoscaling_crd):
+    """Kueue admitting Jobs on the session's cluster (built from its module on first use, then cached), for one
+    module only: its webhooks see every Job of the cluster while it runs. Its log: `kueue.log` in the cluster's log
+    folder."""
+    admission = devcluster.Kueue(autoscaling_crd).start()
+    yield admission
+    admission.stop()

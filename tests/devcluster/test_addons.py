@@ -1,6 +1,6 @@
-"""Add-on components (metrics-server, Karpenter, KEDA): built and cached apart from the control plane, registered by
-pure manifests, started against the running cluster (the starts themselves: tests/autoscaling/test_hpa.py,
-test_karpenter.py and test_keda.py)."""
+"""Add-on components (metrics-server, Karpenter, KEDA, Kueue): built and cached apart from the control plane,
+registered by pure manifests, started against the running cluster (the starts themselves: tests/autoscaling/
+test_hpa.py, test_karpenter.py, test_keda.py and test_gang_admission.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from devcluster import _build, _components, _gomod, _karpenter, _keda, _metrics_server, _nodes, _pki, _ports, _toolchain
+from devcluster import _addon, _build, _components, _gomod, _karpenter, _keda, _kueue, _nodes, _pki, _ports, _toolchain
 
 
 def _go() -> str:
@@ -41,12 +41,12 @@ def test_karpenter_binary_does_not_clash_with_kwok():
 
 def test_metrics_server_is_registered_through_an_external_name_on_loopback():
     ports = _ports.for_slot(3)
-    service = _metrics_server.service_manifest(ports.metrics_server)
-    assert service["spec"] == {"type": "ExternalName", "externalName": "127.0.0.1",
-                               "ports": [{"name": "https", "port": ports.metrics_server}]}
-    api = _metrics_server.api_service_manifest(ports.metrics_server)
-    assert api["metadata"]["name"] == "v1beta1.metrics.k8s.io"
     port = ports.metrics_server
+    service = _addon.external_name_service("metrics-server", "kube-system", port)
+    assert service["spec"] == {"type": "ExternalName", "externalName": "127.0.0.1",
+                               "ports": [{"name": "https", "port": port}]}
+    api = _addon.api_service("metrics.k8s.io", "v1beta1", "metrics-server", "kube-system", port)
+    assert api["metadata"]["name"] == "v1beta1.metrics.k8s.io"
     assert api["spec"]["service"] == {"namespace": "kube-system", "name": "metrics-server", "port": port}
     argv = _components.metrics_server(pathlib.Path("/w"), pathlib.Path("/w/kubeconfig"), ports, pathlib.Path("/b/ms"))
     assert f"--secure-port={ports.metrics_server}" in argv and "--kubelet-use-node-status-port" in argv
@@ -144,10 +144,7 @@ def test_keda_builds_two_named_binaries_and_runs_on_its_own_ports():
 
 def test_keda_adapter_is_registered_for_external_metrics_on_loopback():
     port = _ports.for_slot(0).keda_adapter
-    service = _keda.service_manifest(port)
-    assert service["spec"] == {"type": "ExternalName", "externalName": "127.0.0.1",
-                               "ports": [{"name": "https", "port": port}]}
-    api = _keda.api_service_manifest(port)
+    api = _addon.api_service("external.metrics.k8s.io", "v1beta1", _keda.SERVICE, _keda.NAMESPACE, port)
     assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
     assert api["spec"]["group"] == "external.metrics.k8s.io"
     assert api["spec"]["service"] == {"namespace": _keda.NAMESPACE, "name": _keda.SERVICE, "port": port}
@@ -172,3 +169,47 @@ def test_mutual_tls_certificate_serves_and_authenticates_loopback(tmp_path):
     verified = subprocess.run(["openssl", "verify", "-CAfile", str(folder / "ca.crt"), str(folder / "tls.crt")],
                               capture_output=True, text=True)
     assert verified.returncode == 0, verified.stderr
+
+
+def test_kueue_crds_convert_through_its_webhook_service_on_its_port():
+    port = _ports.for_slot(1).kueue_webhook
+    crds = _kueue.crd_manifests(_gomod.module_dir("kueue", _kueue.MODULE), port)
+    names = {crd["metadata"]["name"] for crd in crds}
+    assert {"clusterqueues.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io", "workloads.kueue.x-k8s.io",
+            "resourceflavors.kueue.x-k8s.io", "topologies.kueue.x-k8s.io"} <= names
+    converted = {crd["metadata"]["name"]: crd["spec"]["conversion"] for crd in crds if "conversion" in crd["spec"]}
+    # The CRDs Kueue's certificate rotation injects its CA into (pkg/util/cert): each must have a webhook.
+    assert set(converted) >= {"clusterqueues.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io",
+                              "workloads.kueue.x-k8s.io", "cohorts.kueue.x-k8s.io"}
+    for conversion in converted.values():
+        assert conversion["strategy"] == "Webhook"
+        assert conversion["webhook"]["clientConfig"]["service"] == {
+            "namespace": "kueue-system", "name": "kueue-webhook-service", "path": "/convert", "port": port}
+
+
+def test_kueue_registers_only_its_own_and_the_job_webhooks():
+    port = _ports.for_slot(0).kueue_webhook
+    configurations = _kueue.webhook_configurations(_gomod.module_dir("kueue", _kueue.MODULE), port)
+    assert sorted(c["metadata"]["name"] for c in configurations) == [
+        "kueue-mutating-webhook-configuration", "kueue-validating-webhook-configuration"]  # what Kueue patches
+    webhooks = {w["name"]: w for c in configurations for w in c["webhooks"]}
+    assert {"mjob.kb.io", "vjob.kb.io", "mworkload.kb.io", "vclusterqueue.kb.io"} <= set(webhooks)
+    assert "mpod.kb.io" not in webhooks and "mstatefulset.kb.io" not in webhooks, "pods and evaluators untouched"
+    for webhook in webhooks.values():
+        service = webhook["clientConfig"]["service"]
+        assert (service["name"], service["namespace"], service["port"]) == ("kueue-webhook-service", "kueue-system",
+                                                                            port)
+        assert service["path"].startswith(("/mutate-", "/validate-"))
+
+
+def test_kueue_manages_its_certificate_and_serves_jobs_only_on_loopback():
+    ports = _ports.for_slot(2)
+    config = _components.kueue_configuration(ports, pathlib.Path("/w/kueue-certs"))
+    assert config["webhook"] == {"host": "127.0.0.1", "port": ports.kueue_webhook, "certDir": "/w/kueue-certs"}
+    assert config["health"]["healthProbeBindAddress"] == f"127.0.0.1:{ports.kueue_health}"
+    assert config["internalCertManagement"]["webhookServiceName"] == _kueue.SERVICE
+    assert config["integrations"]["frameworks"] == ["batch/job"] and config["leaderElection"]["leaderElect"] is False
+    argv, env = _components.kueue(pathlib.Path("/w/kubeconfig"), pathlib.Path("/b/kueue"), pathlib.Path("/w/k.yaml"))
+    assert argv[:2] == ["/b/kueue", "--config=/w/k.yaml"] and env == {"KUBECONFIG": "/w/kubeconfig"}
+    named = ports.named()
+    assert len(set(named.values())) == len(named) <= _ports.BLOCK_SIZE, "every component has a port of its own"

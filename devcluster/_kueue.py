@@ -1,0 +1,271 @@
+"""Kueue on a running dev cluster: gang admission of Jobs (quota for all their pods at once), as a host process.
+
+Built on demand from its Go module (``_build.build_addon("kueue")``, binary ``kueue`` from ``cmd/kueue``, cached
+under its own key). :meth:`Kueue.start` installs what Kueue's release installs, read from the module at the pinned
+version, less the Deployment and RBAC (the process runs with the admin kubeconfig):
+
+- the namespace ``kueue-system``, the empty Secret its certificate rotation fills, and the webhook Service, here
+  of type ExternalName on loopback (``_addon``);
+- every CRD of ``config/components/crd`` with the conversion webhooks its kustomization patches in
+  (:func:`crd_manifests`);
+- the admission webhooks of ``config/components/webhook`` for Kueue's own kinds and batch Jobs
+  (:func:`webhook_configurations`; the others belong to integrations that are off, and the pod and Deployment
+  ones would intercept every pod of the cluster).
+
+Kueue then writes its CA and serving certificate into the Secret and injects the CA into those webhooks and CRDs
+(its internal certificate management, as in a cluster). In a cluster the kubelet mounts that Secret into Kueue's
+pod, and Kueue waits for the files; here :meth:`Kueue.start` writes them into ``<workdir>/kueue-certs``, and Kueue
+reports ``/readyz``. Only the ``batch/job`` integration is on
+(``_components.KUEUE_INTEGRATIONS``). :meth:`Kueue.stop` deletes the webhook configurations before it stops the
+process, so that the cluster never calls a webhook that is gone (they fail closed); the CRDs, the namespace and
+any queues stay.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import pathlib
+import time
+from collections.abc import Callable
+
+import yaml
+
+from devcluster import _addon
+from devcluster import _build
+from devcluster import _cluster
+from devcluster import _components
+from devcluster import _gomod
+from devcluster import _http
+from devcluster import _ports
+from devcluster import _process
+from devcluster import _versions
+
+MODULE = "sigs.k8s.io/kueue"
+"""The Go module the add-on is built from (and its CRDs and webhook manifests are read from)."""
+
+CRD_FOLDER = "config/components/crd"
+"""The CRDs (``bases/``) and the kustomization that lists them and their conversion-webhook patches."""
+
+WEBHOOK_MANIFESTS = "config/components/webhook/manifests.yaml"
+"""The Mutating- and ValidatingWebhookConfiguration that controller-gen writes for every webhook Kueue serves."""
+
+NAME_PREFIX = "kueue-"
+"""The ``namePrefix`` of Kueue's ``config/default`` kustomization, given to the webhook configurations."""
+
+WEBHOOK_GROUPS = frozenset({"kueue.x-k8s.io", "batch"})
+"""API groups whose webhooks are registered: Kueue's own kinds and batch Jobs."""
+
+CERTIFICATE_FILES = ("tls.crt", "tls.key")
+"""The Secret's keys that Kueue's webhook server reads as files from its ``certDir``."""
+
+NAMESPACE = _components.KUEUE_NAMESPACE
+SERVICE = _components.KUEUE_WEBHOOK_SERVICE
+START_TIMEOUT_SECONDS = 120.0
+"""Bound for the CRDs to be Established and Kueue's ``/readyz`` to answer 200 (certificate written, CA injected)."""
+
+
+class KueueError(_addon.AddonError):
+    """Raised when Kueue exits or is not ready in time (with its log tail)."""
+
+
+def _documents(path: pathlib.Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _service_ref(path: str, port: int) -> dict:
+    return {"namespace": NAMESPACE, "name": SERVICE, "path": path, "port": port}
+
+
+def crd_manifests(folder: pathlib.Path, port: int) -> list[dict]:
+    """Kueue's CRDs as its release installs them: ``config/components/crd/bases`` with the conversion webhooks that
+    ``config/components/crd/kustomization.yaml`` patches in, pointed at the webhook Service.
+
+    Args:
+        folder (pathlib.Path): The module folder (``_gomod.module_dir``).
+        port (int): Kueue's webhook port (``ports.kueue_webhook``).
+
+    Returns:
+        list[dict]: One CustomResourceDefinition per entry of the kustomization's ``resources``, in its order.
+
+    Raises:
+        OSError: A listed file is missing.
+        yaml.YAMLError: A file is not YAML.
+    """
+    crd_folder = folder / CRD_FOLDER
+    kustomization = yaml.safe_load((crd_folder / "kustomization.yaml").read_text())
+    conversions = {}
+    for patch in kustomization.get("patches") or []:
+        for doc in _documents(crd_folder / patch["path"]):
+            conversions[doc["metadata"]["name"]] = doc["spec"]["conversion"]
+    crds = []
+    for resource in kustomization["resources"]:
+        (crd,) = _documents(crd_folder / resource)
+        conversion = conversions.get(crd["metadata"]["name"])
+        if conversion is not None:
+            conversion = copy.deepcopy(conversion)
+            client = conversion["webhook"]["clientConfig"]
+            client["service"] = _service_ref(client["service"].get("path", "/convert"), port)
+            crd["spec"]["conversion"] = conversion
+        crds.append(crd)
+    return crds
+
+
+def webhook_configurations(folder: pathlib.Path, port: int) -> list[dict]:
+    """Kueue's admission webhook configurations, named as its release names them, with the webhooks of
+    :data:`WEBHOOK_GROUPS` only, each pointed at the webhook Service on ``port``.
+
+    Args:
+        folder (pathlib.Path): The module folder (``_gomod.module_dir``).
+        port (int): Kueue's webhook port (``ports.kueue_webhook``).
+
+    Returns:
+        list[dict]: The MutatingWebhookConfiguration and the ValidatingWebhookConfiguration.
+
+    Raises:
+        OSError: The manifest file is missing.
+    """
+    configurations = []
+    for doc in _documents(folder / WEBHOOK_MANIFESTS):
+        doc["metadata"]["name"] = NAME_PREFIX + doc["metadata"]["name"]
+        kept = []
+        for webhook in doc["webhooks"]:
+            if all(group in WEBHOOK_GROUPS for rule in webhook["rules"] for group in rule["apiGroups"]):
+                webhook["clientConfig"]["service"] = _service_ref(webhook["clientConfig"]["service"]["path"], port)
+                kept.append(webhook)
+        doc["webhooks"] = kept
+        configurations.append(doc)
+    return configurations
+
+
+def _plural(kind: str) -> str:
+    return {"MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}[kind]
+
+
+class Kueue:
+    """Kueue admitting Jobs on a started :class:`devcluster.Cluster`.
+
+    Args:
+        cluster (_cluster.Cluster): The running control plane (started by this process or attached).
+        log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
+
+    Example:
+        >>> with Kueue(cluster):  # doctest: +SKIP
+        ...     cluster.kubectl("apply", "-f", "examples/autoscaling/kueue.yaml")
+    """
+
+    def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
+        self.cluster = cluster
+        self.process: _process.Managed | None = None
+        self.start_seconds = 0.0
+        self._webhooks: list[dict] = []
+        self._log = log
+        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        """Kueue's log file (stdout and stderr) under the cluster's log folder."""
+        return self.cluster.log_dir / "kueue.log"
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> Kueue:
+        """Build (or find cached) Kueue, install its objects, start it and wait until it is ready.
+
+        Args:
+            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
+
+        Returns:
+            Kueue: ``self``.
+
+        Raises:
+            KueueError: Kueue exited or was not ready in time.
+            _addon.AddonError: An object was refused, or a CRD was not Established in time.
+            _build.BuildError: The build failed.
+            _gomod.ModuleCacheError: The module's folder could not be found.
+        """
+        binary = _build.build_addon("kueue", log=self._log)
+        began = time.monotonic()
+        deadline = began + timeout
+        cluster = self.cluster
+        port = cluster.ports.kueue_webhook
+        folder = _gomod.module_dir("kueue", MODULE)
+        _addon.create(self._api, "/api/v1/namespaces",
+                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        _addon.create(self._api, f"/api/v1/namespaces/{NAMESPACE}/secrets",
+                      {"apiVersion": "v1", "kind": "Secret",
+                       "metadata": {"name": _components.KUEUE_WEBHOOK_SECRET, "namespace": NAMESPACE}})
+        # The port may differ from a previous start on another slot: replace the Service.
+        self._api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}")
+        _addon.create(self._api, f"/api/v1/namespaces/{NAMESPACE}/services",
+                      _addon.external_name_service(SERVICE, NAMESPACE, port))
+        crd_file = cluster.workdir / "kueue-crds.json"
+        crds = crd_manifests(folder, port)
+        crd_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        _addon.apply_crds(cluster, [crd_file], tuple(crd["metadata"]["name"] for crd in crds), deadline)
+        self._webhooks = webhook_configurations(folder, port)
+        for configuration in self._webhooks:
+            kind = _plural(configuration["kind"])
+            self._api.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/"
+                                        f"{configuration['metadata']['name']}")
+            _addon.create(self._api, f"/apis/admissionregistration.k8s.io/v1/{kind}", configuration)
+        config_file = cluster.workdir / "kueue-config.yaml"
+        cert_dir = cluster.workdir / "kueue-certs"
+        config_file.write_text(yaml.safe_dump(_components.kueue_configuration(cluster.ports, cert_dir)))
+        argv, env = _components.kueue(cluster.kubeconfig, binary, config_file)
+        self.process = _process.start("kueue", argv, self.log_path, detach=False, env={**os.environ, **env})
+        try:
+            self._wait("its certificate in the Secret", deadline, self._certificate)
+            self._mount_certificate(cert_dir)
+            readyz = f"http://{_ports.HOST}:{cluster.ports.kueue_health}/readyz"
+            self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        self._log(f"devcluster: kueue {_versions.KUEUE} ready after {self.start_seconds:.1f}s")
+        return self
+
+    def _wait(self, what: str, deadline: float, check: Callable[[], object]) -> None:
+        processes = [self.process] if self.process is not None else []
+        failure = _process.wait_until(lambda: bool(check()), deadline, processes)
+        if failure is not None:
+            reason = "timed out" if failure == _process.TIMED_OUT else failure
+            raise KueueError(f"kueue: waiting for {what}: {reason}\n{_process.log_tail(self.log_path)}")
+
+    def _certificate(self) -> dict[str, str] | None:
+        """The serving certificate and key (base64) once Kueue's rotation wrote them into the Secret, else None."""
+        secret = self._api.get_json(f"/api/v1/namespaces/{NAMESPACE}/secrets/{_components.KUEUE_WEBHOOK_SECRET}")
+        data = (secret or {}).get("data") or {}
+        return {name: data[name] for name in CERTIFICATE_FILES} if all(n in data for n in CERTIFICATE_FILES) else None
+
+    def _mount_certificate(self, cert_dir: pathlib.Path) -> None:
+        """Write the Secret's certificate and key into ``cert_dir``, as the kubelet mounts that Secret into Kueue's
+        pod: the rotation fills the Secret and waits for the files to appear, and the webhook server reads them.
+        """
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        for name, encoded in (self._certificate() or {}).items():
+            path = cert_dir / name
+            path.write_bytes(base64.b64decode(encoded))
+            path.chmod(0o600)
+
+    def stop(self) -> None:
+        """Unregister the webhooks, then stop Kueue (SIGTERM, then SIGKILL, by process group); idempotent.
+
+        The CRDs, the namespace and every queue and Workload stay; a Workload still holding Kueue's finalizer keeps
+        its namespace Terminating until Kueue runs again (delete Jobs while it runs).
+        """
+        for configuration in self._webhooks:
+            self._api.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{_plural(configuration['kind'])}/"
+                                        f"{configuration['metadata']['name']}")
+        self._webhooks = []
+        if self.process is not None:
+            _process.stop(self.process)
+            self.process = None
+
+    def __enter__(self) -> Kueue:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
