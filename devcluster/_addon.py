@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import pathlib
+from collections.abc import Callable
+from typing import Self
 
 from devcluster import _cluster
 from devcluster import _http
@@ -21,6 +23,41 @@ from devcluster import _process
 
 class AddonError(RuntimeError):
     """Raised when an add-on exits, is not ready in time, or its objects are refused (with its log tail)."""
+
+
+class Addon:
+    """An add-on serving a started :class:`devcluster.Cluster` from host processes: ``with`` starts and stops it.
+
+    Subclasses implement :meth:`start` (build or find the binary, install, start, wait until ready, return
+    ``self``) and :meth:`stop` (idempotent).
+
+    Args:
+        cluster (_cluster.Cluster): The running control plane (started by this process or attached).
+        log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
+
+    Attributes:
+        start_seconds (float): Seconds from the end of the build to ready, set by :meth:`start`.
+    """
+
+    def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
+        self.cluster = cluster
+        self.start_seconds = 0.0
+        self._log = log
+        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
+
+    def start(self) -> Self:
+        """Start the add-on and wait until it is ready; return ``self``."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the add-on's processes and unregister what would fail without them; idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def external_name_service(name: str, namespace: str, port: int) -> dict:

@@ -74,7 +74,7 @@ def crd_paths(folder: pathlib.Path) -> list[pathlib.Path]:
     return [folder / relative for relative in CRD_FILES]
 
 
-class Karpenter:
+class Karpenter(_addon.Addon):
     """Karpenter's kwok provider autoscaling the fake nodes of a started :class:`devcluster.Cluster`.
 
     Args:
@@ -87,10 +87,8 @@ class Karpenter:
     """
 
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        self.cluster = cluster
+        super().__init__(cluster, log)
         self.process: _process.Managed | None = None
-        self.start_seconds = 0.0
-        self._log = log
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -137,9 +135,3 @@ class Karpenter:
         if self.process is not None:
             _process.stop(self.process)
             self.process = None
-
-    def __enter__(self) -> Karpenter:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

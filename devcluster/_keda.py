@@ -87,7 +87,7 @@ def crd_paths(folder: pathlib.Path) -> list[pathlib.Path]:
     return [folder / relative for relative in CRD_FILES + EVENTING_CRD_FILES]
 
 
-class Keda:
+class Keda(_addon.Addon):
     """KEDA's operator and metrics adapter serving a started :class:`devcluster.Cluster`.
 
     Args:
@@ -100,12 +100,9 @@ class Keda:
     """
 
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        self.cluster = cluster
+        super().__init__(cluster, log)
         self.operator: _process.Managed | None = None
         self.adapter: _process.Managed | None = None
-        self.start_seconds = 0.0
-        self._log = log
-        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -188,9 +185,3 @@ class Keda:
             if process is not None:
                 _process.stop(process)
                 setattr(self, attribute, None)
-
-    def __enter__(self) -> Keda:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

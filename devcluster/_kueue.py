@@ -145,7 +145,7 @@ def _plural(kind: str) -> str:
             "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}[kind]
 
 
-class Kueue:
+class Kueue(_addon.Addon):
     """Kueue admitting Jobs on a started :class:`devcluster.Cluster`.
 
     Args:
@@ -158,12 +158,9 @@ class Kueue:
     """
 
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        self.cluster = cluster
+        super().__init__(cluster, log)
         self.process: _process.Managed | None = None
-        self.start_seconds = 0.0
         self._webhooks: list[dict] = []
-        self._log = log
-        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -263,9 +260,3 @@ class Kueue:
         if self.process is not None:
             _process.stop(self.process)
             self.process = None
-
-    def __enter__(self) -> Kueue:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

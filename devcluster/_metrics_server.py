@@ -18,7 +18,6 @@ from devcluster import _addon
 from devcluster import _build
 from devcluster import _cluster
 from devcluster import _components
-from devcluster import _http
 from devcluster import _process
 
 NAMESPACE = "kube-system"
@@ -32,7 +31,7 @@ class MetricsServerError(_addon.AddonError):
     """Raised when metrics-server exits or does not serve node metrics in time (with its log tail)."""
 
 
-class MetricsServer:
+class MetricsServer(_addon.Addon):
     """metrics-server serving a started :class:`devcluster.Cluster`.
 
     Args:
@@ -45,11 +44,8 @@ class MetricsServer:
     """
 
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        self.cluster = cluster
+        super().__init__(cluster, log)
         self.process: _process.Managed | None = None
-        self.start_seconds = 0.0
-        self._log = log
-        self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
 
     def start(self, timeout: float = START_TIMEOUT_SECONDS) -> MetricsServer:
         """Build (or find cached) metrics-server, start it, register it and wait until its API answers.
@@ -112,9 +108,3 @@ class MetricsServer:
         if self.process is not None:
             _process.stop(self.process)
             self.process = None
-
-    def __enter__(self) -> MetricsServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

@@ -11,6 +11,10 @@ missing). When such a test fails, the tail of each control-plane log is added to
 ``cluster`` on first use and stopped, with every host change undone, at the end of the session. Pods reach it with
 the nodeSelector ``{devcluster.NODE_LABEL: "true"}`` and the image ``devcluster.IMAGE``. ``real_namespace``
 (function): a ``namespace`` for such pods. Tests that use either are marked ``realpods`` (and ``cluster``).
+
+``crd`` (session): ``cluster`` with the PolicyGroup CRD from crds/ installed and established. ``operator``
+(function): an ``rlightning-operator`` process serving the test's namespace; its log is printed after the test
+(shown when it fails).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 import pytest
 
 import devcluster
+from tests.operator.operator_cluster import OperatorProcess, install_crd
 
 NAMESPACE_READY_SECONDS = 30.0
 """Bound for a new namespace's ``default`` ServiceAccount to appear."""
@@ -73,6 +78,22 @@ def namespace(cluster):
         time.sleep(0.2)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster):
+    """The PolicyGroup CRD from crds/, installed and established."""
+    install_crd(cluster)
+    return cluster
+
+
+@pytest.fixture
+def operator(crd, namespace, tmp_path):
+    """`rlightning-operator` serving the test's namespace; its log is printed when the test fails."""
+    process = OperatorProcess(crd, namespace, tmp_path / "operator.log").start()
+    yield process
+    code = process.stop()
+    print(f"--- operator log (exit {code}) ---\n{process.log()[-20000:]}")
 
 
 def pytest_collection_modifyitems(items):

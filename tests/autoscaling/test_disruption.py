@@ -30,9 +30,9 @@ def _evict(cluster, namespace: str, pod: str):
                            input=json.dumps(body), check=False)
 
 
-def test_trainers_cannot_be_evicted_and_evaluators_go_within_their_budget(autoscaling_crd, namespace,
-                                                                             autoscaling_operator):
-    cluster = autoscaling_crd
+def test_trainers_cannot_be_evicted_and_evaluators_go_within_their_budget(crd, namespace,
+                                                                             operator):
+    cluster = crd
     cluster.kubectl("apply", "-f", str(EXAMPLES / "priorityclasses.yaml"))
     apply(cluster, namespace, yaml.safe_load((EXAMPLES / "policygroup.yaml").read_text()))
     uid = get_json(cluster, "pg", GROUP, "-n", namespace)["metadata"]["uid"]

@@ -39,9 +39,9 @@ def _suspend(cluster, namespace, suspend: bool) -> None:
                     "-p", f'{{"spec":{{"suspend":{str(suspend).lower()}}}}}')
 
 
-def test_a_queued_trainer_gang_starts_only_when_admitted_and_all_at_once(autoscaling_crd, namespace,
-                                                                         autoscaling_operator):
-    cluster = autoscaling_crd
+def test_a_queued_trainer_gang_starts_only_when_admitted_and_all_at_once(crd, namespace,
+                                                                         operator):
+    cluster = crd
     apply(cluster, namespace, yaml.safe_load(EXAMPLE.read_text()))
     group = wait_for("the group to be Queued", lambda: _with_reason(cluster, namespace, "Queued"))
     assert group["status"]["phase"] == "Pending"
@@ -88,8 +88,8 @@ def _refused_for_quota(cluster, namespace, group):
     return workload if refused else None
 
 
-def test_kueue_admits_a_trainer_gang_whole_or_not_at_all(kueue, autoscaling_crd, namespace, autoscaling_operator):
-    cluster = autoscaling_crd
+def test_kueue_admits_a_trainer_gang_whole_or_not_at_all(kueue, crd, namespace, operator):
+    cluster = crd
     for document in yaml.safe_load_all(QUEUES.read_text()):
         apply(cluster, namespace, document)
     fits = yaml.safe_load(EXAMPLE.read_text())  # 2 trainers of 2 CPUs: the queue's whole quota (4 CPUs)

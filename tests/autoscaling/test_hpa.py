@@ -36,9 +36,9 @@ def _use_cpu(cluster, namespace, usage: str | None) -> None:
     cluster.kubectl("annotate", "pods", "-n", namespace, "-l", "rlightning.io/role=eval", "--overwrite", value)
 
 
-def test_hpa_scales_the_fleet_up_on_load_and_down_when_it_falls(autoscaling_crd, namespace, metrics_server,
-                                                                autoscaling_operator):
-    cluster = autoscaling_crd
+def test_hpa_scales_the_fleet_up_on_load_and_down_when_it_falls(crd, namespace, metrics_server,
+                                                                operator):
+    cluster = crd
     cluster.kubectl("apply", "-f", str(EXAMPLES / "priorityclasses.yaml"))
     apply(cluster, namespace, yaml.safe_load((EXAMPLES / "policygroup.yaml").read_text()))
     wait_for("1 trainer and 2 evaluators Running",

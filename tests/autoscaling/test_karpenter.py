@@ -48,11 +48,11 @@ def _karpenter_log(karpenter) -> str:
 
 
 @pytest.fixture
-def fleet_pool(karpenter, autoscaling_crd):
+def fleet_pool(karpenter, crd):
     """examples/autoscaling/nodepool.yaml applied and Ready (its KWOKNodeClass is Ready by the CRD's default); after
     the test, deleted and its nodes gone (the test deletes its PolicyGroup first: a trainer's do-not-disrupt pod
     would hold its node's termination)."""
-    cluster = autoscaling_crd
+    cluster = crd
     cluster.kubectl("apply", "-f", str(EXAMPLES / "nodepool.yaml"))
 
     def pool_ready():
@@ -82,7 +82,7 @@ def _unschedulable(cluster, namespace: str) -> dict[str, str]:
 
 
 def test_karpenter_adds_nodes_for_a_pending_fleet_and_consolidates_them_without_touching_the_trainer(
-        fleet_pool, karpenter, namespace, autoscaling_operator):
+        fleet_pool, karpenter, namespace, operator):
     cluster = fleet_pool
     cluster.kubectl("apply", "-f", str(EXAMPLES / "priorityclasses.yaml"))
     apply(cluster, namespace, yaml.safe_load((EXAMPLES / "policygroup-autoscaled-nodes.yaml").read_text()))
@@ -142,7 +142,7 @@ def test_karpenter_adds_nodes_for_a_pending_fleet_and_consolidates_them_without_
 
 
 def test_a_fleet_that_asks_for_gpus_gets_the_gpu_instance_type(fleet_pool, karpenter, namespace,
-                                                               autoscaling_operator):
+                                                               operator):
     cluster = fleet_pool
     cluster.kubectl("apply", "-f", str(EXAMPLES / "priorityclasses.yaml"))
     group = yaml.safe_load((EXAMPLES / "policygroup-autoscaled-nodes.yaml").read_text())

@@ -53,8 +53,8 @@ def _keda_logs(keda) -> str:
     )
 
 
-def test_keda_scales_the_fleet_on_the_trainers_idle_fraction(autoscaling_crd, namespace, keda, autoscaling_operator):
-    cluster = autoscaling_crd
+def test_keda_scales_the_fleet_on_the_trainers_idle_fraction(crd, namespace, keda, operator):
+    cluster = crd
     metrics = _prometheus.TrainerMetrics(0)  # the trainer's gauges, served below on loopback
     server, _thread = prometheus_client.start_http_server(METRICS_PORT, addr="127.0.0.1", registry=metrics.registry)
     try:

@@ -21,9 +21,9 @@ def _scale(cluster, namespace: str, replicas: int):
     return cluster.kubectl("scale", "pg/cartpole", "-n", namespace, f"--replicas={replicas}", check=False)
 
 
-def test_scales_within_the_bounds_go_through_and_the_others_are_refused(autoscaling_crd, namespace,
-                                                                         autoscaling_operator):
-    cluster = autoscaling_crd
+def test_scales_within_the_bounds_go_through_and_the_others_are_refused(crd, namespace,
+                                                                         operator):
+    cluster = crd
     apply(cluster, namespace, small(replicas=2, **{"spec.eval.minReplicas": 1, "spec.eval.maxReplicas": 3}))
     wait_for("1 trainer and 2 evaluators Running",
              lambda: running(pods(cluster, namespace, "train")) == 1 and running(pods(cluster, namespace, "eval")) == 2)
