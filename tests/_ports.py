@@ -36,6 +36,11 @@ Ports bound with 0 (an OS-chosen port, e.g. the TCPStores of tests/policy and te
 need no entry. Importing this module checks that the blocks are disjoint, below 32768 and clear of the reserved
 ports above (so a new block that overlaps fails every test at once).
 
+Parallel sessions: each pytest-xdist worker (and each session started with its own ``RLIGHTNING_DEVCLUSTER_SLOT``)
+runs on one devcluster slot (tests/conftest.py gives worker ``gwN`` the slot ``base + N``), and every block above
+moves down by :data:`SLOT_SHIFT` ports per slot (slot 1: 26000-26929, ..., slot 9: 18000-18929), so two workers
+never share a port. The check below covers every slot's layout.
+
 Import it as ``from tests._ports import ...``: pytest puts the repository root on ``sys.path``
 (``pythonpath = ["."]`` in pyproject.toml) and ``tests`` is then a namespace package; a benchmark run as a
 script inserts the repository root itself.
@@ -51,6 +56,18 @@ from rlightning import contract
 
 EPHEMERAL_FIRST = 32768
 """First port of Linux's default ephemeral range (32768-60999)."""
+
+SLOT_SHIFT = 1000
+"""Ports every block moves down per devcluster slot (the blocks span less than this)."""
+
+
+def slot_shift() -> int:
+    """Return how far this session's blocks move: ``SLOT_SHIFT`` times its devcluster slot.
+
+    Raises:
+        ValueError: When ``RLIGHTNING_DEVCLUSTER_SLOT`` is not a slot (``devcluster_ports.slot_from_env``).
+    """
+    return SLOT_SHIFT * devcluster_ports.slot_from_env()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +96,7 @@ class PortBlock:
             index (int): 0..size-1.
 
         Returns:
-            int: ``first + index``.
+            int: ``first + index``, moved down by :func:`slot_shift`.
 
         Raises:
             IndexError: When the index lies outside the block (it would take another area's port).
@@ -89,7 +106,11 @@ class PortBlock:
                 f"port index {index} is outside block {self.name} ({self.first}-{self.last}, {self.size} ports): "
                 "use fewer ports or widen the block in tests/_ports.py"
             )
-        return self.first + index
+        return self.first + index - slot_shift()
+
+    def shifted(self, shift: int) -> PortBlock:
+        """Return this block moved down by ``shift`` ports (its place in another slot)."""
+        return PortBlock(self.name, self.first - shift, self.size)
 
 
 RUNTIME_RUNS = PortBlock("RUNTIME_RUNS", 27000, 100)
@@ -153,4 +174,5 @@ def check_layout(blocks: tuple[PortBlock, ...] = BLOCKS, reserved: tuple[PortBlo
                              f"({high.first}-{high.last}) overlap")
 
 
-check_layout()
+for _slot in range(devcluster_ports.MAX_SLOT + 1):
+    check_layout(tuple(block.shifted(SLOT_SHIFT * _slot) for block in BLOCKS))

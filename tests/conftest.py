@@ -12,6 +12,10 @@ missing). When such a test fails, the tail of each control-plane log is added to
 the nodeSelector ``{devcluster.NODE_LABEL: "true"}`` and the image ``devcluster.IMAGE``. ``real_namespace``
 (function): a ``namespace`` for such pods. Tests that use either are marked ``realpods`` (and ``cluster``).
 
+Parallel runs (pytest-xdist, ``-n N``): worker ``gwK`` takes the devcluster slot ``base + K`` (base: the
+session's ``RLIGHTNING_DEVCLUSTER_SLOT``, default 0), so each worker that runs cluster tests starts a control plane
+of its own on its own ports, and tests/_ports.py moves the tests' own ports with the slot.
+
 ``crd`` (session): ``cluster`` with the PolicyGroup CRD from crds/ installed and established. ``operator``
 (function): an ``rlightning-operator`` process serving the test's namespace; its log is printed after the test
 (shown when it fails).
@@ -19,12 +23,14 @@ the nodeSelector ``{devcluster.NODE_LABEL: "true"}`` and the image ``devcluster.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
 import pytest
 
 import devcluster
+from devcluster import _ports as devcluster_ports
 from tests.operator.operator_cluster import OperatorProcess, install_crd
 
 NAMESPACE_READY_SECONDS = 30.0
@@ -94,6 +100,20 @@ def operator(crd, namespace, tmp_path):
     yield process
     code = process.stop()
     print(f"--- operator log (exit {code}) ---\n{process.log()[-20000:]}")
+
+
+def pytest_configure(config):
+    """Give each pytest-xdist worker a devcluster slot of its own (see the module docstring)."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is None:
+        return
+    slot = devcluster_ports.slot_from_env() + int(worker.removeprefix("gw"))
+    if slot > devcluster_ports.MAX_SLOT:
+        raise pytest.UsageError(
+            f"xdist worker {worker} would take devcluster slot {slot} (at most {devcluster_ports.MAX_SLOT}): "
+            "run fewer workers or start from a lower RLIGHTNING_DEVCLUSTER_SLOT"
+        )
+    os.environ["RLIGHTNING_DEVCLUSTER_SLOT"] = str(slot)
 
 
 def pytest_collection_modifyitems(items):

@@ -22,8 +22,9 @@ from devcluster import _ports
 from devcluster import _process
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SPARE_SLOT = 9 if _ports.slot_from_env() == 8 else 8
-"""Port block for the extra clusters started here, never the session cluster's ($RLIGHTNING_DEVCLUSTER_SLOT)."""
+SPARE_SLOT = (_ports.slot_from_env() + 5) % (_ports.MAX_SLOT + 1)
+"""Port block for the extra clusters started here: never the session cluster's ($RLIGHTNING_DEVCLUSTER_SLOT), nor
+another xdist worker's while at most 5 run (workers take consecutive slots)."""
 
 
 def _counting_go(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
