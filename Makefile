@@ -1,15 +1,20 @@
 # One virtual environment (.venv), created on first use and reused; torch is a few GB, installed once.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# A venv with pip and PyYAML is all the control plane's Go build needs to start, so `make test` starts it first.
+BOOT := $(VENV)/.boot-stamp
 STAMP := $(VENV)/.installed-stamp
 EXAMPLE ?= examples/cartpole.yaml
 
 .PHONY: install run test test-fast lint crd cluster cluster-down cluster-binaries bench
 
-$(STAMP): pyproject.toml
+$(BOOT):
 	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip pyyaml
+	touch $@
+
+$(STAMP): pyproject.toml | $(BOOT)
 	@echo "Installing into $(VENV): PyPI's torch is a CUDA build of a few GB, fetched once and reused."
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
@@ -19,13 +24,16 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/rlightning run $(EXAMPLE)
 
-## The whole suite; builds the control-plane binaries first when their cache is cold.
-test: install cluster-binaries lint
-	$(VENV)/bin/pytest
+## The whole suite in phases (tools/test_phases.py): the Go builds of the test control plane run in the
+## background (niced) during pip, lint and the tests that need no cluster; every phase runs in parallel
+## (pytest-xdist, TEST_WORKERS workers); at the end a table says where the time went.
+TEST_WORKERS ?= 4
+test: $(BOOT)
+	$(PY) tools/test_phases.py --workers $(TEST_WORKERS)
 
 ## Everything that needs no control plane and runs in seconds.
 test-fast: install
-	$(VENV)/bin/pytest -m "not cluster and not slow"
+	$(VENV)/bin/pytest -m "not cluster and not slow" -n $(TEST_WORKERS)
 
 # Tests are type-checked for what breaks when the library changes (names, imports, call arities, return
 # types), not for their scaffolding: deliberately invalid arguments, fakes and monkeypatches, and attributes
@@ -43,10 +51,11 @@ MYPY_CACHE := .mypy_cache
 
 ## Ruff, mypy and the import-layer contracts (pyproject.toml); zero findings.
 lint: install
-	$(VENV)/bin/ruff check rlightning operator devcluster benchmarks tests examples
+	$(VENV)/bin/ruff check rlightning operator devcluster benchmarks tests examples tools
 	$(VENV)/bin/mypy -p rlightning -p rlightning_operator -p devcluster
 	MYPYPATH=examples/custom_policy $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/user -p reinforce_policy  # as a user would check it
 	MYPYPATH=tests/operator $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/benchmarks --follow-imports=silent benchmarks
+	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/tools tools
 	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/tests $(TEST_MYPY_FLAGS) $(wildcard tests/*.py)
 	set -e; for dir in $(TEST_DIRS); do MYPYPATH=$$dir $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/tests $(TEST_MYPY_FLAGS) $$dir; done
 	$(VENV)/bin/lint-imports

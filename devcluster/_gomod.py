@@ -56,7 +56,8 @@ def module_dir(wrapper: str, module: str) -> pathlib.Path:
     """Return the folder of an upstream module, at the version its wrapper pins, in Go's module cache.
 
     The add-ons read files that ship in their module (CRDs, stage configs, webhook manifests) from there, so they
-    always match the binary built from the same version. ``go list -m`` downloads the module when it is missing.
+    always match the binary built from the same version. ``go mod download`` fetches the module when it is missing
+    (a test may ask before the add-on's build did).
 
     Args:
         wrapper (str): The wrapper module's folder under :data:`GO_DIR` (``"keda"``).
@@ -66,19 +67,24 @@ def module_dir(wrapper: str, module: str) -> pathlib.Path:
         pathlib.Path: ``$GOMODCACHE/<module>@<version>``.
 
     Raises:
-        ModuleCacheError: ``go list`` failed (the module is not cached and the proxy is unreachable).
+        ModuleCacheError: ``go mod download`` failed (the module is not cached and the proxy is unreachable).
         _toolchain.ToolchainError: No Go toolchain is found.
     """
     proc = subprocess.run(
-        [_toolchain.go_binary(), "list", "-m", "-f", "{{.Dir}}", module],
+        [_toolchain.go_binary(), "mod", "download", "-json", module],
         cwd=GO_DIR / wrapper,
         capture_output=True,
         text=True,
         env=_toolchain.go_env(),
     )
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise ModuleCacheError(f"go list -m {module} (in {wrapper}): exit {proc.returncode}: {proc.stderr[-2000:]}")
-    return pathlib.Path(proc.stdout.strip())
+    try:
+        found = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except json.JSONDecodeError:
+        found = {}
+    if proc.returncode != 0 or not found.get("Dir"):
+        detail = found.get("Error") or proc.stderr[-2000:]
+        raise ModuleCacheError(f"go mod download {module} (in {wrapper}): exit {proc.returncode}: {detail}")
+    return pathlib.Path(found["Dir"])
 
 
 _LOCAL_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.\-]+)\s*=>\s*\./staging/src/(k8s\.io/[\w.\-]+)\s*$")

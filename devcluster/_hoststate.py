@@ -68,6 +68,8 @@ class HostState:
 
 
 def _iptables_rules() -> frozenset[str]:
+    if shutil.which("iptables-save") is None:  # not installed yet (the real node installs it): no rules of ours
+        return frozenset()
     rules = set()
     for table in IPTABLES_TABLES:
         proc = subprocess.run(["iptables-save", "-t", table], capture_output=True, text=True, check=False)

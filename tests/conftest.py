@@ -116,14 +116,33 @@ def pytest_configure(config):
     os.environ["RLIGHTNING_DEVCLUSTER_SLOT"] = str(slot)
 
 
+SHARED_WORKER_GROUPS = ("realpods", "autoscaling")
+"""Markers whose tests share one xdist worker (``--dist loadgroup``): the real node owns the host's bridge and
+containerd, so one at a time; the autoscalers are session fixtures that are costly to start on every worker."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items):
-    """Mark tests using ``cluster`` (directly or through a fixture) ``cluster``, and ``real_node`` ``realpods``."""
+    """Mark tests using ``cluster`` (directly or through a fixture) ``cluster``, and ``real_node`` ``realpods``;
+    put each shared-worker group on one xdist worker; record each test's tier for ``make test``'s report."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "cluster" in names and item.get_closest_marker("cluster") is None:
             item.add_marker(pytest.mark.cluster)
         if "real_node" in names and item.get_closest_marker("realpods") is None:
             item.add_marker(pytest.mark.realpods)
+        group = next((name for name in SHARED_WORKER_GROUPS if item.get_closest_marker(name)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        item.user_properties.append(("tier", _tier(item)))
+
+
+def _tier(item) -> str:
+    """The tier ``make test`` reports a test under: its most specific marker (tools/test_phases.py)."""
+    for marker in ("realpods", "autoscaling", "cluster", "slow"):
+        if item.get_closest_marker(marker) is not None:
+            return marker
+    return "unit"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -46,11 +46,14 @@ def run_example(name: str, tmp_path: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
-    """examples/cartpole.yaml: its evaluators produce the data and it reaches 475."""
+    """examples/cartpole.yaml: its evaluators produce the data and it reaches 475, measured on the final weights."""
     summary = run_example("cartpole.yaml", tmp_path)
     assert summary["reached_target"] is True and summary["final_eval_return"] >= 475, summary
     assert summary["stop_reason"] == "target_eval_return"
     assert summary["consistent"] is True, summary
+    # The return that stopped training was measured with the final weights, by every evaluator.
+    assert summary["final_eval_version"] == summary["weight_version"], summary
+    assert all(e["return_version"] == summary["weight_version"] for e in summary["evaluators"].values()), summary
     # The two evaluators produced every sample the trainers learned from.
     by_evaluator = summary["env_steps_by_evaluator"]
     assert set(by_evaluator) == {"0", "1"} and sum(by_evaluator.values()) == summary["env_steps"], summary

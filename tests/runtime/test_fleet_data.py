@@ -73,11 +73,13 @@ def test_without_evaluators_the_trainers_collect_their_own_data(tmp_path: Path, 
 
 def test_a_bfloat16_fleet_holds_the_trainers_weights_as_sent(tmp_path: Path, write_manifest, run_helpers) -> None:
     """weightSync.dtype bfloat16: evaluators receive bf16, act in float32 with those values, and every ack and
-    digest (compared in bf16) says they hold exactly what was sent."""
+    digest (compared in bf16) says they hold exactly what was sent. Through the default buffer strategy (`single`,
+    the update thread) every version is applied and reported at once (`none` is in tests/runtime/test_local_run.py)."""
     summary, rows, run = _run(
         tmp_path, write_manifest, run_helpers, total_env_steps=2000, weightSync={"dtype": "bfloat16"}
     )
     assert summary["consistent"] is True, summary
+    assert summary["final_eval_version"] == summary["weight_version"]
     assert all(e["applied_version"] == summary["weight_version"] for e in summary["evaluators"].values())
     assert all(r["consistent"] is not False for r in rows)
     for name in ("eval-0.log", "eval-1.log"):
@@ -87,18 +89,20 @@ def test_a_bfloat16_fleet_holds_the_trainers_weights_as_sent(tmp_path: Path, wri
 def test_async_rollout_mode_trains_on_batches_of_concurrent_env_shards(
     tmp_path: Path, write_manifest, run_helpers
 ) -> None:
-    """policy.rolloutMode async: each evaluator steps its 4 copies as 2 shards at once (eval.rolloutWorkers), every
-    request routed to its policy; the batches keep their layout, and the fleet ends in sync with the trainer."""
+    """policy.rolloutMode async: the evaluator steps its 4 copies as 2 shards at once (eval.rolloutWorkers), every
+    request routed to its policy; the batches keep their layout, and the fleet ends in sync with the trainer.
+
+    One evaluator, so every sample trained on is its own whatever the machine's load: with two, one that starts
+    late may find the step budget spent (several evaluators feeding the ranks is test_on_policy_... above)."""
     summary, rows, run = _run(
         tmp_path, write_manifest, run_helpers, total_env_steps=3000,
-        policy={"rolloutMode": "async"}, eval={"rolloutWorkers": 2},
+        policy={"rolloutMode": "async"}, eval={"rolloutWorkers": 2, "replicas": 1},
     )  # fmt: skip
     assert summary["consistent"] is True, summary
     assert summary["iterations"] >= 3 and len(rows) == summary["iterations"]
     by_evaluator = summary["env_steps_by_evaluator"]
-    assert set(by_evaluator) == {"0", "1"} and all(n > 0 and n % BATCH_STEPS == 0 for n in by_evaluator.values())
-    assert sum(by_evaluator.values()) == summary["env_steps"]  # no batch was rejected for its layout
+    assert set(by_evaluator) == {"0"} and by_evaluator["0"] % BATCH_STEPS == 0, by_evaluator
+    assert by_evaluator["0"] == summary["env_steps"]  # no batch was rejected for its layout
     assert all(e["applied_version"] == summary["weight_version"] for e in summary["evaluators"].values())
     assert all(r["policy_lag_max"] == 0 for r in rows), rows
-    for name in ("eval-0.log", "eval-1.log"):
-        assert "Traceback" not in (run.logs_dir / name).read_text()
+    assert "Traceback" not in (run.logs_dir / "eval-0.log").read_text()

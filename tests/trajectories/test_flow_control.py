@@ -13,7 +13,8 @@ from tests._ports import TRAJECTORIES
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
 
-EVENT_SECONDS = 20.0
+EVENT_SECONDS = 60.0
+"""Bound on each wait, the start of a worker process (which imports torch) included, on a loaded machine."""
 
 
 def test_an_intake_that_does_not_read_runs_the_senders_credits_out(senders, intakes):

@@ -17,7 +17,8 @@ from rlightning.trajectories import _messages as messages
 from tests._ports import TRAJECTORIES
 
 ROWS = 4
-FILL_SECONDS = 20.0
+FILL_SECONDS = 60.0
+"""Bound on each fill, the start of the sender processes (which import torch) included, on a loaded machine."""
 
 
 def needs_action(batch) -> str | None:

@@ -18,7 +18,7 @@ from tests._ports import TRAJECTORIES
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
 
-PULL_SECONDS = 30.0
+PULL_SECONDS = 60.0
 
 
 def _exactly(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> bool:

@@ -1,0 +1,171 @@
+"""What ``make test`` runs, in phases, timed: the Go builds overlap everything that does not need them.
+
+1. The control plane and the add-ons start compiling in the background (``nice -n 19``, log in
+   ``build/make-test/go-build.log``); on a warm cache this returns at once.
+2. ``make install`` (pip), then ``make lint``.
+3. ``pytest -m "not cluster"`` in parallel (pytest-xdist) while the compiler takes what CPU the tests leave.
+4. Once the control plane is built (``python -m devcluster build`` waits on the build lock): the cluster tests in
+   parallel, each worker on its own devcluster slot. When the add-ons are still compiling, the autoscaling tests
+   wait for them in a phase of their own.
+
+At the end it prints where the time went: each phase's wall time, the Go build's, and per tier (unit, slow,
+cluster, autoscaling, realpods) the summed test durations from each phase's JUnit XML, then one closing line
+``suite: N passed, N failed, N skipped``. The exit status is 0 only when every phase passed.
+
+Stdlib only (it starts before pip has installed anything but PyYAML). Run it as ``make test`` does:
+``.venv/bin/python tools/test_phases.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LOG_DIR = REPO / "build" / "make-test"
+ADDONS = ("metrics-server", "karpenter", "keda", "kueue")
+"""Every add-on a test uses (tests/autoscaling); built after the control plane, in this order."""
+TIERS = ("unit", "slow", "cluster", "autoscaling", "realpods")
+"""Test tiers, as tests/conftest.py names them."""
+
+
+@dataclasses.dataclass
+class Phase:
+    """One timed step of the run.
+
+    Attributes:
+        name (str): Shown in the report.
+        seconds (float): Wall time.
+        ok (bool): Whether it passed.
+        junit (pathlib.Path | None): The pytest phase's JUnit XML report, if it ran pytest.
+    """
+
+    name: str
+    seconds: float
+    ok: bool
+    junit: pathlib.Path | None = None
+
+
+def _run(name: str, command: list[str], phases: list[Phase], junit: pathlib.Path | None = None) -> bool:
+    print(f"\n=== {name}: {shlex.join(command)}", flush=True)
+    start = time.monotonic()
+    code = subprocess.call(command, cwd=REPO)
+    # pytest's exit code 5 means no test was selected: an empty phase, not a failure.
+    ok = code == 0 or (junit is not None and code == 5)
+    phases.append(Phase(name, time.monotonic() - start, ok, junit))
+    return ok
+
+
+def _pytest(python: str, name: str, marker: str, workers: int, phases: list[Phase]) -> bool:
+    junit = LOG_DIR / f"{name}.xml"
+    junit.unlink(missing_ok=True)
+    command = [python, "-m", "pytest", "-m", marker, "-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit}"]
+    return _run(name, command, phases, junit)
+
+
+def _tally(phases: list[Phase]) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Sum test durations per tier ([count, seconds]) and count outcomes over the phases' JUnit reports.
+
+    Each test case carries its tier as the JUnit property ``tier`` (tests/conftest.py records it).
+    """
+    per_tier: dict[str, list[float]] = {tier: [0, 0.0] for tier in TIERS}
+    outcomes = {"passed": 0, "failed": 0, "skipped": 0}
+    for phase in phases:
+        if phase.junit is None or not phase.junit.is_file():
+            continue
+        for case in ElementTree.parse(phase.junit).iter("testcase"):
+            if case.find("skipped") is not None:
+                outcomes["skipped"] += 1
+            elif case.find("failure") is not None or case.find("error") is not None:
+                outcomes["failed"] += 1
+            else:
+                outcomes["passed"] += 1
+            tier = next((prop.get("value") for prop in case.iter("property") if prop.get("name") == "tier"), "unit")
+            row = per_tier.setdefault(tier or "unit", [0, 0.0])
+            row[0] += 1
+            row[1] += float(case.get("time", 0.0))
+    return per_tier, outcomes
+
+
+def _report(phases: list[Phase], build: Phase | None, total: float) -> int:
+    per_tier, outcomes = _tally(phases)
+    print("\n=== where the time went (wall seconds)")
+    for phase in phases:
+        print(f"  {phase.name:<28} {phase.seconds:8.0f}  {'ok' if phase.ok else 'FAILED'}")
+    if build is not None:
+        print(f"  {'go builds (background)':<28} {build.seconds:8.0f}  {'ok' if build.ok else 'FAILED'}")
+    print(f"  {'total':<28} {total:8.0f}")
+    print("=== test time by tier (summed over parallel workers)")
+    for tier, (count, seconds) in per_tier.items():
+        print(f"  {tier:<28} {seconds:8.0f}  {int(count)} tests")
+    print(f"suite: {outcomes['passed']} passed, {outcomes['failed']} failed, {outcomes['skipped']} skipped")
+    failed = [phase.name for phase in [*phases, *([build] if build else [])] if not phase.ok]
+    if failed:
+        print(f"failed phases: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the phases (see the module docstring); return the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("RLIGHTNING_TEST_WORKERS", "4")),
+                        help="pytest-xdist workers per phase (default $RLIGHTNING_TEST_WORKERS or 4; at most 5, "
+                        "each cluster worker takes a devcluster slot)")
+    parser.add_argument("--make", default=os.environ.get("MAKE", "make"), help="the make command (default $MAKE)")
+    args = parser.parse_args(argv)
+    python = sys.executable
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    phases: list[Phase] = []
+
+    build_log = LOG_DIR / "go-build.log"
+    addon_flags = [flag for name in ADDONS for flag in ("--addon", name)]
+    print(f"=== go builds in the background (niced; log {build_log.relative_to(REPO)})", flush=True)
+    with open(build_log, "w") as log:
+        builder = subprocess.Popen(["nice", "-n", "19", python, "-m", "devcluster", "build", *addon_flags],
+                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    build_end: list[float] = []
+
+    def note_build_end() -> None:
+        builder.wait()
+        build_end.append(time.monotonic())
+
+    waiter = threading.Thread(target=note_build_end, daemon=True)
+    waiter.start()
+    build: Phase | None = None
+    try:
+        ok = _run("install", [args.make, "--no-print-directory", "install"], phases)
+        ok = ok and _run("lint", [args.make, "--no-print-directory", "lint"], phases)
+        if not ok:
+            return _report(phases, None, time.monotonic() - start)
+        _pytest(python, "tests without a cluster", "not cluster", args.workers, phases)
+        addons_ready = builder.poll() == 0
+        if _run("control-plane build (wait)", [python, "-m", "devcluster", "build"], phases):
+            if addons_ready:
+                _pytest(python, "cluster tests", "cluster", args.workers, phases)
+            else:
+                _pytest(python, "cluster tests", "cluster and not autoscaling", args.workers, phases)
+        waiter.join()
+        build = Phase("go builds", build_end[0] - start, builder.returncode == 0)
+        if not build.ok:
+            print(f"\nthe Go builds failed (exit {builder.returncode}); the tail of {build_log}:")
+            print("\n".join(build_log.read_text().splitlines()[-30:]))
+        elif not addons_ready:
+            _pytest(python, "autoscaling tests", "autoscaling", args.workers, phases)
+    finally:
+        if builder.poll() is None:
+            builder.terminate()
+            builder.wait()
+    return _report(phases, build, time.monotonic() - start)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
