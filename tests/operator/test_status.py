@@ -178,3 +178,47 @@ def test_a_running_group_gets_the_condition_on_the_refresh_after_the_trainers_fi
     assert data_condition_stale({"status": {**running, "training": {"waitingForDataSeconds": None}}})
     assert not data_condition_stale({"status": {**running, "phase": "Pending"}})
     assert not data_condition_stale({"metadata": {"name": "g"}})  # a strange object: no status at all
+
+
+def trainer_pod(attempt, phase="Running", deleting=False):
+    metadata = {"labels": {contract.LABEL_ROLE: "train", contract.LABEL_ATTEMPT: str(attempt)}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-01T10:00:05Z"
+    return {"metadata": metadata, "status": {"phase": phase}}
+
+
+# The seconds around the end of a run and around a restart: (name, observation kwargs, phase, conditions).
+ENDING = [
+    ("one pod finished, the Job not yet Complete", dict(job=job(ready=1, succeeded=1, attempt=1), attempt=1,
+                                                        restarts=RESTARTED),
+     "Running", {"TrainersReady": ("True", "Finishing"), "TrainerRestarting": ("False", "TrainingEnded"),
+                 "Ready": ("True", "AllReady")}),
+    ("pods Succeeded before the Job counts them", dict(job=job(ready=0, attempt=1), attempt=1, restarts=RESTARTED,
+                                                       pods=[trainer_pod(1, "Succeeded"), trainer_pod(1)]),
+     "Running", {"TrainersReady": ("True", "Finishing"), "TrainerRestarting": ("False", "TrainingEnded")}),
+    ("every pod finished, the Job not yet Complete", dict(job=job(succeeded=2, attempt=1), attempt=1,
+                                                          restarts=RESTARTED),
+     "Running", {"TrainersReady": ("True", "Finishing"), "TrainerRestarting": ("False", "TrainingEnded")}),
+    ("the Job Complete", dict(job=job(succeeded=2, conditions=["Complete"], attempt=1), attempt=1,
+                              restarts=RESTARTED),
+     "Succeeded", {"TrainersReady": ("True", "Completed"), "TrainerRestarting": ("False", "TrainingEnded")}),
+    ("a first attempt finishing", dict(job=job(ready=1, succeeded=1)), "Running",
+     {"TrainersReady": ("True", "Finishing"), "Ready": ("True", "AllReady")}),
+    ("a real restart: the new attempt's pods start", dict(job=job(ready=1, attempt=1), attempt=1, restarts=RESTARTED,
+                                                          pods=[trainer_pod(1), trainer_pod(1, "Pending")]),
+     "Restarting", {"TrainersReady": ("False", "Restarting"), "TrainerRestarting": ("True", "PodDeleted")}),
+    ("the old attempt's pods terminating",
+     dict(job=job(ready=0, succeeded=1, attempt=0), attempt=1, restarts=RESTARTED,
+          pods=[trainer_pod(0, "Succeeded", deleting=True), trainer_pod(0, deleting=True)]),
+     "Restarting", {"TrainersReady": ("False", "Restarting"), "TrainerRestarting": ("True", "PodDeleted")}),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "phase", "expected"), ENDING, ids=[c[0] for c in ENDING])
+def test_no_restarting_at_the_end_of_a_good_run(name, kwargs, phase, expected):
+    status = compute_status(Observation("g", 1, nodes=2, replicas=3, stateful_set=sts(3, 3), now="T", **kwargs))
+    assert status["phase"] == phase
+    got = conditions(status)
+    assert {type_: got.get(type_) for type_ in expected} == expected
+    if "TrainerRestarting" not in expected:
+        assert "TrainerRestarting" not in got, "no restart, no condition"
