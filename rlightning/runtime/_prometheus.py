@@ -36,8 +36,10 @@ class TrainerMetrics(_Metrics):
     """
 
     def _create(self) -> None:
-        self.iteration = self._gauge("rlightning_train_iteration", "Training iterations done.")
-        self.env_steps = self._gauge("rlightning_train_env_steps", "Environment steps summed over ranks.")
+        self.iteration = self._gauge("rlightning_train_iteration", "Training iterations done in the run.")
+        self.env_steps = self._gauge(
+            "rlightning_train_env_steps", "Environment steps of the run, over ranks and attempts."
+        )
         self.train_return = self._gauge("rlightning_train_return", "Mean return of recent training episodes.")
         self.eval_return = self._gauge("rlightning_eval_return", "Mean return reported by the evaluators.")
         self.weight_version = self._gauge("rlightning_weight_version", "Newest published weight version.")
