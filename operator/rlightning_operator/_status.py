@@ -4,7 +4,9 @@ The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, 
 `selector`; `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge
 patch without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Admitted (only when the trainer
 Job names a Kueue queue), CheckpointsPersistent, TrainerRestarting (once the gang restarted), DataFlowing (while
-training runs and rank 0 has reported), Ready (Valid, TrainersReady and EvaluatorsReady).
+training runs and rank 0 has reported), TrainingProgressing (while every trainer pod is ready: whether rank 0 of the
+current attempt reports, within `Observation.stall_seconds`; reasons Starting, Iterating, NotStarted, Stalled),
+Ready (Valid, TrainersReady and EvaluatorsReady).
 DataFlowing is read from what the trainer reports (status.training `waitingForDataSeconds`): False, reason
 WaitingForData, once the trainers have waited `DATA_WAIT_SECONDS` for the evaluators' batches (training paused);
 it is not part of Ready (every pod is ready; the data is not there). A suspended trainer Job (waiting for Kueue's
@@ -35,11 +37,12 @@ shows in its REASON column.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning_operator import _builders as builders
 from rlightning_operator import _pods as pods
 
@@ -53,7 +56,10 @@ DATA_WAIT_SECONDS = 30.0
 """Seconds the trainers wait for the fleet's batches before DataFlowing turns False (as long as the trainer's own
 warning interval, `rlightning.runtime._records.WAITING_LOG_SECONDS`: shorter waits are an evaluator reconnecting or a
 weight version being applied)."""
-WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA)
+PROGRESSING = "TrainingProgressing"
+NOT_STARTED = "NotStarted"
+STALLED = "Stalled"
+WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA, NOT_STARTED, STALLED)
 """Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
 RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
 """Keys of status.restarts (`rlightning.config.RestartStatus`)."""
@@ -82,6 +88,8 @@ class Observation:
         checkpoints_persistent (bool): Whether the trainers' run directory is a PersistentVolumeClaim.
         fleet_data (bool): Whether the trainers learn from the evaluators' batches (`launch.fleet_collects`).
         training (Mapping[str, Any]): status.training as trainer rank 0 last wrote it ({} before its first report).
+        stall_seconds (float): How long ready trainers may go without a report of an iteration
+            (`launch.stall_seconds`); 0 leaves condition TrainingProgressing out.
     """
 
     name: str
@@ -102,6 +110,7 @@ class Observation:
     checkpoints_persistent: bool = True
     fleet_data: bool = False
     training: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stall_seconds: float = 0.0
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -345,6 +354,8 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         extra.append(_restarting_condition(obs, gang.state))
     if gang.state is TrainerState.RUNNING and obs.training:
         extra.append(_data_condition(obs))
+    if gang.state is TrainerState.RUNNING and obs.stall_seconds:
+        extra.append(_progress(obs, trainers_ready["lastTransitionTime"])[0])
     conditions += [*extra, ready]
     eval_desired = 0 if after_training == "Stopped" else obs.replicas
     eval_ready = _eval_ready(obs)
@@ -497,6 +508,86 @@ def _data_condition(obs: Observation) -> dict[str, Any]:
     rate = obs.training.get("envStepsPerSecond")
     detail = f" ({rate:.0f} env steps/s)" if isinstance(rate, (int, float)) else ""
     return _condition("DataFlowing", True, "Flowing", f"the trainers learn from the evaluators' batches{detail}", obs)
+
+
+# -- Trainers up but not training ------------------------------------------------------------------------
+def _progress(obs: Observation, ready_since: str) -> tuple[dict[str, Any], float | None]:
+    """TrainingProgressing of a gang whose pods are all ready, and the seconds until it would turn False (None when
+    it is False already, or a time cannot be read).
+
+    Trainer rank 0 reports when its attempt starts (after the rendezvous and the resume) and then at least every
+    `launch.STATUS_REPORT_SECONDS` while its loop moves (`updatedAt`); a report of another attempt does not count.
+    """
+    report = obs.training if int(obs.training.get("attempt") or 0) == obs.attempt else {}
+    margin = launch.LIVENESS_MARGIN_SECONDS + launch.STATUS_REPORT_SECONDS
+    bound = f"bound {obs.stall_seconds:.0f} s: 3 x spec.weightSync.timeoutSeconds + {margin:.0f} s"
+    train = contract.train_name(obs.name)
+    if not report.get("updatedAt"):
+        waited = _seconds_between(ready_since, obs.now)
+        if waited is not None and waited > obs.stall_seconds:
+            return _condition(PROGRESSING, False, NOT_STARTED, (
+                f"the trainer pods have been ready for {waited:.0f} s ({bound}) and rank 0 of attempt {obs.attempt} "
+                f"has not started: the rendezvous has not formed (does {train}-0.{train} resolve?) or its start is "
+                f"stuck; see `kubectl logs job/{train}`"), obs), None
+        return _condition(PROGRESSING, True, "Starting",
+                          f"attempt {obs.attempt}: waiting for rank 0 to start ({bound})", obs), \
+            None if waited is None else obs.stall_seconds - waited
+    age = _seconds_between(report["updatedAt"], obs.now)
+    if age is not None and age > obs.stall_seconds:
+        return _condition(PROGRESSING, False, STALLED, (
+            f"no report from the trainers for {age:.0f} s ({bound}): the last, at {report['updatedAt']}, was "
+            f"iteration {report.get('iteration', 0)}; training does not move"), obs), None
+    return _condition(PROGRESSING, True, "Iterating", f"attempt {obs.attempt} reports its iterations ({bound})",
+                      obs), None if age is None else obs.stall_seconds - age
+
+
+def recheck_seconds(observation: Observation, computed: Mapping[str, Any]) -> float | None:
+    """When the status must be computed again although nothing may change meanwhile: TrainingProgressing turns
+    False with time alone.
+
+    Args:
+        observation (Observation): What `computed` was computed from.
+        computed (Mapping[str, Any]): `compute_status(observation)`.
+
+    Returns:
+        float | None: Seconds from `observation.now` (at least 1), or None when no condition waits on time.
+    """
+    current = {c["type"]: c for c in computed.get("conditions") or []}
+    if PROGRESSING not in current or current[PROGRESSING]["status"] != "True":
+        return None
+    due = _progress(observation, current["TrainersReady"]["lastTransitionTime"])[1]
+    return None if due is None else max(1.0, due + 1.0)
+
+
+def progress_condition_stale(group: Mapping[str, Any]) -> bool:
+    """Whether a PolicyGroup's TrainingProgressing lags status.training (a status refresh is due): it says Starting
+    while rank 0 of the current attempt has reported, or it is False while a report came after it turned False
+    (training moves again, or a new attempt's rank 0 started).
+
+    Args:
+        group (Mapping[str, Any]): The PolicyGroup as delivered by its watch.
+
+    Returns:
+        bool: True when a refresh would change the condition.
+    """
+    group_status = group.get("status") or {}
+    current = next((c for c in group_status.get("conditions") or [] if c.get("type") == PROGRESSING), None)
+    training = group_status.get("training") or {}
+    if current is None or not training.get("updatedAt"):
+        return False
+    if current.get("reason") == "Starting":
+        return int(training.get("attempt") or 0) == int((group_status.get("train") or {}).get("attempt") or 0)
+    later = _seconds_between(current.get("lastTransitionTime") or "", training["updatedAt"])
+    return current.get("status") == "False" and later is not None and later > 0
+
+
+def _seconds_between(start: str, end: str) -> float | None:
+    """Seconds from RFC 3339 time `start` to `end`; None when either cannot be read."""
+    try:
+        parsed = [datetime.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (start, end)]
+        return (parsed[1] - parsed[0]).total_seconds()
+    except (ValueError, TypeError):
+        return None
 
 
 def _restarts(obs: Observation) -> dict[str, Any]:
