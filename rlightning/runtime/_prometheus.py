@@ -15,6 +15,14 @@ class _Metrics:
     def __init__(self, port: int) -> None:
         self.registry = CollectorRegistry()
         self._create()
+        self.serve(port)
+
+    def serve(self, port: int) -> None:
+        """Serve /metrics on `port` from now on (0: nothing).
+
+        Args:
+            port (int): The port.
+        """
         if port:
             start_http_server(port, registry=self.registry)
 

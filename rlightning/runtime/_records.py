@@ -107,7 +107,9 @@ class Recorder:
         self.name = settings.group_name
         self.run_dir = run_dir
         self.sync = SyncTotals()
-        self.metrics = TrainerMetrics(settings.metrics_port)
+        # Served from `begin` on: a scrape before it would read a resumed attempt's weight version as 0.
+        self.metrics = TrainerMetrics(0)
+        self._metrics_port = settings.metrics_port
         self.status = (
             StatusReporter(settings.group_name, settings.namespace)
             if settings.report_status and settings.namespace
@@ -124,8 +126,8 @@ class Recorder:
         self._last_row: dict[str, Any] | None = None
 
     def begin(self, iteration: int, env_steps: int, weight_version: int) -> None:
-        """The attempt starts, resumed: carry the run's progress over from the previous attempt's report, and export
-        the start at once (status.training forced: the operator sees this attempt's rank 0 up).
+        """The attempt starts, resumed: carry the run's progress over from the previous attempt's report, export the
+        start (status.training forced: the operator sees this attempt's rank 0 up), then serve /metrics.
 
         Args:
             iteration (int): The policy's iteration after the resume.
@@ -141,6 +143,7 @@ class Recorder:
         self._last_row = {"time": _now(), "iteration": iteration, "env_steps": env_steps,
                           "weight_version": weight_version}
         self._export(self._last_row, force=True)
+        self.metrics.serve(self._metrics_port)
 
     def publish(self, stats: weights.SyncStats) -> None:
         """Count one publish: a failure when a group failed; bytes and seconds when any evaluator applied it."""

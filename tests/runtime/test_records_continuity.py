@@ -31,10 +31,10 @@ class FakeApi:
         return {}
 
 
-def recorder(tmp_path: Path, attempt: int, previous: dict) -> tuple[Recorder, FakeApi]:
+def recorder(tmp_path: Path, attempt: int, previous: dict, metrics_port: int = 0) -> tuple[Recorder, FakeApi]:
     settings = ProcessSettings(group_name="g", namespace="ns", spec_path=tmp_path / "spec.yaml", run_dir=tmp_path,
-                               master_addr="127.0.0.1", weight_sync_port=0, metrics_port=0, report_status=True,
-                               attempt=attempt)
+                               master_addr="127.0.0.1", weight_sync_port=0, metrics_port=metrics_port,
+                               report_status=True, attempt=attempt)
     made = Recorder(settings, RunDir(tmp_path).create())
     api = FakeApi(previous)
     made.status = StatusReporter("g", "ns", min_interval=0, api=api)
@@ -92,3 +92,11 @@ def test_an_unreadable_status_carries_nothing(tmp_path, caplog):
     made.begin(5, 640, 5)
     assert made.carried == Carried() and gauges(made) == (5, 5, 640)
     assert "could not read status.training" in caplog.text
+
+
+def test_metrics_are_served_only_once_they_hold_the_resumed_state(tmp_path, monkeypatch):
+    made, _ = recorder(tmp_path, 1, PREVIOUS, metrics_port=9100)
+    served: list[tuple[int, tuple[float | None, ...]]] = []
+    monkeypatch.setattr(made.metrics, "serve", lambda port: served.append((port, gauges(made))))
+    made.begin(40, 51200, 40)
+    assert served == [(9100, (40.0, 47.0, 58880.0))], "the first scrape reads the resumed version, never 0"
