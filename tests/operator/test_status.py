@@ -281,3 +281,9 @@ def test_progress_only_while_every_trainer_is_up():
         status = compute_status(Observation("g", 1, nodes=2, replicas=3, stateful_set=sts(3, 3), now=at(300),
                                             previous=READY_SINCE_0, stall_seconds=245.0, **kwargs))
         assert "TrainingProgressing" not in conditions(status)
+
+
+def test_every_trainer_state_has_a_phase_and_a_trainers_ready():
+    from rlightning_operator._status import PHASES, TRAINERS_READY, TrainerState
+
+    assert set(PHASES) == set(TRAINERS_READY) == set(TrainerState)
