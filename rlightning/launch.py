@@ -83,6 +83,38 @@ PROBE_PERIOD_SECONDS = 10
 LIVENESS_MARGIN_SECONDS = 60
 """Added to 3 x weightSync.timeoutSeconds for the longest a trainer's loop may go without a heartbeat: a publish, a
 target confirmation and a checkpoint each wait at most about one timeout."""
+STATUS_REPORT_SECONDS = 5.0
+"""Least time between two status.training patches of trainer rank 0 (`rlightning.runtime._status_reporter`): a fast
+loop does not load the API server (12 patches a minute per PolicyGroup at most)."""
+
+
+def liveness_seconds(spec: PolicyGroupSpec) -> int:
+    """The longest a healthy trainer loop goes without a heartbeat, in s: 3 x weightSync.timeoutSeconds (rounded up)
+    + `LIVENESS_MARGIN_SECONDS` (240 s with the defaults).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+
+    Returns:
+        int: Seconds.
+    """
+    return 3 * math.ceil(spec.weight_sync.timeout_seconds) + LIVENESS_MARGIN_SECONDS
+
+
+def stall_seconds(spec: PolicyGroupSpec) -> float:
+    """How long ready trainers may go without reporting an iteration before they count as not training, in s.
+
+    A healthy loop moves within `liveness_seconds` (each bounded wait of an iteration is one weight-sync timeout),
+    and its start after the rendezvous (the fleet's rejoin, 12 s; a pull of the fleet's weights, at most 60 s; the
+    first publish, one timeout) fits in it too; a report trails its iteration by up to `STATUS_REPORT_SECONDS`.
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+
+    Returns:
+        float: `liveness_seconds` + `STATUS_REPORT_SECONDS` (245 s with the defaults).
+    """
+    return liveness_seconds(spec) + STATUS_REPORT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -120,7 +152,7 @@ def probe(spec: PolicyGroupSpec, role: contract.PolicyRole, python: str) -> Prob
     path = contract.HEALTH_FILE_IN_POD
     if role == contract.PolicyRole.EVAL:
         return Probe("readiness", (python, "-c", f"import os, sys; sys.exit(not os.path.exists({path!r}))"))
-    stale = 3 * math.ceil(spec.weight_sync.timeout_seconds) + LIVENESS_MARGIN_SECONDS
+    stale = liveness_seconds(spec)
     check = (
         f"import os, sys, time; p = {path!r}; "
         f"sys.exit(os.path.exists(p) and time.time() - os.path.getmtime(p) > {stale})"

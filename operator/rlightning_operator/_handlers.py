@@ -11,8 +11,10 @@
   finds a trainer pod failed or gone reconciles whole (a gang restart). The reconciler keeps each trainer pod's
   last state from these events, the evidence of a pod that is gone before the pass runs.
 - events of the PolicyGroups themselves (their status included): a status refresh only when the trainer's report
-  of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`); nothing else in
-  a PolicyGroup's status changes without a child changing.
+  of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`), or the trainer
+  reported after TrainingProgressing turned False (`_status.progress_condition_stale`); nothing else in a
+  PolicyGroup's status changes without a child changing, except with time: a pass that leaves TrainingProgressing
+  True asks for a recheck when it would turn False (`Refresher.recheck`).
 
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
 """
@@ -139,6 +141,8 @@ def reconcile_group(body: kopf.Body, param: str, retry: int, memo: Context, **_:
     except Exception:
         metrics.RECONCILE_ERRORS.labels(trigger=param, error="unexpected").inc()
         raise
+    if outcome.recheck_seconds is not None and memo.refresher is not None:
+        memo.refresher.recheck(body.metadata.namespace or "", body.metadata.name or "", outcome.recheck_seconds)
     if outcome.blocked:  # nothing else may wake us when they are gone: look again later
         raise kopf.TemporaryError(f"waiting for {', '.join(outcome.blocked)}", delay=_settings.retry_delay(retry))
 
@@ -174,11 +178,12 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
 @kopf.on.event(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, registry=REGISTRY)
 async def group_changed(body: kopf.Body, memo: Context, **_: Any) -> None:
     """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
-    data (status.training) and the DataFlowing condition disagree. Spec changes have handlers of their own.
+    data (status.training) and the DataFlowing condition disagree, or when a report arrived after
+    TrainingProgressing turned False. Spec changes have handlers of their own.
     """
     namespace, name = body.metadata.namespace, body.metadata.name
     if memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
-            status.data_condition_stale(_plain(body)):
+            (status.data_condition_stale(_plain(body)) or status.progress_condition_stale(_plain(body))):
         memo.refresher.schedule(namespace, name, full=False)
 
 

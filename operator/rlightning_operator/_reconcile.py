@@ -57,12 +57,15 @@ class Outcome:
         status_written (bool): Whether status was patched (it is only when it changed).
         blocked (list[str]): Children (`Kind/name`) being deleted or controlled by another owner: the caller
             reconciles again later, since no watched event may announce that they are gone.
+        recheck_seconds (float | None): Refresh the status after this many seconds even if nothing happens (a
+            condition turns with time: `_status.recheck_seconds`); None when none waits.
     """
 
     actions: list[planner.Action]
     status: dict[str, Any]
     status_written: bool
     blocked: list[str] = dataclasses.field(default_factory=list)
+    recheck_seconds: float | None = None
 
 
 def _now() -> str:
@@ -268,6 +271,7 @@ class Reconciler:
             checkpoints_persistent=bool(manifest.spec.train.checkpoint.persistent_volume_claim),
             fleet_data=launch.fleet_collects(manifest.spec),
             training=current_status.get("training") or {},
+            stall_seconds=launch.stall_seconds(manifest.spec),
         )
         computed = status.compute_status(observation)
         written = self._write_status(namespace, name, current_status, computed)
@@ -282,7 +286,8 @@ class Reconciler:
                         condition["type"] != "Ready":
                     logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
                     self._post_event(body, "Warning", condition["reason"], condition["message"][:1000])
-        return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked)
+        return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked,
+                       recheck_seconds=status.recheck_seconds(observation, computed))
 
     def _trainer_pods(
         self,

@@ -45,6 +45,8 @@ class Refresher:
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._full: set[tuple[str, str]] = set()
         self._seen: dict[str, tuple[Hashable, Hashable]] = {}
+        self._rechecks: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._loop = asyncio.get_running_loop()  # made on the operator's event loop; `recheck` may come from threads
 
     def notify(
         self,
@@ -100,6 +102,27 @@ class Refresher:
         wait = self._delay if delay is None else delay
         self._pending[key] = asyncio.get_running_loop().create_task(self._run(key, wait, attempt))
 
+    def recheck(self, namespace: str, name: str, delay: float) -> None:
+        """Refresh the status of PolicyGroup `namespace/name` in `delay` seconds even if no event comes (a condition
+        that turns with time); replaces the recheck scheduled before. Safe to call from any thread.
+
+        Args:
+            namespace (str): Namespace of the PolicyGroup.
+            name (str): Its name.
+            delay (float): Seconds from now.
+        """
+        self._loop.call_soon_threadsafe(self._arm, (namespace, name), delay)
+
+    def _arm(self, key: tuple[str, str], delay: float) -> None:
+        previous = self._rechecks.pop(key, None)
+        if previous is not None:
+            previous.cancel()
+        self._rechecks[key] = self._loop.call_later(delay, self._recheck_due, key)
+
+    def _recheck_due(self, key: tuple[str, str]) -> None:
+        self._rechecks.pop(key, None)
+        self.schedule(*key, full=False)
+
     async def _run(self, key: tuple[str, str], delay: float, attempt: int) -> None:
         await asyncio.sleep(delay)
         del self._pending[key]  # events from now on schedule another pass
@@ -116,6 +139,8 @@ class Refresher:
                 return
             work = self._reconciler.reconcile if full else self._reconciler.refresh_status
             outcome = await self._in_thread(work, body)
+            if outcome.recheck_seconds is not None:
+                self.recheck(namespace, name, outcome.recheck_seconds)
             if outcome.blocked:
                 self._retry(namespace, name, attempt, f"waiting for {', '.join(outcome.blocked)}")
         except reconcile.InvalidSpecError:
@@ -139,7 +164,10 @@ class Refresher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def close(self) -> None:
-        """Cancel pending refreshes and stop the executor (at operator shutdown)."""
+        """Cancel pending refreshes and rechecks and stop the executor (at operator shutdown)."""
+        for handle in self._rechecks.values():
+            handle.cancel()
+        self._rechecks.clear()
         tasks = list(self._pending.values())
         for task in tasks:
             task.cancel()

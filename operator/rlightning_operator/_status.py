@@ -4,11 +4,17 @@ The operator owns `phase`, `observedGeneration`, `conditions`, `train`, `eval`, 
 `selector`; `training` belongs to trainer rank 0 and is never written here (the status patch is a JSON merge
 patch without that key). Condition types: Valid, TrainersReady, EvaluatorsReady, Admitted (only when the trainer
 Job names a Kueue queue), CheckpointsPersistent, TrainerRestarting (once the gang restarted), DataFlowing (while
-training runs and rank 0 has reported), Ready (Valid, TrainersReady and EvaluatorsReady).
+training runs and rank 0 has reported), TrainingProgressing (while every trainer pod is ready: whether rank 0 of the
+current attempt reports, within `Observation.stall_seconds`; reasons Starting, Iterating, NotStarted, Stalled),
+Ready (Valid, TrainersReady and EvaluatorsReady).
 DataFlowing is read from what the trainer reports (status.training `waitingForDataSeconds`): False, reason
 WaitingForData, once the trainers have waited `DATA_WAIT_SECONDS` for the evaluators' batches (training paused);
 it is not part of Ready (every pod is ready; the data is not there). A suspended trainer Job (waiting for Kueue's
 admission) is not stuck: TrainersReady is False with reason Queued and the phase stays Pending.
+
+The trainer gang is classified once (`classify`: a `TrainerState`), and tables give the phase (`PHASES`) and
+TrainersReady (`TRAINERS_READY`, one small function per state). Trainer pods that succeeded while their Job is not
+Complete yet are a gang finishing (`Finishing`: phase Running, TrainersReady True), never one forming.
 
 Restarts of the trainer gang (`_planner.plan_restart`): while attempt N+1 forms (the Job of attempt N goes, the
 new one's pods are not all ready) the phase is `Restarting`, TrainersReady says `Restarting` with the lost pod,
@@ -31,15 +37,18 @@ shows in its REASON column.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import datetime
+import enum
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning_operator import _builders as builders
 from rlightning_operator import _pods as pods
 
 OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "restarts", "replicas", "selector")
 RESTARTING = "Restarting"
+FINISHING = "Finishing"
 MAX_RESTARTS_REACHED = "MaxRestartsReached"
 CHECKPOINTS_NOT_PERSISTENT = "CheckpointsNotPersistent"
 WAITING_FOR_DATA = "WaitingForData"
@@ -47,7 +56,10 @@ DATA_WAIT_SECONDS = 30.0
 """Seconds the trainers wait for the fleet's batches before DataFlowing turns False (as long as the trainer's own
 warning interval, `rlightning.runtime._records.WAITING_LOG_SECONDS`: shorter waits are an evaluator reconnecting or a
 weight version being applied)."""
-WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA)
+PROGRESSING = "TrainingProgressing"
+NOT_STARTED = "NotStarted"
+STALLED = "Stalled"
+WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA, NOT_STARTED, STALLED)
 """Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
 RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
 """Keys of status.restarts (`rlightning.config.RestartStatus`)."""
@@ -76,6 +88,8 @@ class Observation:
         checkpoints_persistent (bool): Whether the trainers' run directory is a PersistentVolumeClaim.
         fleet_data (bool): Whether the trainers learn from the evaluators' batches (`launch.fleet_collects`).
         training (Mapping[str, Any]): status.training as trainer rank 0 last wrote it ({} before its first report).
+        stall_seconds (float): How long ready trainers may go without a report of an iteration
+            (`launch.stall_seconds`); 0 leaves condition TrainingProgressing out.
     """
 
     name: str
@@ -96,6 +110,7 @@ class Observation:
     checkpoints_persistent: bool = True
     fleet_data: bool = False
     training: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stall_seconds: float = 0.0
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -148,6 +163,169 @@ def _condition(type_: str, ok: bool, reason: str, message: str, observation: Obs
     }
 
 
+class TrainerState(enum.StrEnum):
+    """What the trainer gang of the current attempt is doing, classified once per status pass (`classify`)."""
+
+    REJECTED = "Rejected"
+    """The Job failed through its pod failure policy: a pod rejected the spec."""
+    FAILED = "Failed"
+    """The Job failed with no restart left."""
+    COMPLETE = "Complete"
+    """The Job is Complete."""
+    FINISHING = "Finishing"
+    """Some trainer pod of the attempt succeeded while the Job is not Complete yet: the gang is ending, not forming."""
+    RESTARTING = "Restarting"
+    """A restart's attempt forms: its Job is missing (the old one goes) or not all its pods are ready."""
+    MISSING = "Missing"
+    """No Job of the current attempt, and no restart so far."""
+    SUSPENDED = "Suspended"
+    """The Job is suspended (waiting for Kueue's admission, or by someone else)."""
+    RUNNING = "Running"
+    """Every trainer pod is ready."""
+    WAITING = "Waiting"
+    """Some trainer pod is not ready yet."""
+
+
+PHASES: Mapping[TrainerState, str] = {
+    TrainerState.REJECTED: "Invalid",
+    TrainerState.FAILED: "Failed",
+    TrainerState.COMPLETE: "Succeeded",
+    TrainerState.FINISHING: "Running",
+    TrainerState.RESTARTING: RESTARTING,
+    TrainerState.MISSING: "Pending",
+    TrainerState.SUSPENDED: "Pending",
+    TrainerState.RUNNING: "Running",
+    TrainerState.WAITING: "Pending",
+}
+"""status.phase by the trainer gang's state."""
+ENDED = frozenset({TrainerState.REJECTED, TrainerState.FAILED, TrainerState.COMPLETE})
+"""States in which training has ended (`training_ended`): evaluators stop or serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainers:
+    """The trainer gang of the current attempt as observed.
+
+    Attributes:
+        state (TrainerState): What it is doing.
+        job (Mapping[str, Any] | None): The Job of the current attempt (None while another attempt's goes).
+        ready (int): Its ready pods.
+        finished (int): Its pods that succeeded (the Job's count, or the pods' phase when the Job lags).
+        pods (Sequence[Mapping[str, Any]]): The trainer pods of the current attempt (read only while some is not
+            ready).
+        failed (Mapping[str, Any] | None): The Job's Failed condition.
+    """
+
+    state: TrainerState
+    job: Mapping[str, Any] | None
+    ready: int
+    finished: int
+    pods: Sequence[Mapping[str, Any]]
+    failed: Mapping[str, Any] | None
+
+    @property
+    def job_status(self) -> Mapping[str, Any]:
+        return (self.job or {}).get("status") or {}
+
+
+def classify(obs: Observation) -> Trainers:
+    """Classify the trainer gang of the current attempt (the first state that holds, in `TrainerState`'s order).
+
+    Args:
+        obs (Observation): What the status is computed from.
+
+    Returns:
+        Trainers: The state and the figures the conditions read.
+    """
+    # A Job of another attempt is on its way out: the current attempt has no Job yet.
+    job = obs.job if obs.job is not None and builders.attempt_of(obs.job) == obs.attempt else None
+    job_status = (job or {}).get("status") or {}
+    ready = int(job_status.get("ready") or 0)
+    trainers = [p for p in _of_role(obs.pods, contract.PolicyRole.TRAIN) if builders.attempt_of(p) == obs.attempt]
+    succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in trainers)
+    finished = max(int(job_status.get("succeeded") or 0), succeeded)
+    failed = _job_condition(job, "Failed")
+    checks = (
+        (TrainerState.REJECTED, lambda: _rejected_in_pod(failed)),
+        (TrainerState.FAILED, lambda: failed is not None),
+        (TrainerState.COMPLETE, lambda: _job_condition(job, "Complete") is not None),
+        # A trainer exits 0 only once the ranks agreed to stop: the others finish too, then the Job is Complete.
+        (TrainerState.FINISHING, lambda: job is not None and finished > 0),
+        (TrainerState.RESTARTING, lambda: bool(obs.restarts.get("total")) and (job is None or ready < obs.nodes)),
+        (TrainerState.MISSING, lambda: job is None),
+        (TrainerState.SUSPENDED, lambda: _suspended(job)),
+        (TrainerState.RUNNING, lambda: ready >= obs.nodes),
+    )
+    state = next((state for state, holds in checks if holds()), TrainerState.WAITING)
+    return Trainers(state, job, ready, finished, trainers, failed)
+
+
+def _trainers_rejected(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    detail = (gang.failed or {}).get("message") or f"a container exited with code {contract.EXIT_BAD_MANIFEST}"
+    return False, "InvalidSpecInPod", (
+        f"a trainer pod rejected the spec ({detail}); see `kubectl logs job/{contract.train_name(obs.name)} "
+        f"-c {builders.VALIDATE_CONTAINER}`"
+    )
+
+
+def _trainers_failed(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    # `_planner.plan_restart` restarts a failed attempt while it may: none is left
+    restarts = _restarts(obs)
+    last = f"; the last restart: {restarts['message']}" if restarts["message"] else ""
+    return False, MAX_RESTARTS_REACHED, (
+        f"the trainer Job failed ({(gang.failed or {}).get('reason') or 'Failed'}) with no restart left: "
+        f"{restarts['failures']} of spec.train.maxRestarts {obs.max_restarts} used{last}"
+    )
+
+
+def _trainers_complete(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    return True, "Completed", "training completed"
+
+
+def _trainers_finishing(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    return True, FINISHING, f"training ends: {gang.finished}/{obs.nodes} trainer pods finished, the Job completes next"
+
+
+def _trainers_restarting(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    message = (f"attempt {obs.attempt} forming after {_restarts(obs)['message']}; "
+               f"{gang.ready}/{obs.nodes} trainer pods ready")
+    problem = pods.diagnose(gang.pods)
+    return False, RESTARTING, message if problem is None else f"{message}; {problem.message}"
+
+
+def _trainers_missing(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    return False, "JobMissing", f"Job {contract.train_name(obs.name)} does not exist"
+
+
+def _trainers_suspended(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    # waiting for admission (Kueue): no pods yet is no problem
+    return False, *_suspension(gang.job)
+
+
+def _trainers_running(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    return True, "AllReady", f"{gang.ready}/{obs.nodes} trainer pods ready"
+
+
+def _trainers_waiting(obs: Observation, gang: Trainers) -> tuple[bool, str, str]:
+    message = f"{gang.ready}/{obs.nodes} trainer pods ready"
+    problem = pods.diagnose(gang.pods, int(gang.job_status.get("failed") or 0))
+    return (False, "Waiting", message) if problem is None else (False, problem.reason, f"{message}; {problem.message}")
+
+
+TRAINERS_READY: Mapping[TrainerState, Callable[[Observation, Trainers], tuple[bool, str, str]]] = {
+    TrainerState.REJECTED: _trainers_rejected,
+    TrainerState.FAILED: _trainers_failed,
+    TrainerState.COMPLETE: _trainers_complete,
+    TrainerState.FINISHING: _trainers_finishing,
+    TrainerState.RESTARTING: _trainers_restarting,
+    TrainerState.MISSING: _trainers_missing,
+    TrainerState.SUSPENDED: _trainers_suspended,
+    TrainerState.RUNNING: _trainers_running,
+    TrainerState.WAITING: _trainers_waiting,
+}
+"""TrainersReady's (status, reason, message) by the trainer gang's state."""
+
+
 def compute_status(observation: Observation) -> dict[str, Any]:
     """The operator's part of status.
 
@@ -158,131 +336,39 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         dict[str, Any]: camelCase keys `OWNED_FIELDS` (a JSON merge patch for the status subresource).
     """
     obs = observation
-    selector = builders.selector_string(obs.name, contract.PolicyRole.EVAL)
     if obs.problems:
-        message = "; ".join(obs.problems)
-        valid = _condition("Valid", False, "InvalidSpec", message, obs)
-        ready = _condition("Ready", False, "InvalidSpec", "the spec is invalid: " + message, obs)
-        return {
-            "phase": "Invalid",
-            "observedGeneration": obs.generation,
-            "conditions": [valid, ready],
-            "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0", "attempt": obs.attempt},
-            "eval": {"desired": 0, "ready": 0, "summary": "0/0", "afterTraining": ""},
-            "restarts": _restarts(obs),
-            "replicas": 0,
-            "selector": selector,
-        }
-    # A Job of another attempt is on its way out: the current attempt has no Job yet.
-    job = obs.job if obs.job is not None and builders.attempt_of(obs.job) == obs.attempt else None
-    restarts = _restarts(obs)
-    job_status = (job or {}).get("status") or {}
-    sts_status = (obs.stateful_set or {}).get("status") or {}
-    train_ready = int(job_status.get("ready") or 0)
-    eval_ready = int(sts_status.get("readyReplicas") or 0)
-    complete, failed = _job_condition(job, "Complete"), _job_condition(job, "Failed")
-    restarting = bool(restarts["total"]) and not (complete or failed) and (job is None or train_ready < obs.nodes)
-    trainers = [p for p in _of_role(obs.pods, contract.PolicyRole.TRAIN) if builders.attempt_of(p) == obs.attempt]
-
-    rejected = _rejected_in_pod(failed)
-    if rejected:
-        detail = (failed or {}).get("message") or f"a container exited with code {contract.EXIT_BAD_MANIFEST}"
-        train_ok, train_reason = False, "InvalidSpecInPod"
-        train_message = (
-            f"a trainer pod rejected the spec ({detail}); see `kubectl logs job/{contract.train_name(obs.name)} "
-            f"-c {builders.VALIDATE_CONTAINER}`"
-        )
-    elif failed:  # `_planner.plan_restart` restarts a failed attempt while it may: none is left
-        train_ok, train_reason = False, MAX_RESTARTS_REACHED
-        last = f"; the last restart: {restarts['message']}" if restarts["message"] else ""
-        train_message = (f"the trainer Job failed ({failed.get('reason') or 'Failed'}) with no restart left: "
-                         f"{restarts['failures']} of spec.train.maxRestarts {obs.max_restarts} used{last}")
-    elif complete:
-        train_ok, train_reason, train_message = True, "Completed", "training completed"
-    elif restarting:
-        train_ok, train_reason = False, RESTARTING
-        train_message = (f"attempt {obs.attempt} forming after {restarts['message']}; "
-                         f"{train_ready}/{obs.nodes} trainer pods ready")
-        problem = pods.diagnose(trainers)
-        if problem is not None:
-            train_message = f"{train_message}; {problem.message}"
-    elif job is None:
-        train_ok, train_reason = False, "JobMissing"
-        train_message = f"Job {contract.train_name(obs.name)} does not exist"
-    elif _suspended(job):  # waiting for admission (Kueue): no pods yet is no problem
-        train_ok, train_reason, train_message = False, *_suspension(job)
-    elif train_ready >= obs.nodes:
-        train_ok, train_reason, train_message = True, "AllReady", f"{train_ready}/{obs.nodes} trainer pods ready"
-    else:
-        train_ok, train_reason, train_message = False, "Waiting", f"{train_ready}/{obs.nodes} trainer pods ready"
-        problem = pods.diagnose(trainers, int(job_status.get("failed") or 0))
-        if problem is not None:
-            train_reason, train_message = problem.reason, f"{train_message}; {problem.message}"
-    ended = complete or failed
-    after_training = ("Stopped" if obs.after_training == "Stop" else "Serving") if ended else ""
-    eval_desired = 0 if after_training == "Stopped" else obs.replicas
-    if after_training == "Stopped":
-        eval_ok, eval_reason = True, "Stopped"
-        eval_message = "training has ended: evaluators scaled to zero (spec.eval.afterTraining: Stop)"
-    elif obs.stateful_set is None:
-        eval_ok, eval_reason = False, "StatefulSetMissing"
-        eval_message = f"StatefulSet {contract.eval_name(obs.name)} does not exist"
-    else:
-        eval_ok = eval_ready >= obs.replicas
-        eval_reason = "AllReady" if eval_ok else "Waiting"
-        eval_message = f"{eval_ready}/{obs.replicas} evaluator pods ready"
-        evaluators = _of_role(obs.pods, contract.PolicyRole.EVAL)
-        problem = pods.stuck_rollout(obs.stateful_set, evaluators, obs.now) or pods.diagnose(evaluators)
-        if not eval_ok and problem is not None:
-            eval_reason, eval_message = problem.reason, f"{eval_message}; {problem.message}"
-
-    conditions = [
-        _condition("Valid", False, train_reason, train_message, obs)
-        if rejected
-        else _condition("Valid", True, "Validated", "the spec is valid", obs),
-        _condition("TrainersReady", train_ok, train_reason, train_message, obs),
-        _condition("EvaluatorsReady", eval_ok, eval_reason, eval_message, obs),
-    ]
+        return _invalid_status(obs)
+    gang = classify(obs)
+    train_ok, train_reason, train_message = TRAINERS_READY[gang.state](obs, gang)
+    trainers_ready = _condition("TrainersReady", train_ok, train_reason, train_message, obs)
+    evaluators_ready, after_training = _evaluators_condition(obs, gang)
+    valid = (_condition("Valid", False, train_reason, train_message, obs) if gang.state is TrainerState.REJECTED
+             else _condition("Valid", True, "Validated", "the spec is valid", obs))
+    conditions = [valid, trainers_ready, evaluators_ready]
     admitted = _admitted_condition(obs)
     if admitted is not None:
         conditions.append(admitted)
+    ready = _ready_condition(obs, conditions)  # the extra conditions below are not part of Ready
     extra = [_checkpoints_condition(obs)]
-    if restarts["total"]:
-        extra.append(_restarting_condition(obs, restarts, restarting, bool(ended)))
-    if obs.training and train_ok and not ended:
-        extra.append(_data_condition(obs, eval_ready))
-    if obs.conflicts:
-        ready_ok, ready_reason = False, "Conflict"
-        ready_message = "children controlled by another owner: " + "; ".join(obs.conflicts)
-    else:
-        not_ready = [c for c in conditions if c["status"] != "True"]
-        ready_ok = not not_ready
-        ready_reason = "AllReady" if ready_ok else not_ready[0]["reason"]
-        ready_message = "trainers and evaluators ready" if ready_ok else not_ready[0]["message"]
-    conditions += [*extra, _condition("Ready", ready_ok, ready_reason, ready_message, obs)]
-
-    if rejected:
-        phase = "Invalid"
-    elif failed:
-        phase = "Failed"
-    elif complete:
-        phase = "Succeeded"
-    elif restarting:
-        phase = RESTARTING
-    elif job is not None and train_ready >= obs.nodes:
-        phase = "Running"
-    else:
-        phase = "Pending"
+    if obs.restarts.get("total"):
+        extra.append(_restarting_condition(obs, gang.state))
+    if gang.state is TrainerState.RUNNING and obs.training:
+        extra.append(_data_condition(obs))
+    if gang.state is TrainerState.RUNNING and obs.stall_seconds:
+        extra.append(_progress(obs, trainers_ready["lastTransitionTime"])[0])
+    conditions += [*extra, ready]
+    eval_desired = 0 if after_training == "Stopped" else obs.replicas
+    eval_ready = _eval_ready(obs)
     return {
-        "phase": phase,
+        "phase": PHASES[gang.state],
         "observedGeneration": obs.generation,
         "conditions": conditions,
         "train": {
             "desired": obs.nodes,
-            "ready": train_ready,
-            "succeeded": int(job_status.get("succeeded") or 0),
-            "failed": int(job_status.get("failed") or 0),
-            "summary": f"{train_ready}/{obs.nodes}",
+            "ready": gang.ready,
+            "succeeded": int(gang.job_status.get("succeeded") or 0),
+            "failed": int(gang.job_status.get("failed") or 0),
+            "summary": f"{gang.ready}/{obs.nodes}",
             "attempt": obs.attempt,
         },
         "eval": {
@@ -292,10 +378,60 @@ def compute_status(observation: Observation) -> dict[str, Any]:
             "summary": f"{eval_ready}/{eval_desired}" + (f":{after_training.lower()}" if after_training else ""),
             "afterTraining": after_training,
         },
-        "restarts": restarts,
-        "replicas": int(sts_status.get("replicas") or 0),
-        "selector": selector,
+        "restarts": _restarts(obs),
+        "replicas": int((((obs.stateful_set or {}).get("status") or {}).get("replicas")) or 0),
+        "selector": builders.selector_string(obs.name, contract.PolicyRole.EVAL),
     }
+
+
+def _invalid_status(obs: Observation) -> dict[str, Any]:
+    """The status of a spec the operator's validation refused (`Observation.problems`)."""
+    message = "; ".join(obs.problems)
+    valid = _condition("Valid", False, "InvalidSpec", message, obs)
+    ready = _condition("Ready", False, "InvalidSpec", "the spec is invalid: " + message, obs)
+    return {
+        "phase": "Invalid",
+        "observedGeneration": obs.generation,
+        "conditions": [valid, ready],
+        "train": {"desired": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/0", "attempt": obs.attempt},
+        "eval": {"desired": 0, "ready": 0, "summary": "0/0", "afterTraining": ""},
+        "restarts": _restarts(obs),
+        "replicas": 0,
+        "selector": builders.selector_string(obs.name, contract.PolicyRole.EVAL),
+    }
+
+
+def _evaluators_condition(obs: Observation, gang: Trainers) -> tuple[dict[str, Any], str]:
+    """EvaluatorsReady, and status.eval.afterTraining (`Stopped`, `Serving`, or "" while training runs)."""
+    after_training = ""
+    if gang.state in ENDED:
+        after_training = "Stopped" if obs.after_training == "Stop" else "Serving"
+    if after_training == "Stopped":
+        return _condition("EvaluatorsReady", True, "Stopped",
+                          "training has ended: evaluators scaled to zero (spec.eval.afterTraining: Stop)", obs), \
+            after_training
+    if obs.stateful_set is None:
+        return _condition("EvaluatorsReady", False, "StatefulSetMissing",
+                          f"StatefulSet {contract.eval_name(obs.name)} does not exist", obs), after_training
+    eval_ready = _eval_ready(obs)
+    ok = eval_ready >= obs.replicas
+    reason, message = ("AllReady" if ok else "Waiting"), f"{eval_ready}/{obs.replicas} evaluator pods ready"
+    evaluators = _of_role(obs.pods, contract.PolicyRole.EVAL)
+    problem = pods.stuck_rollout(obs.stateful_set, evaluators, obs.now) or pods.diagnose(evaluators)
+    if not ok and problem is not None:
+        reason, message = problem.reason, f"{message}; {problem.message}"
+    return _condition("EvaluatorsReady", ok, reason, message, obs), after_training
+
+
+def _ready_condition(obs: Observation, conditions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Ready: Conflict while another owner controls a child, else the first of `conditions` not True."""
+    if obs.conflicts:
+        return _condition("Ready", False, "Conflict",
+                          "children controlled by another owner: " + "; ".join(obs.conflicts), obs)
+    not_ready = [c for c in conditions if c["status"] != "True"]
+    if not not_ready:
+        return _condition("Ready", True, "AllReady", "trainers and evaluators ready", obs)
+    return _condition("Ready", False, not_ready[0]["reason"], not_ready[0]["message"], obs)
 
 
 # -- Gang admission (Kueue) ------------------------------------------------------------------------------
@@ -360,17 +496,98 @@ def data_condition_stale(group: Mapping[str, Any]) -> bool:
     return (current.get("status") == "True") == waiting_for_data(training)
 
 
-def _data_condition(obs: Observation, eval_ready: int) -> dict[str, Any]:
+def _data_condition(obs: Observation) -> dict[str, Any]:
     if not obs.fleet_data:
         return _condition("DataFlowing", True, "TrainersCollect",
                           "the trainers collect their own data (spec.train.dataSource)", obs)
     if waiting_for_data(obs.training):
         return _condition("DataFlowing", False, WAITING_FOR_DATA,
                           f"the trainers have waited {obs.training['waitingForDataSeconds']:.0f} s for the evaluators' "
-                          f"batches and training is paused; {eval_ready}/{obs.replicas} evaluator pods ready", obs)
+                          f"batches and training is paused; {_eval_ready(obs)}/{obs.replicas} evaluator pods ready",
+                          obs)
     rate = obs.training.get("envStepsPerSecond")
     detail = f" ({rate:.0f} env steps/s)" if isinstance(rate, (int, float)) else ""
     return _condition("DataFlowing", True, "Flowing", f"the trainers learn from the evaluators' batches{detail}", obs)
+
+
+# -- Trainers up but not training ------------------------------------------------------------------------
+def _progress(obs: Observation, ready_since: str) -> tuple[dict[str, Any], float | None]:
+    """TrainingProgressing of a gang whose pods are all ready, and the seconds until it would turn False (None when
+    it is False already, or a time cannot be read).
+
+    Trainer rank 0 reports when its attempt starts (after the rendezvous and the resume) and then at least every
+    `launch.STATUS_REPORT_SECONDS` while its loop moves (`updatedAt`); a report of another attempt does not count.
+    """
+    report = obs.training if int(obs.training.get("attempt") or 0) == obs.attempt else {}
+    margin = launch.LIVENESS_MARGIN_SECONDS + launch.STATUS_REPORT_SECONDS
+    bound = f"bound {obs.stall_seconds:.0f} s: 3 x spec.weightSync.timeoutSeconds + {margin:.0f} s"
+    train = contract.train_name(obs.name)
+    if not report.get("updatedAt"):
+        waited = _seconds_between(ready_since, obs.now)
+        if waited is not None and waited > obs.stall_seconds:
+            return _condition(PROGRESSING, False, NOT_STARTED, (
+                f"the trainer pods have been ready for {waited:.0f} s ({bound}) and rank 0 of attempt {obs.attempt} "
+                f"has not started: the rendezvous has not formed (does {train}-0.{train} resolve?) or its start is "
+                f"stuck; see `kubectl logs job/{train}`"), obs), None
+        return _condition(PROGRESSING, True, "Starting",
+                          f"attempt {obs.attempt}: waiting for rank 0 to start ({bound})", obs), \
+            None if waited is None else obs.stall_seconds - waited
+    age = _seconds_between(report["updatedAt"], obs.now)
+    if age is not None and age > obs.stall_seconds:
+        return _condition(PROGRESSING, False, STALLED, (
+            f"no report from the trainers for {age:.0f} s ({bound}): the last, at {report['updatedAt']}, was "
+            f"iteration {report.get('iteration', 0)}; training does not move"), obs), None
+    return _condition(PROGRESSING, True, "Iterating", f"attempt {obs.attempt} reports its iterations ({bound})",
+                      obs), None if age is None else obs.stall_seconds - age
+
+
+def recheck_seconds(observation: Observation, computed: Mapping[str, Any]) -> float | None:
+    """When the status must be computed again although nothing may change meanwhile: TrainingProgressing turns
+    False with time alone.
+
+    Args:
+        observation (Observation): What `computed` was computed from.
+        computed (Mapping[str, Any]): `compute_status(observation)`.
+
+    Returns:
+        float | None: Seconds from `observation.now` (at least 1), or None when no condition waits on time.
+    """
+    current = {c["type"]: c for c in computed.get("conditions") or []}
+    if PROGRESSING not in current or current[PROGRESSING]["status"] != "True":
+        return None
+    due = _progress(observation, current["TrainersReady"]["lastTransitionTime"])[1]
+    return None if due is None else max(1.0, due + 1.0)
+
+
+def progress_condition_stale(group: Mapping[str, Any]) -> bool:
+    """Whether a PolicyGroup's TrainingProgressing lags status.training (a status refresh is due): it says Starting
+    while rank 0 of the current attempt has reported, or it is False while a report came after it turned False
+    (training moves again, or a new attempt's rank 0 started).
+
+    Args:
+        group (Mapping[str, Any]): The PolicyGroup as delivered by its watch.
+
+    Returns:
+        bool: True when a refresh would change the condition.
+    """
+    group_status = group.get("status") or {}
+    current = next((c for c in group_status.get("conditions") or [] if c.get("type") == PROGRESSING), None)
+    training = group_status.get("training") or {}
+    if current is None or not training.get("updatedAt"):
+        return False
+    if current.get("reason") == "Starting":
+        return int(training.get("attempt") or 0) == int((group_status.get("train") or {}).get("attempt") or 0)
+    later = _seconds_between(current.get("lastTransitionTime") or "", training["updatedAt"])
+    return current.get("status") == "False" and later is not None and later > 0
+
+
+def _seconds_between(start: str, end: str) -> float | None:
+    """Seconds from RFC 3339 time `start` to `end`; None when either cannot be read."""
+    try:
+        parsed = [datetime.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (start, end)]
+        return (parsed[1] - parsed[0]).total_seconds()
+    except (ValueError, TypeError):
+        return None
 
 
 def _restarts(obs: Observation) -> dict[str, Any]:
@@ -387,16 +604,19 @@ def _checkpoints_condition(obs: Observation) -> dict[str, Any]:
                       "spec.train.checkpoint.persistentVolumeClaim", obs)
 
 
-def _restarting_condition(
-    obs: Observation, restarts: Mapping[str, Any], restarting: bool, ended: bool
-) -> dict[str, Any]:
+def _restarting_condition(obs: Observation, state: TrainerState) -> dict[str, Any]:
+    restarts = _restarts(obs)
     counts = f"{restarts['total']} restarts ({restarts['failures']} failures, {restarts['disruptions']} disruptions)"
-    if restarting:
+    if state is TrainerState.RESTARTING:
         return _condition("TrainerRestarting", True, restarts["reason"] or RESTARTING,
                           f"attempt {obs.attempt} forming after {restarts['message']}; {counts}", obs)
-    reason = "TrainingEnded" if ended else "AttemptRunning"
+    reason = "TrainingEnded" if state in ENDED or state is TrainerState.FINISHING else "AttemptRunning"
     return _condition("TrainerRestarting", False, reason,
                       f"attempt {obs.attempt}; {counts}; the last after {restarts['message']}", obs)
+
+
+def _eval_ready(obs: Observation) -> int:
+    return int((((obs.stateful_set or {}).get("status") or {}).get("readyReplicas")) or 0)
 
 
 def _of_role(group_pods: Sequence[Mapping[str, Any]], role: contract.PolicyRole) -> list[Mapping[str, Any]]:

@@ -73,8 +73,14 @@ class EvalStatus(StrictModel):
 class TrainingStatus(StrictModel):
     """Progress reported by trainer rank 0."""
 
-    iteration: int = Field(default=0, ge=0, description="Training iterations done.")
-    env_steps: int = Field(default=0, ge=0, description="Environment steps done, summed over ranks.")
+    attempt: int = Field(default=0, ge=0, description="The trainer gang's attempt that wrote this report.")
+    iteration: int = Field(default=0, ge=0, description="Training iterations done in the run, over every attempt.")
+    env_steps: int = Field(
+        default=0, ge=0, description="Environment steps trained on in the run, summed over ranks and attempts."
+    )
+    attempt_env_steps: int | None = Field(
+        default=None, ge=0, description="Environment steps trained on by this attempt alone, summed over ranks."
+    )
     weight_version: int = Field(default=0, ge=0, description="Newest weight version published to evaluators.")
     train_return: float | None = Field(default=None, description="Mean return of recent training episodes.")
     eval_return: float | None = Field(default=None, description="Mean return reported by the evaluators.")

@@ -15,6 +15,14 @@ class _Metrics:
     def __init__(self, port: int) -> None:
         self.registry = CollectorRegistry()
         self._create()
+        self.serve(port)
+
+    def serve(self, port: int) -> None:
+        """Serve /metrics on `port` from now on (0: nothing).
+
+        Args:
+            port (int): The port.
+        """
         if port:
             start_http_server(port, registry=self.registry)
 
@@ -36,8 +44,10 @@ class TrainerMetrics(_Metrics):
     """
 
     def _create(self) -> None:
-        self.iteration = self._gauge("rlightning_train_iteration", "Training iterations done.")
-        self.env_steps = self._gauge("rlightning_train_env_steps", "Environment steps summed over ranks.")
+        self.iteration = self._gauge("rlightning_train_iteration", "Training iterations done in the run.")
+        self.env_steps = self._gauge(
+            "rlightning_train_env_steps", "Environment steps of the run, over ranks and attempts."
+        )
         self.train_return = self._gauge("rlightning_train_return", "Mean return of recent training episodes.")
         self.eval_return = self._gauge("rlightning_eval_return", "Mean return reported by the evaluators.")
         self.weight_version = self._gauge("rlightning_weight_version", "Newest published weight version.")

@@ -3,12 +3,18 @@
 One row per training iteration goes to metrics.jsonl and to the Prometheus gauges, and (in a cluster,
 rate-limited) to the PolicyGroup's status.training; publishes add to the sync totals and counters; the end
 writes summary.json and a last, forced status patch.
+
+What is exported never goes back at a gang restart: `Recorder.begin` exports the resumed weight version at once (not
+0 until the first publish) and carries the run's iterations and env steps over from what the previous attempt
+reported in status.training (`Carried`), so the gauges and status.training count the whole run; metrics.jsonl and
+summary.json keep the policy's own counters (those of its checkpoints).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -49,6 +55,43 @@ class DataFigures:
     update_seconds: float
 
 
+@dataclass(frozen=True)
+class Carried:
+    """The run's progress before this attempt that this attempt's counters do not hold, added to what is exported.
+
+    Attributes:
+        iterations (int): Iterations of earlier attempts beyond this one's start (all of them without a checkpoint;
+            those after the checkpoint it resumed from with one).
+        env_steps (int): Their env steps, summed over ranks.
+    """
+
+    iterations: int = 0
+    env_steps: int = 0
+
+    @classmethod
+    def from_report(cls, previous: Mapping[str, Any], attempt: int, iteration: int, env_steps: int) -> Carried:
+        """What to carry over from status.training as read at the start of attempt `attempt`.
+
+        Args:
+            previous (Mapping[str, Any]): status.training (camelCase keys), {} when none; only a report of an earlier
+                attempt counts.
+            attempt (int): This attempt.
+            iteration (int): The policy's iteration at the start (the checkpoint's, or 0).
+            env_steps (int): Its env steps at the start.
+
+        Returns:
+            Carried: The difference, never negative.
+
+        Examples:
+            >>> Carried.from_report({"attempt": 0, "iteration": 47, "envSteps": 58880}, 1, 0, 0)
+            Carried(iterations=47, env_steps=58880)
+        """
+        if not previous or int(previous.get("attempt") or 0) >= attempt:
+            return cls()
+        return cls(max(0, int(previous.get("iteration") or 0) - iteration),
+                   max(0, int(previous.get("envSteps") or 0) - env_steps))
+
+
 class Recorder:
     """Writes the run's records (trainer rank 0 only).
 
@@ -64,18 +107,43 @@ class Recorder:
         self.name = settings.group_name
         self.run_dir = run_dir
         self.sync = SyncTotals()
-        self.metrics = TrainerMetrics(settings.metrics_port)
+        # Served from `begin` on: a scrape before it would read a resumed attempt's weight version as 0.
+        self.metrics = TrainerMetrics(0)
+        self._metrics_port = settings.metrics_port
         self.status = (
             StatusReporter(settings.group_name, settings.namespace)
             if settings.report_status and settings.namespace
             else None
         )
+        self.attempt = settings.attempt
+        self.carried = Carried()
         self.started = time.monotonic()
+        self._start_env_steps = 0
         self._lags: list[float] = []
         self._lag_max: int | None = None
         self._dropped = 0
         self._last_waiting_log = 0.0
         self._last_row: dict[str, Any] | None = None
+
+    def begin(self, iteration: int, env_steps: int, weight_version: int) -> None:
+        """The attempt starts, resumed: carry the run's progress over from the previous attempt's report, export the
+        start (status.training forced: the operator sees this attempt's rank 0 up), then serve /metrics.
+
+        Args:
+            iteration (int): The policy's iteration after the resume.
+            env_steps (int): Its env steps.
+            weight_version (int): The weight version it holds (the checkpoint's, or the fleet's).
+        """
+        previous = self.status.previous() if self.status is not None else {}
+        self.carried = Carried.from_report(previous, self.attempt, iteration, env_steps)
+        self._start_env_steps = env_steps
+        if self.carried != Carried():
+            log.info("attempt %d continues the run's counts: %d iterations and %d env steps of earlier attempts",
+                     self.attempt, self.carried.iterations, self.carried.env_steps)
+        self._last_row = {"time": _now(), "iteration": iteration, "env_steps": env_steps,
+                          "weight_version": weight_version}
+        self._export(self._last_row, force=True)
+        self.metrics.serve(self._metrics_port)
 
     def publish(self, stats: weights.SyncStats) -> None:
         """Count one publish: a failure when a group failed; bytes and seconds when any evaluator applied it."""
@@ -120,7 +188,7 @@ class Recorder:
             dict[str, Any]: The row.
         """
         row = {
-            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "time": _now(),
             "elapsed_seconds": round(time.monotonic() - self.started, 3),
             "iteration": iteration,
             "env_steps": env_steps,
@@ -165,7 +233,8 @@ class Recorder:
             **fields,
         )
         write_json_atomic(self.run_dir.summary_path, summary.to_dict())
-        self._export({**last_row, "weight_version": summary.weight_version, "consistent": summary.consistent}, True)
+        final = {**(self._last_row or {}), **last_row}  # `last_row` is {} when no iteration ran
+        self._export({**final, "weight_version": summary.weight_version, "consistent": summary.consistent}, True)
         log.info("summary: %s", summary.to_dict())
         return summary
 
@@ -182,8 +251,9 @@ class Recorder:
 
     def _export(self, row: dict[str, Any], force: bool) -> None:
         m = self.metrics
-        m.iteration.set(row["iteration"])
-        m.env_steps.set(row["env_steps"])
+        iteration, env_steps = row["iteration"] + self.carried.iterations, row["env_steps"] + self.carried.env_steps
+        m.iteration.set(iteration)
+        m.env_steps.set(env_steps)
         m.weight_version.set(row["weight_version"])
         for gauge, key in ((m.train_return, "train_return"), (m.eval_return, "eval_return")):
             if row.get(key) is not None:
@@ -203,8 +273,10 @@ class Recorder:
         if self.status is not None:
             self.status.report(
                 TrainingStatus(
-                    iteration=row["iteration"],
-                    env_steps=row["env_steps"],
+                    attempt=self.attempt,
+                    iteration=iteration,
+                    env_steps=env_steps,
+                    attempt_env_steps=row["env_steps"] - self._start_env_steps,
                     weight_version=row["weight_version"],
                     train_return=row.get("train_return"),
                     eval_return=row.get("eval_return"),
@@ -216,10 +288,14 @@ class Recorder:
                     policy_lag_max=row.get("policy_lag_max"),
                     dropped_batches=row.get("dropped_batches", 0),
                     waiting_for_data_seconds=row.get("waiting_for_data_seconds"),
-                    updated_at=row["time"],
+                    updated_at=_now(),  # the report's own time: a report while waiting for data is fresh
                 ),
                 force=force,
             )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _rounded(value: float | None) -> float | None:

@@ -11,12 +11,12 @@ import logging
 import time
 from typing import Any
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning.config import TrainingStatus
 
 log = logging.getLogger(__name__)
 
-MIN_INTERVAL_SECONDS = 5.0
+MIN_INTERVAL_SECONDS = launch.STATUS_REPORT_SECONDS
 """Least time between two status patches, so a fast training loop does not load the API server."""
 
 
@@ -46,6 +46,21 @@ class StatusReporter:
             config.load_incluster_config()
             self._api = client.CustomObjectsApi()
         return self._api
+
+    def previous(self) -> dict[str, Any]:
+        """status.training as it is now: what the gang's previous attempt reported last, read at the start.
+
+        Returns:
+            dict[str, Any]: status.training (camelCase keys); {} when there is none or the read failed (logged).
+        """
+        try:
+            group = self._client().get_namespaced_custom_object_status(
+                contract.API_GROUP, contract.API_VERSION, self.namespace, contract.PLURAL, self.name
+            )
+        except Exception as error:  # noqa: BLE001 - any API or config error must not stop training
+            log.warning("could not read status.training of %s/%s: %s", self.namespace, self.name, error)
+            return {}
+        return dict(((group or {}).get("status") or {}).get("training") or {})
 
     def report(self, status: TrainingStatus, force: bool = False) -> bool:
         """Patch status.training unless the last patch is younger than `min_interval`.

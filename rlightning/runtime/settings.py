@@ -78,6 +78,7 @@ class ProcessSettings:
             (`ENV_TRAJECTORY_ENDPOINTS`, evaluators only); empty when unset.
         fleet_data (bool): Whether the evaluators produce the training data (`ENV_FLEET_DATA` = `1`).
         health_file (Path | None): The file of the pod's probe (`ENV_HEALTH_FILE`); None outside pods.
+        attempt (int): The trainer gang's attempt (`ENV_TRAIN_ATTEMPT`); 0 outside the operator's pods.
     """
 
     group_name: str
@@ -93,6 +94,7 @@ class ProcessSettings:
     trajectory_endpoints: tuple[str, ...] = ()
     fleet_data: bool = False
     health_file: Path | None = None
+    attempt: int = 0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -139,6 +141,7 @@ class ProcessSettings:
             trajectory_endpoints=endpoints,
             fleet_data=environ.get(contract.ENV_FLEET_DATA, "") == "1",
             health_file=Path(environ[contract.ENV_HEALTH_FILE]) if environ.get(contract.ENV_HEALTH_FILE) else None,
+            attempt=_int(environ, contract.ENV_TRAIN_ATTEMPT, 0),
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:

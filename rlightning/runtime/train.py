@@ -97,8 +97,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     # Rank 0 picks and loads the checkpoint and broadcasts its training state: the ranks stay identical.
     resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume)
     if rank == 0:  # the operator's gang attempt (0 locally): a restarted gang says where it resumed from
-        log.info("attempt %s of the trainer gang: %s, weight version %d",
-                 os.environ.get(contract.ENV_TRAIN_ATTEMPT, "0"), f"resumed from {resumed_from}" if resumed_from
+        log.info("attempt %d of the trainer gang: %s, weight version %d",
+                 settings.attempt, f"resumed from {resumed_from}" if resumed_from
                  else "no checkpoint to resume from", policy.weight_version)
     source: _datasets.OwnExperience | _datasets.FleetExperience
     if settings.fleet_data:
@@ -129,6 +129,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         _resume.restart_from_fleet(policy, None if fleet is None else lambda: pull_from_fleet(fleet, source, policy))
         if fleet is not None:  # it holds the fleet's version now, not its own 0: publish above it without a warning
             sender.continue_from(policy.weight_version)
+    if recorder is not None:  # before the first publish: the resumed version and the run's counts, not zeros
+        recorder.begin(policy.iteration, policy.env_steps, policy.weight_version)
     if fleet is not None and recorder is not None and settings.fleet_data:
         # the evaluators need weights before they can produce the first data
         recorder.publish(fleet.publish(policy.iteration))

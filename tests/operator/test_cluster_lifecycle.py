@@ -68,7 +68,8 @@ def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, nam
     assert status["selector"] == "rlightning.io/policy-group=cartpole,rlightning.io/role=eval"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Valid": "True", "TrainersReady": "True", "EvaluatorsReady": "True", "CheckpointsPersistent": "False",
-        "Ready": "True"}
+        "TrainingProgressing": "True", "Ready": "True"}
+    assert condition(group, "TrainingProgressing")["reason"] == "Starting"  # kwok runs no trainer that reports
     assert "kopf" not in status, "kopf's bookkeeping lives in annotations"
 
     table = crd.kubectl("get", "pg", "-n", namespace).stdout.splitlines()

@@ -125,3 +125,37 @@ def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_ref
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     # first sight: a reconcile; readyReplicas moved: a status refresh; deleted: a reconcile
     assert reconciler.calls == ["a", ("status", "a"), "a"]
+
+
+class RecheckingReconciler(FakeReconciler):
+    """Its status passes ask for a recheck (a condition that turns with time) `rechecks` times."""
+
+    def __init__(self, rechecks):
+        super().__init__()
+        self.rechecks = rechecks
+
+    def refresh_status(self, body):
+        with self.lock:
+            self.calls.append(("status", body["metadata"]["name"]))
+            again = 0.02 if self.rechecks else None
+            self.rechecks = max(0, self.rechecks - 1)
+        return Outcome(actions=[], status={}, status_written=False, recheck_seconds=again)
+
+
+def test_a_pass_that_waits_on_time_is_rechecked_without_an_event():
+    reconciler = RecheckingReconciler(rechecks=2)
+
+    async def scenario():
+        refresher = Refresher(reconciler, delay=0.01)
+        await asyncio.to_thread(refresher.recheck, "ns", "a", 0.02)  # from a handler's thread
+        refresher.recheck("ns", "a", 0.02)  # replaces the one before: still one pass
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while len(reconciler.calls) < 3:  # the first pass, then the two rechecks it asked for
+            assert loop.time() < deadline, reconciler.calls
+            await asyncio.sleep(0.01)
+        await _settled()
+        await refresher.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert reconciler.calls == [("status", "a")] * 3

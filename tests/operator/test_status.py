@@ -6,7 +6,7 @@ import pytest
 
 from rlightning import contract
 from rlightning_operator import Observation, compute_status
-from rlightning_operator._status import data_condition_stale, differs
+from rlightning_operator._status import data_condition_stale, differs, progress_condition_stale, recheck_seconds
 
 SELECTOR = "rlightning.io/policy-group=g,rlightning.io/role=eval"
 
@@ -178,3 +178,112 @@ def test_a_running_group_gets_the_condition_on_the_refresh_after_the_trainers_fi
     assert data_condition_stale({"status": {**running, "training": {"waitingForDataSeconds": None}}})
     assert not data_condition_stale({"status": {**running, "phase": "Pending"}})
     assert not data_condition_stale({"metadata": {"name": "g"}})  # a strange object: no status at all
+
+
+def trainer_pod(attempt, phase="Running", deleting=False):
+    metadata = {"labels": {contract.LABEL_ROLE: "train", contract.LABEL_ATTEMPT: str(attempt)}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-01T10:00:05Z"
+    return {"metadata": metadata, "status": {"phase": phase}}
+
+
+# The seconds around the end of a run and around a restart: (name, observation kwargs, phase, conditions).
+ENDING = [
+    ("one pod finished, the Job not yet Complete", dict(job=job(ready=1, succeeded=1, attempt=1), attempt=1,
+                                                        restarts=RESTARTED),
+     "Running", {"TrainersReady": ("True", "Finishing"), "TrainerRestarting": ("False", "TrainingEnded"),
+                 "Ready": ("True", "AllReady")}),
+    ("pods Succeeded before the Job counts them", dict(job=job(ready=0, attempt=1), attempt=1, restarts=RESTARTED,
+                                                       pods=[trainer_pod(1, "Succeeded"), trainer_pod(1)]),
+     "Running", {"TrainersReady": ("True", "Finishing"), "TrainerRestarting": ("False", "TrainingEnded")}),
+    ("every pod finished, the Job not yet Complete", dict(job=job(succeeded=2, attempt=1), attempt=1,
+                                                          restarts=RESTARTED),
+     "Running", {"TrainersReady": ("True", "Finishing"), "TrainerRestarting": ("False", "TrainingEnded")}),
+    ("the Job Complete", dict(job=job(succeeded=2, conditions=["Complete"], attempt=1), attempt=1,
+                              restarts=RESTARTED),
+     "Succeeded", {"TrainersReady": ("True", "Completed"), "TrainerRestarting": ("False", "TrainingEnded")}),
+    ("a first attempt finishing", dict(job=job(ready=1, succeeded=1)), "Running",
+     {"TrainersReady": ("True", "Finishing"), "Ready": ("True", "AllReady")}),
+    ("a real restart: the new attempt's pods start", dict(job=job(ready=1, attempt=1), attempt=1, restarts=RESTARTED,
+                                                          pods=[trainer_pod(1), trainer_pod(1, "Pending")]),
+     "Restarting", {"TrainersReady": ("False", "Restarting"), "TrainerRestarting": ("True", "PodDeleted")}),
+    ("the old attempt's pods terminating",
+     dict(job=job(ready=0, succeeded=1, attempt=0), attempt=1, restarts=RESTARTED,
+          pods=[trainer_pod(0, "Succeeded", deleting=True), trainer_pod(0, deleting=True)]),
+     "Restarting", {"TrainersReady": ("False", "Restarting"), "TrainerRestarting": ("True", "PodDeleted")}),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "phase", "expected"), ENDING, ids=[c[0] for c in ENDING])
+def test_no_restarting_at_the_end_of_a_good_run(name, kwargs, phase, expected):
+    status = compute_status(Observation("g", 1, nodes=2, replicas=3, stateful_set=sts(3, 3), now="T", **kwargs))
+    assert status["phase"] == phase
+    got = conditions(status)
+    assert {type_: got.get(type_) for type_ in expected} == expected
+    if "TrainerRestarting" not in expected:
+        assert "TrainerRestarting" not in got, "no restart, no condition"
+
+
+def at(seconds):
+    """RFC 3339 time `seconds` after 10:00:00 (as the operator writes it, or the trainer's isoformat)."""
+    return f"2026-12-02T10:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+
+READY_SINCE_0 = [{"type": "TrainersReady", "status": "True", "reason": "AllReady", "lastTransitionTime": at(0)}]
+STALLED_AT_250 = [*READY_SINCE_0, {"type": "TrainingProgressing", "status": "False", "reason": "Stalled",
+                                   "lastTransitionTime": at(250)}]
+
+
+def report(attempt, seconds, iteration=12):
+    return {"attempt": attempt, "iteration": iteration, "updatedAt": at(seconds).replace("Z", "+00:00")}
+
+
+# (name, previous conditions, training, now (s), expected (status, reason), recheck in s, message holds)
+PROGRESS = [
+    ("pods ready now, rank 0 not reported yet", [], {}, 0, ("True", "Starting"), 246.0, "245 s"),
+    ("ready 100 s, not reported yet", READY_SINCE_0, {}, 100, ("True", "Starting"), 146.0, "attempt 1"),
+    ("ready 300 s, never reported: no rendezvous", READY_SINCE_0, {}, 300, ("False", "NotStarted"), None,
+     "ready for 300 s"),
+    ("only the previous attempt reported", READY_SINCE_0, report(0, 10), 300, ("False", "NotStarted"), None,
+     "g-train-0.g-train resolve"),
+    ("rank 0 started, its first report", READY_SINCE_0, report(1, 280, iteration=0), 300, ("True", "Iterating"),
+     226.0, "attempt 1"),
+    ("iterating", READY_SINCE_0, report(1, 290), 300, ("True", "Iterating"), 236.0, "reports its iterations"),
+    ("no report for 250 s: stalled", READY_SINCE_0, report(1, 50), 300, ("False", "Stalled"), None,
+     "for 250 s"),
+    ("a report after the stall: cleared", STALLED_AT_250, report(1, 298), 300, ("True", "Iterating"), 244.0,
+     "reports its iterations"),
+]
+
+
+@pytest.mark.parametrize(("name", "previous", "training", "now", "expected", "recheck", "holds"), PROGRESS,
+                         ids=[c[0] for c in PROGRESS])
+def test_trainers_up_but_not_training(name, previous, training, now, expected, recheck, holds):
+    observed = Observation("g", 1, nodes=2, replicas=3, job=job(ready=2, attempt=1), stateful_set=sts(3, 3),
+                           attempt=1, restarts=RESTARTED, previous=previous, now=at(now), training=training,
+                           stall_seconds=245.0)
+    status = compute_status(observed)
+    progressing = next(c for c in status["conditions"] if c["type"] == "TrainingProgressing")
+    assert (progressing["status"], progressing["reason"]) == expected
+    assert holds in progressing["message"]
+    assert status["phase"] == "Running" and conditions(status)["Ready"] == ("True", "AllReady"), "not part of Ready"
+    assert recheck_seconds(observed, status) == recheck
+    group = {"status": {**status, "training": training}}
+    assert not progress_condition_stale(group), "the condition just computed agrees with the report"
+    if expected != ("True", "Iterating"):  # rank 0 reports: the next refresh says Iterating
+        later = {"status": {**status, "training": report(1, now + 3)}}
+        assert progress_condition_stale(later)
+
+
+def test_progress_only_while_every_trainer_is_up():
+    for kwargs in (dict(job=job(ready=1)), dict(job=job(ready=1, succeeded=1)),
+                   dict(job=job(succeeded=2, conditions=["Complete"]))):
+        status = compute_status(Observation("g", 1, nodes=2, replicas=3, stateful_set=sts(3, 3), now=at(300),
+                                            previous=READY_SINCE_0, stall_seconds=245.0, **kwargs))
+        assert "TrainingProgressing" not in conditions(status)
+
+
+def test_every_trainer_state_has_a_phase_and_a_trainers_ready():
+    from rlightning_operator._status import PHASES, TRAINERS_READY, TrainerState
+
+    assert set(PHASES) == set(TRAINERS_READY) == set(TrainerState)

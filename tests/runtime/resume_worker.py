@@ -1,7 +1,8 @@
 """One trainer rank of `test_resume.py`: init_train (DDP), then `_resume.resume` from this rank's own run dir.
 
 Usage: python resume_worker.py PORT RANK WORLD_SIZE RUN_DIR OUT_JSON (the store is hosted by the test process).
-Writes the rank's state after the resume as JSON: weight digest, optimizer-state sum, counters, version.
+Writes the rank's state after the resume as JSON: weight digest, optimizer-state sum, counters, version, and what
+a trainer's records export at the start of the attempt, before any publish (`Recorder.begin`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch.distributed as dist
 
 from rlightning.config import EnvConfig, PolicyConfig, TrainConfig
 from rlightning.policy import EnvMeta, PPOPolicy
-from rlightning.runtime import _resume
+from rlightning.runtime import _records, _resume
 from rlightning.runtime.rundir import RunDir
+from rlightning.runtime.settings import ProcessSettings
 
 ENV = EnvConfig(id="CartPole-v1", num_envs=2)
 CONFIG = PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [16]})
@@ -43,6 +45,13 @@ def main() -> None:
     policy = PPOPolicy(CONFIG, "train")
     policy.init_train(EnvMeta.from_env_config(ENV), TrainConfig(), seed=100 + rank)
     resumed = _resume.resume(policy, RunDir(run_dir), enabled=True)
+    settings = ProcessSettings(group_name="g", namespace=None, spec_path=run_dir / "spec.yaml", run_dir=run_dir,
+                               master_addr="127.0.0.1", weight_sync_port=0, metrics_port=0, report_status=False,
+                               attempt=1)
+    recorder = _records.Recorder(settings, RunDir(run_dir))
+    recorder.begin(policy.iteration, policy.env_steps, policy.weight_version)
+    exported = {name: recorder.metrics.registry.get_sample_value(name)
+                for name in ("rlightning_weight_version", "rlightning_train_iteration", "rlightning_train_env_steps")}
     result = {
         "resumed_from": resumed,
         "digest": _resume.state_digest(policy),
@@ -50,6 +59,7 @@ def main() -> None:
         "iteration": policy.iteration,
         "env_steps": policy.env_steps,
         "weight_version": policy.weight_version,
+        "exported": exported,
     }
     Path(out).write_text(json.dumps(result))
     policy.close()  # releases DDP's hold on the group, as the trainer does

@@ -50,3 +50,6 @@ def test_every_rank_resumes_rank_0s_checkpoint(tmp_path: Path) -> None:
         assert result["digest"] == digest  # bit for bit the checkpoint's weights, on every rank
         assert result["optimizer_sum"] == pytest.approx(optimizer_sum, rel=1e-12)
         assert (result["iteration"], result["env_steps"], result["weight_version"]) == (7, 1234, 5)
+        # before its first publish the resumed trainer exports the checkpoint's version and counts, never 0
+        assert result["exported"] == {"rlightning_weight_version": 5.0, "rlightning_train_iteration": 7.0,
+                                      "rlightning_train_env_steps": 1234.0}

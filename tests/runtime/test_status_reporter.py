@@ -30,8 +30,8 @@ def test_patches_status_training_in_camel_case_rate_limited() -> None:
     assert args[:5] == (contract.API_GROUP, contract.API_VERSION, "team-a", contract.PLURAL, "cartpole")
     assert args[5] == {
         "status": {
-            "training": {"iteration": 3, "envSteps": 6144, "weightVersion": 3, "evalReturn": 21.5, "consistent": True,
-                         "droppedBatches": 0, "waitingForDataSeconds": None}
+            "training": {"attempt": 0, "iteration": 3, "envSteps": 6144, "weightVersion": 3, "evalReturn": 21.5,
+                         "consistent": True, "droppedBatches": 0, "waitingForDataSeconds": None}
         }
     }  # fmt: skip
     assert kwargs["_content_type"] == "application/merge-patch+json"
