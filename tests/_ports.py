@@ -27,9 +27,9 @@ TRAJECTORIES            27800-27819  tests/trajectories/ (one or two per test, n
 BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
 (devcluster)            28700-28899  devcluster/_ports.py: 20 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
 (defaults)              29500 29600  rlightning.contract torchrun, weight sync, trajectory intakes (29700,
-                        29700 29701  29701): ``examples/cartpole.yaml``
-                        9400         as run unchanged by tests/cli/test_examples.py; 8080, 9090: the
-                        8080 9090    operator's health and metrics defaults
+                        29700 29701  29701): ``examples/cartpole.yaml`` as run unchanged by
+                        9400         tests/cli/test_examples.py (one xdist group, so one at a time);
+                        8080 9090    8080, 9090: the operator's health and metrics defaults
 ======================  ===========  ==================================================================
 
 Ports bound with 0 (an OS-chosen port, e.g. the TCPStores of tests/policy and tests/runtime/test_resume.py)

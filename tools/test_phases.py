@@ -3,10 +3,11 @@
 1. The control plane and the add-ons start compiling in the background (``nice -n 19``, log in
    ``build/make-test/go-build.log``); on a warm cache this returns at once.
 2. ``make install`` (pip), then ``make lint``.
-3. ``pytest -m "not cluster"`` in parallel (pytest-xdist) while the compiler takes what CPU the tests leave.
-4. Once the control plane is built (``python -m devcluster build`` waits on the build lock): the cluster tests in
-   parallel, each worker on its own devcluster slot. When the add-ons are still compiling, the autoscaling tests
-   wait for them in a phase of their own.
+3. Warm caches (the builds already ended): the whole suite in one parallel session (pytest-xdist, each worker on
+   its own devcluster slot; the real node's tests and the autoscalers' are one group each, started first since
+   they are the largest). Cold caches: ``pytest -m "not cluster"`` in parallel while the compiler takes what CPU
+   the tests leave; once the control plane is built (``python -m devcluster build`` waits on the build lock) the
+   cluster tests; when the add-ons were still compiling, the autoscaling tests after them.
 
 At the end it prints where the time went: each phase's wall time, the Go build's, and per tier (unit, slow,
 cluster, autoscaling, realpods) the summed test durations from each phase's JUnit XML, then one closing line
@@ -64,11 +65,28 @@ def _run(name: str, command: list[str], phases: list[Phase], junit: pathlib.Path
     return ok
 
 
-def _pytest(python: str, name: str, marker: str, workers: int, phases: list[Phase]) -> bool:
-    junit = LOG_DIR / f"{name}.xml"
+def _pytest(python: str, name: str, marker: str | None, workers: int, phases: list[Phase]) -> bool:
+    junit = LOG_DIR / f"{name.replace(' ', '-')}.xml"
     junit.unlink(missing_ok=True)
-    command = [python, "-m", "pytest", "-m", marker, "-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit}"]
+    selection = ["-m", marker] if marker else []
+    command = [python, "-m", "pytest", *selection, "-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit}"]
     return _run(name, command, phases, junit)
+
+
+def _cold_phases(python: str, builder: subprocess.Popen, workers: int, phases: list[Phase]) -> None:
+    """While the Go builds run: the tests without a cluster, then (control plane built) the cluster tests, then
+    (add-ons built) the autoscaling tests.
+    """
+    _pytest(python, "tests without a cluster", "not cluster", workers, phases)
+    addons_ready = builder.poll() == 0
+    if not _run("control-plane build (wait)", [python, "-m", "devcluster", "build"], phases):
+        return
+    if addons_ready:
+        _pytest(python, "cluster tests", "cluster", workers, phases)
+        return
+    _pytest(python, "cluster tests", "cluster and not autoscaling", workers, phases)
+    if builder.wait() == 0:
+        _pytest(python, "autoscaling tests", "autoscaling", workers, phases)
 
 
 def _tally(phases: list[Phase]) -> tuple[dict[str, list[float]], dict[str, int]]:
@@ -146,20 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and _run("lint", [args.make, "--no-print-directory", "lint"], phases)
         if not ok:
             return _report(phases, None, time.monotonic() - start)
-        _pytest(python, "tests without a cluster", "not cluster", args.workers, phases)
-        addons_ready = builder.poll() == 0
-        if _run("control-plane build (wait)", [python, "-m", "devcluster", "build"], phases):
-            if addons_ready:
-                _pytest(python, "cluster tests", "cluster", args.workers, phases)
-            else:
-                _pytest(python, "cluster tests", "cluster and not autoscaling", args.workers, phases)
+        if builder.poll() == 0:
+            # Warm caches: one parallel session, so the real node's and the autoscalers' groups start at once.
+            _pytest(python, "suite", None, args.workers, phases)
+        else:
+            _cold_phases(python, builder, args.workers, phases)
         waiter.join()
         build = Phase("go builds", build_end[0] - start, builder.returncode == 0)
         if not build.ok:
             print(f"\nthe Go builds failed (exit {builder.returncode}); the tail of {build_log}:")
             print("\n".join(build_log.read_text().splitlines()[-30:]))
-        elif not addons_ready:
-            _pytest(python, "autoscaling tests", "autoscaling", args.workers, phases)
     finally:
         if builder.poll() is None:
             builder.terminate()

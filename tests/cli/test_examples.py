@@ -43,8 +43,13 @@ def run_example(name: str, tmp_path: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+DEFAULT_PORTS = pytest.mark.xdist_group("example_default_ports")
+"""The examples run as they are, on the default ports: one at a time, on one xdist worker."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@DEFAULT_PORTS
 def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
     """examples/cartpole.yaml: its evaluators produce the data and it reaches 475, measured on the final weights."""
     summary = run_example("cartpole.yaml", tmp_path)
@@ -61,6 +66,7 @@ def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@DEFAULT_PORTS
 def test_pendulum_example_runs_to_its_target(tmp_path: Path) -> None:
     """examples/pendulum.yaml: SAC learns from the evaluator's data and reaches -250."""
     summary = run_example("pendulum.yaml", tmp_path)
