@@ -10,13 +10,15 @@ class _Metrics:
 
     Args:
         port (int): Port of the /metrics endpoint; 0 creates the metrics without serving them.
+        bind_host (str | None, optional): The address the endpoint binds (`ProcessSettings.bind_host`); None: all
+            interfaces. Defaults to None.
     """
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, bind_host: str | None = None) -> None:
         self.registry = CollectorRegistry()
         self._create()
         if port:
-            start_http_server(port, registry=self.registry)
+            start_http_server(port, addr=bind_host or "0.0.0.0", registry=self.registry)
 
     def _create(self) -> None:
         raise NotImplementedError
@@ -33,6 +35,7 @@ class TrainerMetrics(_Metrics):
 
     Args:
         port (int): Port of the /metrics endpoint; 0 creates the metrics without serving them.
+        bind_host (str | None, optional): The address the endpoint binds; None: all interfaces. Defaults to None.
     """
 
     def _create(self) -> None:
@@ -68,6 +71,7 @@ class EvaluatorMetrics(_Metrics):
 
     Args:
         port (int): Port of the /metrics endpoint; 0 creates the metrics without serving them.
+        bind_host (str | None, optional): The address the endpoint binds; None: all interfaces. Defaults to None.
     """
 
     def _create(self) -> None:

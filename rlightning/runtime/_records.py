@@ -64,7 +64,7 @@ class Recorder:
         self.name = settings.group_name
         self.run_dir = run_dir
         self.sync = SyncTotals()
-        self.metrics = TrainerMetrics(settings.metrics_port)
+        self.metrics = TrainerMetrics(settings.metrics_port, settings.bind_host)
         self.status = (
             StatusReporter(settings.group_name, settings.namespace)
             if settings.report_status and settings.namespace

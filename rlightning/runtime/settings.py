@@ -78,6 +78,8 @@ class ProcessSettings:
             (`ENV_TRAJECTORY_ENDPOINTS`, evaluators only); empty when unset.
         fleet_data (bool): Whether the evaluators produce the training data (`ENV_FLEET_DATA` = `1`).
         health_file (Path | None): The file of the pod's probe (`ENV_HEALTH_FILE`); None outside pods.
+        bind_host (str | None): The address the process's listening ports bind (`ENV_BIND_HOST`): 127.0.0.1 in
+            a local run; None (unset, pods): all interfaces.
     """
 
     group_name: str
@@ -93,6 +95,7 @@ class ProcessSettings:
     trajectory_endpoints: tuple[str, ...] = ()
     fleet_data: bool = False
     health_file: Path | None = None
+    bind_host: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -139,6 +142,7 @@ class ProcessSettings:
             trajectory_endpoints=endpoints,
             fleet_data=environ.get(contract.ENV_FLEET_DATA, "") == "1",
             health_file=Path(environ[contract.ENV_HEALTH_FILE]) if environ.get(contract.ENV_HEALTH_FILE) else None,
+            bind_host=environ.get(contract.ENV_BIND_HOST) or None,
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:
