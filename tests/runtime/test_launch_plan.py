@@ -47,7 +47,7 @@ LOCAL_TORCHRUN = ("-m", "rlightning.runtime.torchrun")  # torchrun whose rendezv
 TRAIN_TAIL = ("--max-restarts=0", "--monitor-interval=0.5", "-m", "rlightning.runtime.train")
 
 # (spec edits, site fields, role, ordinal, argv, env entries, env_from_pod)
-PLAN_CASES = {
+PLAN_CASES: dict[str, tuple] = {
     "local trainer: every rank on one node, told the fleet size": (
         {"train": {"nodes": 2, "procsPerNode": 3}}, {}, "train", None,
         ("py", *LOCAL_TORCHRUN, "--nnodes=1", "--nproc-per-node=6", "--master-addr=127.0.0.1", "--master-port=29500",
