@@ -2,8 +2,9 @@
 
 `SpecModel`, the base of everything a user writes (a PolicyGroup's metadata and spec), is also strict about
 types, as the API server is about the CRD's schema: an integer field takes only an integer (not `"4"`, not
-`true`), a string field only a string, a boolean field only a boolean, a number field an integer or a float
-(the CRD's `type: number` takes both), and no float is infinite or NaN (JSON has no such number). A null
+`true`, not `2.5`; `2.0` is 2, as kubectl sends it), a string field only a string, a boolean field only a boolean,
+a number field an integer or a float (the CRD's `type: number` takes both), and no float is infinite or NaN (JSON
+has no such number). A null
 given to a field that is not nullable counts as not given (its default applies), as the API server prunes
 such nulls before defaulting (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/
 custom-resource-definitions/#defaulting-and-nullable). So the CLI, the pods and the API server give a manifest
@@ -37,15 +38,15 @@ class StrictModel(BaseModel):
     )
 
 
-def _nullable(annotation: Any) -> bool:
-    """Whether a field of this type accepts None."""
-    if annotation is None or annotation is type(None) or annotation is Any:
+def _admits(annotation: Any, kind: Any) -> bool:
+    """Whether a field of this type accepts `kind` (None, or int), looking through Annotated and unions."""
+    if annotation is Any or annotation is kind or (kind is None and annotation is type(None)):
         return True
     origin = typing.get_origin(annotation)
     if origin is Annotated:
-        return _nullable(typing.get_args(annotation)[0])
+        return _admits(typing.get_args(annotation)[0], kind)
     if origin is Union or origin is types.UnionType:
-        return any(_nullable(option) for option in typing.get_args(annotation))
+        return any(_admits(option, kind) for option in typing.get_args(annotation))
     return False
 
 
@@ -56,18 +57,24 @@ class SpecModel(StrictModel):
 
     @classmethod
     @functools.cache
-    def _non_nullable_keys(cls) -> frozenset[str]:
+    def _keys_admitting(cls, kind: Any) -> frozenset[str]:
+        """Both spellings of every field whose type admits `kind` (None, or int)."""
         keys: set[str] = set()
         for name, field in cls.model_fields.items():
-            if not _nullable(field.annotation):
+            if _admits(field.annotation, kind):
                 keys.update({name, field.alias or name})
         return frozenset(keys)
 
     @model_validator(mode="before")
     @classmethod
-    def _prune_nulls(cls, data: Any) -> Any:
-        # The API server drops a null of a non-nullable field before it applies defaults and validates.
+    def _as_the_api_server_reads(cls, data: Any) -> Any:
+        # The API server drops a null of a non-nullable field before it applies defaults and validates; kubectl
+        # sends a YAML float with no fraction as a JSON integer (2.0 -> 2), which an integer field takes.
         if not isinstance(data, dict):
             return data
-        keys = cls._non_nullable_keys()
-        return {key: value for key, value in data.items() if value is not None or key not in keys}
+        nullable, integers = cls._keys_admitting(None), cls._keys_admitting(int)
+        return {
+            key: int(value) if key in integers and isinstance(value, float) and value.is_integer() else value
+            for key, value in data.items()
+            if value is not None or key in nullable
+        }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,26 @@ from rlightning.config._spec import PolicyGroupManifest
 
 
 class _ManifestLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without its YAML 1.1 timestamps: kubectl reads `2024-01-01` as a string, so does this."""
+    """PyYAML's safe loader reading plain scalars as kubectl does (go-yaml v2, sigs.k8s.io/yaml).
+
+    Kept from YAML 1.1: `yes`/`no`/`on`/`off` are booleans. Changed: `y`/`n` are booleans too, `1e3` is a float and
+    `0o10` an integer (go-yaml's forms PyYAML reads as strings), and `2024-01-01` stays a string (go-yaml keeps a
+    timestamp-like value a string). So `image: y` or `numEnvs: 1e1` means the same to the CLI and the API server.
+    """
+
+    bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
 
 
 _ManifestLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+_ManifestLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+_ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0o[0-7_]+$"), list("-+0"))
 
 
 class ManifestError(ValueError):
@@ -210,4 +224,23 @@ def load_document(data: bytes, name: str) -> Any:
         raise ManifestError([f"{name}: not valid YAML: nested too deeply"]) from None
     if len(documents) != 1:
         raise ManifestError([f"{name}: expected one YAML document, found {len(documents)}"])
+    problems = [f"{path}: {value} is not a JSON number (kubectl cannot send it)"
+                for path, value in _infinite(documents[0])]
+    if problems:
+        raise ManifestError(problems)
     return documents[0]
+
+
+def _infinite(node: Any, path: str = "<root>") -> list[tuple[str, float]]:
+    """(path, value) of every `.inf` or `.nan` in a decoded document (JSON, hence the API server, has none)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return [(path, node)]
+    if isinstance(node, dict):
+        return [found for key, value in node.items() for found in _infinite(value, _join(path, str(key)))]
+    if isinstance(node, list):
+        return [found for index, value in enumerate(node) for found in _infinite(value, f"{path}[{index}]")]
+    return []
+
+
+def _join(path: str, key: str) -> str:
+    return key if path == "<root>" else f"{path}.{key}"

@@ -10,17 +10,15 @@ server accepts those, the CLI refuses them. Every other case gets the same verdi
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.operator.operator_cluster import example
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole.yaml"
-_BASE: dict = yaml.safe_load(EXAMPLE.read_text())
-_DELETE = object()
-"""A value of `edited` that removes the key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,18 +44,8 @@ class Case:
 
 
 def edited(**paths: Any) -> bytes:
-    """The example with `paths` (dotted camelCase paths; the value `_DELETE` removes the key) set, as YAML."""
-    document = copy.deepcopy(_BASE)
-    for path, value in paths.items():
-        *parents, leaf = path.split(".")
-        node = document
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is _DELETE:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return yaml.safe_dump(document, sort_keys=False).encode()
+    """The example with `paths` (dotted camelCase paths; None removes the key) set, as a YAML file."""
+    return yaml.safe_dump(example(**paths), sort_keys=False).encode()
 
 
 def bad(name: str, field: str, **paths: Any) -> Case:
@@ -72,6 +60,12 @@ def good(name: str, **paths: Any) -> Case:
 
 def _text(text: str) -> bytes:
     return text.encode()
+
+
+def _replace(old: str, new: str) -> bytes:
+    """The example's own text with one plain scalar written differently (as a user would type it, unquoted)."""
+    assert old in _EXAMPLE_TEXT, old
+    return _EXAMPLE_TEXT.replace(old, new, 1).encode()
 
 
 _EXAMPLE_TEXT = EXAMPLE.read_text()
@@ -110,6 +104,10 @@ CASES: list[Case] = [
     bad("target return as a word", "spec.train.targetEvalReturn", **{"spec.train.targetEvalReturn": "high"}),
     bad("env as a string", "spec.env", **{"spec.env": "CartPole-v1"}),
     bad("train as a list", "spec.train", **{"spec.train": []}),
+    Case("a bare y is a boolean, not a string", _replace("numEnvs: 8", "numEnvs: 8\n  image: y"),
+         "spec.image"),
+    Case("1e3 is a number, not a string", _replace("id: CartPole-v1", "id: 1e3"), "spec.env.id"),
+    Case("an infinite number", _replace("gamma: 0.98", "gamma: .inf"), "spec.policy.policyKwargs.gamma"),
     # -- bounds -------------------------------------------------------------------------------------------------
     bad("negative replicas", "spec.eval.replicas", **{"spec.eval.replicas": -1}),
     bad("zero trainer nodes", "spec.train.nodes", **{"spec.train.nodes": 0}),
@@ -177,14 +175,13 @@ CASES: list[Case] = [
     bad("label value with spaces", "metadata.labels.team", **{"metadata.labels": {"team": "rl team"}}),
     bad("label key with spaces", "metadata.labels", **{"metadata.labels": {"bad key": "x"}}),
     bad("label value not a string", "metadata.labels.tier", **{"metadata.labels": {"tier": 1}}),
-    bad("missing name", "metadata.name", **{"metadata.name": _DELETE}),
-    bad("missing env", "spec.env", **{"spec.env": _DELETE}),
-    bad("null env", "spec.env", **{"spec.env": None}),
-    bad("missing env id", "spec.env.id", **{"spec.env.id": _DELETE}),
+    bad("missing name", "metadata.name", **{"metadata.name": None}),
+    bad("missing env", "spec.env", **{"spec.env": None}),
+    Case("null env", _replace("  env:\n    id: CartPole-v1\n    numEnvs: 8\n", "  env: null\n"), "spec.env"),
+    bad("missing env id", "spec.env.id", **{"spec.env.id": None}),
     bad("wrong apiVersion", "apiVersion", apiVersion="rlightning.io/v1"),
     bad("wrong kind", "kind", kind="PolicyGroups"),
     # -- files that are no manifest -------------------------------------------------------------------------------
-    Case("Latin-1 text", _EXAMPLE_TEXT.replace("# CartPole", "# Caf\u00e9 CartPole").encode("latin-1"), "not UTF-8"),
     Case("binary", bytes(range(256)) * 4, "not UTF-8"),
     Case("NUL bytes in UTF-8", b"apiVersion: rlightning.io/v1alpha1\x00\x01\n", "not valid YAML"),
     Case("not YAML", _text("apiVersion: rlightning.io/v1alpha1\nkind: [PolicyGroup\n"), "not valid YAML"),
@@ -195,6 +192,8 @@ CASES: list[Case] = [
     Case("two documents", (_EXAMPLE_TEXT + "\n---\n" + _EXAMPLE_TEXT.replace("name: cartpole", "name: other")).encode(),
          "expected one YAML document",
          cli_only="a manifest file holds one PolicyGroup (what run and validate read); kubectl applies each document"),
+    Case("Latin-1 text", _EXAMPLE_TEXT.replace("# CartPole", "# Caf\u00e9 CartPole").encode("latin-1"), "not UTF-8",
+         cli_only="kubectl reads a byte that is not UTF-8 as U+FFFD and goes on; the CLI does not guess encodings"),
     Case("unregistered env id", edited(**{"spec.env.id": "NoSuchEnv-v9"}), "spec.env.id",
          cli_only="the gymnasium registry is in the image, not the API server"),
     Case("env kwargs the env does not take", edited(**{"spec.env.kwargs": {"bogus": 1}}), "spec.env",
@@ -213,8 +212,10 @@ CASES: list[Case] = [
     # -- good manifests: both accept --------------------------------------------------------------------------------
     good("the example as it is"),
     good("an integer for a number field", **{"spec.policy.optim.lr": 1, "spec.weightSync.timeoutSeconds": 30}),
-    good("a null for a defaulted field (pruned, then defaulted)", **{"spec.env.numEnvs": None}),
-    good("a null for a nullable field", **{"spec.eval.rolloutWorkers": None, "spec.train.targetEvalReturn": None}),
+    Case("a null for a defaulted field (pruned, then defaulted)", _replace("numEnvs: 8", "numEnvs: ~"), None),
+    Case("a null for a nullable field", _replace("targetEvalReturn: 475", "targetEvalReturn: null"), None),
+    Case("an integer written as 2.0, 1e1 or 0o10", _replace("numEnvs: 8", "numEnvs: 2.0")
+         .replace(b"rolloutSteps: 32", b"rolloutSteps: 1e1").replace(b"procsPerNode: 2", b"procsPerNode: 0o2"), None),
     good("a percentage disruption budget", **{"spec.eval.disruptionBudget": {"maxUnavailable": "50%"}}),
     good("a numeric disruption budget", **{"spec.eval.disruptionBudget": {"minAvailable": 1}}),
     good("labels and annotations", **{"metadata.labels": {"team": "rl", "example.com/tier": "gold"},
