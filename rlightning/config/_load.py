@@ -57,7 +57,7 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", 
 
 
 def _given(value: Any) -> str:
-    """A value as the manifest's reader sees it: its JSON type and (short) value, for example `string '4'`."""
+    """A value as the manifest's reader sees it: its JSON type and (short) value, for example `string "4"`."""
     kind = "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
     try:
         text = json.dumps(value)
@@ -69,7 +69,7 @@ def _given(value: Any) -> str:
 def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
     """Turn a pydantic `ValidationError` into `"<path>: <message>"` lines with camelCase paths.
 
-    A type error names what was given (`expected ... got string '4'`); the errors of a union's members at one
+    A type error names what was given (`..., got string "4"`); the errors of a union's members at one
     path (an integer or a percentage) are joined into one line.
 
     Args:
