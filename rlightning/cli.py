@@ -33,6 +33,8 @@ def _validated(path: Path) -> PolicyGroupManifest | None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from rlightning.runtime.validate import PAUSED_FLEET_NOTE, paused_fleet
+
     code = 0
     for path in args.files:
         manifest = _validated(path)
@@ -44,12 +46,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             f"{path}: valid PolicyGroup {manifest.metadata.name!r} ({spec.env.id}, {spec.policy.policy_class}, "
             f"{spec.train.world_size} trainer rank(s), {spec.eval.replicas} evaluator(s))"
         )
+        if paused_fleet(manifest):
+            print(f"note: {PAUSED_FLEET_NOTE}")
     return code
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from rlightning.runtime.validate import PAUSED_FLEET_LOCAL, paused_fleet
+
     manifest = _validated(args.file)
     if manifest is None:
+        return EXIT_BAD_MANIFEST
+    if paused_fleet(manifest):
+        print(f"error: {PAUSED_FLEET_LOCAL}", file=sys.stderr)
         return EXIT_BAD_MANIFEST
     from rlightning.runtime.local import run_local
     from rlightning.runtime.rundir import default_run_dir

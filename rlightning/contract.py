@@ -126,6 +126,12 @@ ENV_HEALTH_FILE = "RLIGHTNING_HEALTH_FILE"
 trainer pod's local rank 0 touches it as its loop goes on (liveness)."""
 ENV_REPORT_STATUS = "RLIGHTNING_REPORT_STATUS"
 """`1` when trainer rank 0 should patch the PolicyGroup's status.training (in a cluster)."""
+ENV_BIND_HOST = "RLIGHTNING_BIND_HOST"
+"""The address every listening port of the process binds (weight-sync store, trajectory intakes, metrics, and
+torchrun's rendezvous): `127.0.0.1` under `rlightning run`, so nothing on the network reaches a local run; unset in
+pods, which bind all interfaces (their peers are other pods)."""
+LOOPBACK_HOST = "127.0.0.1"
+"""The bind and master address of a local run."""
 ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
 """Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
 

@@ -15,6 +15,14 @@ from rlightning import contract
 from rlightning.config import PolicyGroupManifest, PolicyGroupSpec
 
 TRAIN_MODULE = "rlightning.runtime.train"
+TORCHRUN_MODULE = "torch.distributed.run"
+"""torchrun, run by the interpreter of every other process (pods)."""
+LOOPBACK_TORCHRUN_MODULE = "rlightning.runtime.torchrun"
+"""torchrun whose rendezvous store binds `ENV_BIND_HOST` only (torch's own binds all interfaces): local runs."""
+LOOPBACK_INTERFACE = "lo"
+"""The loopback interface, where gloo and NCCL bind their rank-to-rank sockets in a local run."""
+SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+"""The variables that name the interface gloo's and NCCL's sockets bind (set to `LOOPBACK_INTERFACE` locally)."""
 EVAL_MODULE = "rlightning.runtime.eval"
 TORCHRUN_MONITOR_INTERVAL_SECONDS = 0.5
 """How often torchrun polls its workers; its default (0.1 s) costs CPU for nothing at these time scales."""
@@ -26,6 +34,7 @@ THREADS_ENV = "OMP_NUM_THREADS"
 """Threads of OpenMP and of torch's intra-op pool (torch reads it at start; torchrun sets 1 only when it starts
 several ranks, so a lone rank would otherwise take one thread per core of the whole node)."""
 RUNTIME_ENV = (
+    contract.ENV_BIND_HOST,
     contract.ENV_EVAL_ORDINAL,
     contract.ENV_EXPECTED_EVALUATORS,
     contract.ENV_FLEET_DATA,
@@ -66,6 +75,9 @@ class LaunchSite:
         in_pod (bool): The processes run in Kubernetes pods: their namespace and pod name (hence an evaluator's
             ordinal) come from the downward API (`LaunchPlan.env_from_pod`), and trainer rank 0 reports to the
             PolicyGroup's status. False: an evaluator gets its ordinal in the environment.
+        bind_host (str | None): The address every listening port binds (`contract.ENV_BIND_HOST`):
+            `contract.LOOPBACK_HOST` for `rlightning run`, whose gloo and NCCL sockets then bind the loopback
+            interface too and whose torchrun is `LOOPBACK_TORCHRUN_MODULE`; None (pods): all interfaces.
     """
 
     python: str
@@ -77,6 +89,7 @@ class LaunchSite:
     metrics: bool
     expected_evaluators: int | None
     in_pod: bool
+    bind_host: str | None = None
 
 
 PROBE_PERIOD_SECONDS = 10
@@ -255,7 +268,7 @@ def _argv(spec: PolicyGroupSpec, role: contract.PolicyRole, site: LaunchSite) ->
         nodes = [f"--nnodes={spec.train.nodes}", f"--nproc-per-node={spec.train.procs_per_node}"]
         nodes.append(f"--node-rank={site.node_rank}")
     return (
-        site.python, "-m", "torch.distributed.run",  # torchrun, run by the interpreter of every other process
+        site.python, "-m", TORCHRUN_MODULE if site.bind_host is None else LOOPBACK_TORCHRUN_MODULE,
         *nodes,
         f"--master-addr={site.master_addr}",
         f"--master-port={spec.ports.torchrun}",
@@ -300,6 +313,10 @@ def plan(
         contract.ENV_METRICS_PORT: str(spec.ports.metrics if site.metrics else 0),
         contract.ENV_FLEET_DATA: "1" if fleet_collects(spec) else "0",
     }
+    if site.bind_host is not None:
+        env[contract.ENV_BIND_HOST] = site.bind_host
+        if site.bind_host == contract.LOOPBACK_HOST:  # DDP's and weight sync's gloo/NCCL sockets on loopback too
+            env.update(dict.fromkeys(SOCKET_IFNAME_ENV, LOOPBACK_INTERFACE))
     if ordinal is not None:
         env[contract.ENV_EVAL_ORDINAL] = str(ordinal)
     if role == contract.PolicyRole.EVAL:

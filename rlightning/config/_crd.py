@@ -72,6 +72,35 @@ _CEL_RULES: dict[str, list[dict[str, str]]] = {
         },
     ],
 }
+_CEL_RULES["PolicyGroupSpec"] = [
+    {
+        # PolicyGroupSpec._trajectory_ports_free: a trainer pod binds trajectories + r for each local rank r.
+        "rule": (
+            "self.ports.trajectories + self.train.procsPerNode - 1 <= 65535 && "
+            "[self.ports.torchrun, self.ports.weightSync, self.ports.metrics].all(port, "
+            "port < self.ports.trajectories || port >= self.ports.trajectories + self.train.procsPerNode)"
+        ),
+        "message": (
+            "ports trajectories .. trajectories + train.procsPerNode - 1 (one per rank of a trainer pod) must be "
+            "<= 65535 and not include torchrun, weightSync or metrics"
+        ),
+        "fieldPath": ".ports.trajectories",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        # PolicyGroupSpec._rollout_workers_fit.
+        "rule": "!has(self.eval.rolloutWorkers) || self.eval.rolloutWorkers <= 1 || self.policy.rolloutMode == 'async'",
+        "message": "more than 1 needs policy.rolloutMode async",
+        "fieldPath": ".eval.rolloutWorkers",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.eval.rolloutWorkers) || self.eval.rolloutWorkers <= self.env.numEnvs",
+        "message": "at most env.numEnvs (each worker steps its own env copies)",
+        "fieldPath": ".eval.rolloutWorkers",
+        "reason": "FieldValueInvalid",
+    },
+]
 _ROOT_RULES = [
     {
         "rule": f"size(self.metadata.name) <= {contract.MAX_GROUP_NAME_LENGTH}",
@@ -187,7 +216,7 @@ def model_schema(model: type[BaseModel], *, keep_defaults: bool) -> dict[str, An
         ValueError: A field's type cannot be expressed as a structural schema.
     """
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return _convert(raw, raw.get("$defs", {}), keep_defaults=keep_defaults)
+    return _convert(raw, raw.get("$defs", {}), keep_defaults=keep_defaults, model=model.__name__)
 
 
 def _printer_columns() -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from rlightning.config._base import StrictModel
+from rlightning.config._base import SpecModel
 
 # A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/):
 # a decimal number, then a binary suffix (Ki..Ei), a decimal SI suffix (n, u, m, k, M..E) or a decimal exponent.
@@ -50,7 +50,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource name of NVIDIA GPUs (device plugin)."""
 
 
-class ResourceRequirements(StrictModel):
+class ResourceRequirements(SpecModel):
     """Requests and limits in Kubernetes' own form, for example `{"cpu": "2", "memory": "4Gi"}`.
 
     GPUs are the extended resource `nvidia.com/gpu`; Kubernetes needs it in limits (requests default to it).
@@ -77,7 +77,7 @@ class ResourceRequirements(StrictModel):
     def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
         for name, quantity in value.items():
             if len(str(quantity)) > QUANTITY_MAX_LENGTH or re.fullmatch(QUANTITY_PATTERN, str(quantity)) is None:
-                raise ValueError(f"{name}={quantity!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
+                raise ValueError(f"{name}: {quantity!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
         return value
 
     @model_validator(mode="after")
@@ -86,7 +86,7 @@ class ResourceRequirements(StrictModel):
         for name in sorted(self.requests.keys() & self.limits.keys()):
             if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
                 raise ValueError(
-                    f"requests.{name} must not exceed limits.{name}, "
+                    f"requests.{name}: must not exceed limits.{name}, "
                     f"got requests={self.requests[name]!r}, limits={self.limits[name]!r}"
                 )
         return self
@@ -97,13 +97,13 @@ class ResourceRequirements(StrictModel):
         request = self.requests.get(GPU_RESOURCE)
         if request is not None and self.limits.get(GPU_RESOURCE) != request:
             raise ValueError(
-                f"requests.{GPU_RESOURCE} must equal limits.{GPU_RESOURCE} (extended resources are not "
+                f"requests.{GPU_RESOURCE}: must equal limits.{GPU_RESOURCE} (extended resources are not "
                 f"overcommitted), got requests={request!r}, limits={self.limits.get(GPU_RESOURCE)!r}"
             )
         return self
 
 
-class PodConfig(StrictModel):
+class PodConfig(SpecModel):
     """Scheduling of the pods of one role: resources, node selection, tolerations, affinity."""
 
     resources: ResourceRequirements = Field(

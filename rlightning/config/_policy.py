@@ -6,10 +6,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rlightning.config._base import StrictModel
+from rlightning.config._base import SpecModel
 
 
-class EnvConfig(StrictModel):
+class EnvConfig(SpecModel):
     """The gymnasium environment both roles run."""
 
     id: str = Field(description="A registered gymnasium environment id, for example CartPole-v1.", min_length=1)
@@ -24,7 +24,7 @@ class EnvConfig(StrictModel):
     )
 
 
-class OptimConfig(StrictModel):
+class OptimConfig(SpecModel):
     """Optimizer settings read by `BasePolicy.setup_optimizer`."""
 
     name: Literal["adam", "adamw", "sgd"] = Field(default="adam", description="torch.optim optimizer.")
@@ -37,7 +37,7 @@ class OptimConfig(StrictModel):
     anneal_lr: bool = Field(default=True, description="Decay the learning rate linearly to 0 over the run.")
 
 
-class WeightBufferConfig(StrictModel):
+class WeightBufferConfig(SpecModel):
     """How an evaluator stages received weights before applying them."""
 
     buffer_strategy: Literal["none", "single"] = Field(
@@ -52,7 +52,7 @@ class WeightBufferConfig(StrictModel):
     )
 
 
-class PolicyConfig(StrictModel):
+class PolicyConfig(SpecModel):
     """The policy class and its settings (the seed's PolicyConfig)."""
 
     policy_class: str = Field(

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from rlightning.config._base import StrictModel
+from rlightning.config._base import SpecModel
 from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN, PodConfig
 
 PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
@@ -15,7 +15,7 @@ PodCount = Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(patter
 """A number of pods or a percentage of the desired pods (Kubernetes IntOrString)."""
 
 
-class CheckpointConfig(StrictModel):
+class CheckpointConfig(SpecModel):
     """When trainers write checkpoints and whether a restarted trainer resumes from the newest."""
 
     interval_iterations: int = Field(
@@ -37,7 +37,7 @@ class CheckpointConfig(StrictModel):
     )
 
 
-class TrainConfig(StrictModel):
+class TrainConfig(SpecModel):
     """The trainers: `nodes` pods, each running torchrun with `procs_per_node` DDP ranks."""
 
     nodes: int = Field(default=1, ge=1, le=1024, description="Trainer pods (torchrun nodes).")
@@ -110,7 +110,7 @@ class TrainConfig(StrictModel):
         return self.nodes * self.procs_per_node
 
 
-class DisruptionBudgetConfig(StrictModel):
+class DisruptionBudgetConfig(SpecModel):
     """The evaluators' PodDisruptionBudget (policy/v1): how many may be evicted at once by a node drain or a node
     autoscaler's consolidation. Exactly one of the two fields is set.
 
@@ -137,7 +137,7 @@ class DisruptionBudgetConfig(StrictModel):
         return self
 
 
-class EvalConfig(StrictModel):
+class EvalConfig(SpecModel):
     """The evaluation fleet: replicas that roll out the newest weights they received."""
 
     replicas: int = Field(
@@ -192,13 +192,13 @@ class EvalConfig(StrictModel):
     def _replicas_within_bounds(self) -> EvalConfig:
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError(
-                f"replicas must satisfy minReplicas <= replicas <= maxReplicas, "
+                f"replicas: must satisfy minReplicas <= replicas <= maxReplicas, "
                 f"got {self.min_replicas} <= {self.replicas} <= {self.max_replicas}"
             )
         return self
 
 
-class WeightSyncConfig(StrictModel):
+class WeightSyncConfig(SpecModel):
     """How weights travel from trainers to evaluators over torch.distributed broadcast groups."""
 
     backend: Literal["auto", "gloo", "nccl"] = Field(

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rlightning import contract
-from rlightning.config._base import StrictModel
+from rlightning.config._base import SpecModel
+from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN
 from rlightning.config._policy import EnvConfig, PolicyConfig
 from rlightning.config._roles import EvalConfig, TrainConfig, WeightSyncConfig
 
+LABEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""The name part of a label or annotation key, and a label's value (Kubernetes' qualified name)."""
 # RFC 1035 label: children's names and DNS names derive from it.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
-class PortsConfig(StrictModel):
+class PortsConfig(SpecModel):
     """Ports of trainer and evaluator processes."""
 
     torchrun: int = Field(default=contract.TORCHRUN_PORT, ge=1, le=65535, description="torchrun rendezvous port.")
@@ -44,7 +48,7 @@ class PortsConfig(StrictModel):
         return self
 
 
-class PolicyGroupSpec(StrictModel):
+class PolicyGroupSpec(SpecModel):
     """spec of a PolicyGroup: what to train, on what, and how the evaluation fleet follows."""
 
     image: str = Field(default=contract.DEFAULT_IMAGE, min_length=1, description="Container image of both roles.")
@@ -102,10 +106,10 @@ class PolicyGroupSpec(StrictModel):
         return self.env.num_envs if self.policy.rollout_mode == "async" else 1
 
 
-class ObjectMeta(StrictModel):
+class ObjectMeta(SpecModel):
     """The part of Kubernetes object metadata a manifest file may carry."""
 
-    model_config = StrictModel.model_config | {"extra": "ignore"}
+    model_config = SpecModel.model_config | {"extra": "ignore"}
 
     name: str = Field(
         min_length=1,
@@ -117,11 +121,34 @@ class ObjectMeta(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _qualified_keys(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        # What the API server checks of every object's labels and annotations (apimachinery's validation).
+        for key, text in value.items():
+            prefix, _, name = key.rpartition("/")
+            if not (
+                re.fullmatch(LABEL_NAME_PATTERN, name)
+                and len(name) <= 63
+                and (not prefix or (re.fullmatch(DNS_SUBDOMAIN_PATTERN, prefix) and len(prefix) <= 253))
+            ):
+                raise ValueError(
+                    f"{key}: not a qualified name (an optional DNS-subdomain prefix and '/', then at most 63 "
+                    "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+                )
+            value_ok = text == "" or (re.fullmatch(LABEL_NAME_PATTERN, text) and len(text) <= 63)
+            if info.field_name == "labels" and not value_ok:
+                raise ValueError(
+                    f"{key}: label value {text!r} must be empty or at most 63 letters, digits, '-', '_' or '.', "
+                    "starting and ending with a letter or digit"
+                )
+        return value
 
-class PolicyGroupManifest(StrictModel):
+
+class PolicyGroupManifest(SpecModel):
     """A whole PolicyGroup object as written in a file or read from the API server."""
 
-    model_config = StrictModel.model_config | {"extra": "ignore"}  # status, and server-set fields
+    model_config = SpecModel.model_config | {"extra": "ignore"}  # status, and server-set fields
 
     api_version: Literal["rlightning.io/v1alpha1"] = Field(description="Must be rlightning.io/v1alpha1.")
     kind: Literal["PolicyGroup"] = Field(description="Must be PolicyGroup.")

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import gymnasium
 import torch
 from pydantic import BaseModel
 from tensordict import TensorDict
@@ -56,6 +57,10 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
 
     Attributes:
         kwargs_model (type[BaseModel] | None): Strict pydantic model of `policy_kwargs`; None accepts anything.
+        observation_spaces (tuple[type[gymnasium.Space], ...] | None): The observation space types the class can
+            build a network for; None: any. `space_problems` checks them against the env's.
+        action_spaces (tuple[type[gymnasium.Space], ...] | None): The action space types it can act in; None:
+            any. A continuous-control algorithm declares `(gymnasium.spaces.Box,)`.
         device (torch.device): Where the network lives.
         model_list (list[tuple[str, nn.Module]]): Child modules with trainable parameters, by attribute name.
         iteration (int): Completed `train` calls.
@@ -65,6 +70,8 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
     """
 
     kwargs_model: ClassVar[type[BaseModel] | None] = None
+    observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...] | None] = None
+    action_spaces: ClassVar[tuple[type[gymnasium.Space], ...] | None] = None
 
     def __init__(self, config: PolicyConfig, role_type: PolicyRole | str) -> None:
         nn.Module.__init__(self)
@@ -159,6 +166,33 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             f"{type(self).__name__} does not declare rollout_fields(): return the keys of its rollout output to "
             "keep per step ({} for none)"
         )
+
+    @classmethod
+    def space_problems(cls, env_meta: EnvMeta) -> list[str]:
+        """Why this class cannot build its network for an env's spaces, one line each; empty when it can.
+
+        `rlightning validate`, `rlightning run` and every pod on start call it with the spaces of `spec.env`
+        (`rlightning.runtime.validate`), so a policy meant for other spaces is refused before anything runs,
+        and `init_train`/`init_eval` raise its first line. The default checks the declared
+        `observation_spaces` and `action_spaces`; a subclass with finer needs (a 1-D Box with finite bounds)
+        extends it, starting from `super().space_problems(env_meta)`.
+
+        Args:
+            env_meta (EnvMeta): The spaces of one env copy.
+
+        Returns:
+            list[str]: Problems, for example `SACPolicy supports action spaces Box, got Discrete(2) (CartPole-v1)`.
+        """
+        where = f" ({env_meta.env_id})" if env_meta.env_id else ""
+        problems = []
+        for kind, declared, space in (
+            ("observation", cls.observation_spaces, env_meta.observation_space),
+            ("action", cls.action_spaces, env_meta.action_space),
+        ):
+            if declared is not None and not isinstance(space, declared):
+                names = " or ".join(space_type.__name__ for space_type in declared)
+                problems.append(f"{cls.__name__} supports {kind} spaces {names}, got {space}{where}")
+        return problems
 
     def _require_env_meta(self) -> EnvMeta:
         """The env's spaces the network was built for, for subclass methods that need them.
@@ -268,6 +302,9 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
     def _build(self, env_meta: EnvMeta, seed: int | None) -> None:
         if seed is not None:
             _rng.seed_everything(seed)
+        problems = self.space_problems(env_meta)
+        if problems:
+            raise ValueError(problems[0])
         self.construct_network(env_meta)
         self.to(self.device)
         self.env_meta = env_meta

@@ -219,6 +219,8 @@ class PPOPolicy(base_policy.BasePolicy):
     """
 
     kwargs_model: ClassVar[type[BaseModel]] = PPOKwargs
+    observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
+    action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
 
     def __init__(self, config: PolicyConfig, role_type: base_policy.PolicyRole | str) -> None:
         super().__init__(config, role_type)
@@ -230,6 +232,15 @@ class PPOPolicy(base_policy.BasePolicy):
         """PPONetwork: The network without its DDP wrapper (used for rollouts, which must not sync)."""
         agent = self.agent
         return agent.module if isinstance(agent, nn.parallel.DistributedDataParallel) else agent
+
+    @classmethod
+    def space_problems(cls, env_meta: EnvMeta) -> list[str]:
+        """Box observations; Discrete actions or a 1-D Box of them."""
+        problems = super().space_problems(env_meta)
+        space = env_meta.action_space
+        if not problems and isinstance(space, gymnasium.spaces.Box) and len(space.shape) != 1:
+            problems.append(f"{cls.__name__} needs a Discrete or 1-D Box action space, got {space}")
+        return problems
 
     def construct_network(self, env_meta: EnvMeta) -> None:
         """Create `self.agent`, a PPONetwork for the env's spaces."""

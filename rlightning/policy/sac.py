@@ -197,6 +197,8 @@ class SACPolicy(base_policy.BasePolicy):
     """
 
     kwargs_model: ClassVar[type[BaseModel]] = SACKwargs
+    observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
+    action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
     # Set by construct_network; under DDP the trainable ones are wrapped (`_unwrap` gives the module back).
     actor: nn.Module
     critic: nn.Module
@@ -212,6 +214,21 @@ class SACPolicy(base_policy.BasePolicy):
 
     # -- building ------------------------------------------------------------------------------------------------
 
+    @classmethod
+    def space_problems(cls, env_meta: EnvMeta) -> list[str]:
+        """Box observations, and a 1-D Box of actions with finite bounds (the squashed Gaussian's range)."""
+        problems = super().space_problems(env_meta)
+        space = env_meta.action_space
+        if problems or not isinstance(space, gymnasium.spaces.Box):
+            return problems
+        if not (
+            len(space.shape) == 1
+            and bool(torch.isfinite(torch.as_tensor(space.low)).all())
+            and bool(torch.isfinite(torch.as_tensor(space.high)).all())
+        ):
+            problems.append(f"{cls.__name__} needs a 1-D Box action space with finite bounds, got {space}")
+        return problems
+
     def construct_network(self, env_meta: EnvMeta) -> None:
         """Create the actor; for the train role also the twin critic, its target copy and the temperature.
 
@@ -220,15 +237,10 @@ class SACPolicy(base_policy.BasePolicy):
                 finite bounds.
         """
         obs_space, action_space = env_meta.observation_space, env_meta.action_space
-        if not isinstance(obs_space, gymnasium.spaces.Box):
-            raise ValueError(f"SACPolicy needs a Box observation space, got {obs_space}")
-        if not (
-            isinstance(action_space, gymnasium.spaces.Box)
-            and len(action_space.shape) == 1
-            and bool(torch.isfinite(torch.as_tensor(action_space.low)).all())
-            and bool(torch.isfinite(torch.as_tensor(action_space.high)).all())
-        ):
-            raise ValueError(f"SACPolicy needs a 1-D Box action space with finite bounds, got {action_space}")
+        problems = self.space_problems(env_meta)
+        if problems:
+            raise ValueError(problems[0])
+        assert isinstance(obs_space, gymnasium.spaces.Box) and isinstance(action_space, gymnasium.spaces.Box)
         obs_dim, act_dim, hidden = math.prod(obs_space.shape), action_space.shape[0], self.kwargs.hidden_sizes
         self.actor = SquashedGaussianActor(obs_dim, action_space, hidden)
         if self.role_type is base_policy.PolicyRole.TRAIN:

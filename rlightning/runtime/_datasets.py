@@ -90,17 +90,21 @@ class FleetExperience:
         spec (PolicyGroupSpec): The validated spec.
         policy (BasePolicy): The rank's initialised policy (its `experience_fields()` judge every batch).
         port (int): This rank's intake port (`ports.trajectories` + local rank).
+        bind_host (str | None, optional): The address the intake binds (`ProcessSettings.bind_host`); None: all
+            interfaces. Defaults to None.
 
     Raises:
         OSError: The port cannot be bound (naming it).
     """
 
-    def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, port: int) -> None:
+    def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, port: int, bind_host: str | None = None) -> None:
         self.count = spec.train.batches_per_update
         self.max_policy_lag = spec.train.max_policy_lag
         fields = policy.experience_fields()
         size = (spec.train.rollout_steps, spec.env.num_envs)
-        self.intake = trajectories.TrajectoryIntake(port, validate=lambda batch: check_batch(batch, fields, size))
+        self.intake = trajectories.TrajectoryIntake(
+            port, validate=lambda batch: check_batch(batch, fields, size), bind_host=bind_host or "*"
+        )
 
     def next(self, version: int, stop: StopRequest, on_wait: Callable[[float], int]) -> Dataset | None:
         """Wait, with the other ranks, until every rank holds `train.batchesPerUpdate` batches young enough.

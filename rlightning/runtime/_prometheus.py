@@ -10,21 +10,24 @@ class _Metrics:
 
     Args:
         port (int): Port of the /metrics endpoint; 0 creates the metrics without serving them.
+        bind_host (str | None, optional): The address the endpoint binds (`ProcessSettings.bind_host`); None: all
+            interfaces. Defaults to None.
     """
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, bind_host: str | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.bind_host = bind_host
         self._create()
         self.serve(port)
 
     def serve(self, port: int) -> None:
-        """Serve /metrics on `port` from now on (0: nothing).
+        """Serve /metrics on `port` from now on (0: nothing), on `bind_host`.
 
         Args:
             port (int): The port.
         """
         if port:
-            start_http_server(port, registry=self.registry)
+            start_http_server(port, addr=self.bind_host or "0.0.0.0", registry=self.registry)
 
     def _create(self) -> None:
         raise NotImplementedError
@@ -41,6 +44,7 @@ class TrainerMetrics(_Metrics):
 
     Args:
         port (int): Port of the /metrics endpoint; 0 creates the metrics without serving them.
+        bind_host (str | None, optional): The address the endpoint binds; None: all interfaces. Defaults to None.
     """
 
     def _create(self) -> None:
@@ -78,6 +82,7 @@ class EvaluatorMetrics(_Metrics):
 
     Args:
         port (int): Port of the /metrics endpoint; 0 creates the metrics without serving them.
+        bind_host (str | None, optional): The address the endpoint binds; None: all interfaces. Defaults to None.
     """
 
     def _create(self) -> None:

@@ -108,7 +108,7 @@ class Recorder:
         self.run_dir = run_dir
         self.sync = SyncTotals()
         # Served from `begin` on: a scrape before it would read a resumed attempt's weight version as 0.
-        self.metrics = TrainerMetrics(0)
+        self.metrics = TrainerMetrics(0, settings.bind_host)
         self._metrics_port = settings.metrics_port
         self.status = (
             StatusReporter(settings.group_name, settings.namespace)

@@ -145,7 +145,7 @@ class Evaluator:
         self.receiver = weights.WeightReceiver(
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, ordinal
         )
-        self.metrics = EvaluatorMetrics(settings.metrics_port)
+        self.metrics = EvaluatorMetrics(settings.metrics_port, settings.bind_host)
         self.data_sender = (
             trajectories.TrajectorySender(
                 settings.trajectory_endpoints,

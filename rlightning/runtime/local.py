@@ -3,7 +3,9 @@
 Trainers run under `torchrun` (one node, `train.world_size` ranks, static rendezvous on 127.0.0.1 at
 `spec.ports.torchrun`); each evaluator is a process of its own. Their argv, environment and grace period come
 from the launch plan the operator puts into pods (`rlightning.launch`), at a local `LaunchSite`: the very
-entrypoints pods run (`rlightning.runtime.train`, `rlightning.runtime.eval`), the same ENV_* variables.
+entrypoints pods run (`rlightning.runtime.train`, `rlightning.runtime.eval`), the same ENV_* variables. Every
+port of the run (rendezvous, weight-sync store, trajectory intakes, gloo's sockets) binds 127.0.0.1 only
+(`LaunchSite.bind_host`): nothing on the network reaches a local run.
 
 Supervision, as a cluster would do it:
 - The trainer ending with exit code 0 ends the run; the evaluators are then stopped with SIGTERM.
@@ -39,8 +41,8 @@ from rlightning.runtime.rundir import JsonlTail, RunDir, read_jsonl
 TRAINER = "trainer"
 POLL_SECONDS = 0.25
 """How often the launcher polls its children and the metrics file."""
-MASTER_ADDR = "127.0.0.1"
-"""Trainer rank 0's host: this machine, on loopback."""
+MASTER_ADDR = contract.LOOPBACK_HOST
+"""Trainer rank 0's host, and the address every port of the run binds: this machine, on loopback."""
 LOG_TAIL_LINES = 25
 
 
@@ -166,8 +168,8 @@ class LocalRun:
     # -- what the children are --------------------------------------------------------------------------
     def launch_site(self) -> launch.LaunchSite:
         """This machine as the site of the launch plans: trainer rank 0 on loopback, all trainer ranks on one
-        node, the run directory's spec, no metrics endpoints (they would share a port), and the trainer told of
-        the `eval.replicas` evaluators this launcher starts.
+        node, the run directory's spec, no metrics endpoints (they would share a port), the trainer told of
+        the `eval.replicas` evaluators this launcher starts, and every port bound on loopback only.
         """
         return launch.LaunchSite(
             python=self.python,
@@ -179,6 +181,7 @@ class LocalRun:
             metrics=False,
             expected_evaluators=self.manifest.spec.eval.replicas,
             in_pod=False,
+            bind_host=MASTER_ADDR,
         )
 
     def child_env(self, plan: launch.LaunchPlan) -> dict[str, str]:
@@ -338,4 +341,4 @@ def run_local(
     Returns:
         int: The launcher's exit code (0 finished, 1 a child failed, 130 interrupted).
     """
-    return LocalRun(manifest, manifest_path.read_text(), RunDir(run_dir), plain, eval_restarts).run()
+    return LocalRun(manifest, manifest_path.read_text(encoding="utf-8"), RunDir(run_dir), plain, eval_restarts).run()

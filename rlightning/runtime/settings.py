@@ -79,6 +79,8 @@ class ProcessSettings:
         fleet_data (bool): Whether the evaluators produce the training data (`ENV_FLEET_DATA` = `1`).
         health_file (Path | None): The file of the pod's probe (`ENV_HEALTH_FILE`); None outside pods.
         attempt (int): The trainer gang's attempt (`ENV_TRAIN_ATTEMPT`); 0 outside the operator's pods.
+        bind_host (str | None): The address the process's listening ports bind (`ENV_BIND_HOST`): 127.0.0.1 in
+            a local run; None (unset, pods): all interfaces.
     """
 
     group_name: str
@@ -95,6 +97,7 @@ class ProcessSettings:
     fleet_data: bool = False
     health_file: Path | None = None
     attempt: int = 0
+    bind_host: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -142,6 +145,7 @@ class ProcessSettings:
             fleet_data=environ.get(contract.ENV_FLEET_DATA, "") == "1",
             health_file=Path(environ[contract.ENV_HEALTH_FILE]) if environ.get(contract.ENV_HEALTH_FILE) else None,
             attempt=_int(environ, contract.ENV_TRAIN_ATTEMPT, 0),
+            bind_host=environ.get(contract.ENV_BIND_HOST) or None,
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:

@@ -104,7 +104,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     if settings.fleet_data:
         port = spec.ports.trajectories + int(os.environ.get("LOCAL_RANK", "0"))
         try:
-            source = _datasets.FleetExperience(spec, policy, port)
+            source = _datasets.FleetExperience(spec, policy, port, settings.bind_host)
         except OSError as error:
             log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
             return 1
@@ -115,7 +115,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     if rank == 0:
         try:  # the sender continues from the checkpoint's version
             sender = weights.WeightSender(
-                spec.weight_sync, settings.master_addr, settings.weight_sync_port, version=policy.weight_version
+                spec.weight_sync, settings.master_addr, settings.weight_sync_port, version=policy.weight_version,
+                bind_host=settings.bind_host,
             )
         except dist.DistNetworkError as error:
             log.error("cannot host the weight-sync store on port %d (spec.ports.weightSync): %s",

@@ -76,6 +76,8 @@ class WeightSender:
             `rlightning.contract.WEIGHT_SYNC_PORT`).
         version (int, optional): the newest version published before this sender started (a resumed
             trainer's checkpoint holds it); every publish goes above it. Defaults to 0.
+        bind_host (str | None, optional): the one address the store listens on (127.0.0.1 in a local run);
+            None: all interfaces. Defaults to None.
 
     Raises:
         RuntimeError: (from torch) when the port is in use.
@@ -87,12 +89,14 @@ class WeightSender:
         (1, [0, 1])
     """
 
-    def __init__(self, config: WeightSyncConfig, host: str, port: int, version: int = 0) -> None:
+    def __init__(
+        self, config: WeightSyncConfig, host: str, port: int, version: int = 0, bind_host: str | None = None
+    ) -> None:
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
         self.config = config
         self._timeout = float(config.timeout_seconds)
-        self._store = _store.host_store(port, self._timeout, ipv6=":" in host)
+        self._store = _store.host_store(port, self._timeout, ipv6=":" in host, bind_host=bind_host)
         self._host, self._port = host, port
         self._address = ""  # local address toward `host`, found when the first group forms (the name may
         # not resolve yet when a pod starts)

@@ -85,8 +85,8 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def host_store(port: int, timeout: float, ipv6: bool = False) -> dist.TCPStore:
-    """Host the weight-sync store on `port` (all interfaces) in this process.
+def host_store(port: int, timeout: float, ipv6: bool = False, bind_host: str | None = None) -> dist.TCPStore:
+    """Host the weight-sync store on `port` (all interfaces, or `bind_host`) in this process.
 
     An IPv4 store listens on a socket of its own (`master_listen_fd`), not torch's dual-stack one: torch names
     every accepted peer with a reverse DNS lookup in the store's only thread, and an IPv4-mapped IPv6 peer
@@ -97,8 +97,10 @@ def host_store(port: int, timeout: float, ipv6: bool = False) -> dist.TCPStore:
     Args:
         port (int): TCP port.
         timeout (float): default bound of blocking store calls, seconds.
-        ipv6 (bool, optional): listen dual-stack (torch's own listener), for senders reached over IPv6.
-            Defaults to False.
+        ipv6 (bool, optional): listen dual-stack (torch's own listener), for senders reached over IPv6, unless
+            `bind_host` is given. Defaults to False.
+        bind_host (str | None, optional): the one address to listen on (127.0.0.1 for a local run); None: all
+            interfaces. Defaults to None.
 
     Returns:
         dist.TCPStore: the master store.
@@ -106,18 +108,20 @@ def host_store(port: int, timeout: float, ipv6: bool = False) -> dist.TCPStore:
     Raises:
         torch.distributed.DistNetworkError: when the port is in use.
     """
-    if ipv6:
+    if ipv6 and bind_host is None:
         return dist.TCPStore("0.0.0.0", port, None, True, _timedelta(timeout), wait_for_workers=False)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if bind_host is not None and ":" in bind_host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener does
     try:
-        listener.bind(("0.0.0.0", port))
+        listener.bind((bind_host or "0.0.0.0", port))
     except OSError as exc:
         listener.close()
-        raise dist.DistNetworkError(f"weight-sync store: cannot listen on port {port}: {exc}") from exc
+        raise dist.DistNetworkError(f"weight-sync store: cannot listen on {bind_host or '*'}:{port}: {exc}") from exc
     # the store owns the socket from here (it closes it)
     return dist.TCPStore(
-        "127.0.0.1", port, None, True, _timedelta(timeout), wait_for_workers=False, master_listen_fd=listener.detach()
+        bind_host or "127.0.0.1", port, None, True, _timedelta(timeout), wait_for_workers=False,
+        master_listen_fd=listener.detach(),
     )
 
 

@@ -73,6 +73,14 @@ CASES = {
     "wrong kind": (lambda: yaml.safe_dump(edited(kind="Deployment")), "kind"),
     "wrong apiVersion": (lambda: yaml.safe_dump(edited(apiVersion="rlightning.io/v1")), "apiVersion"),
     "missing env": (lambda: yaml.safe_dump(edited(**{"spec.env": None})), "spec.env"),
+    "integer as a string": (lambda: yaml.safe_dump(edited(**{"spec.env.numEnvs": "4"})), "spec.env.numEnvs"),
+    "integer as a boolean": (lambda: yaml.safe_dump(edited(**{"spec.env.numEnvs": True})), "spec.env.numEnvs"),
+    "continuous-action policy, Discrete env": (
+        lambda: yaml.safe_dump(
+            edited(**{"spec.policy.policyClass": "rlightning.policy.sac:SACPolicy", "spec.policy.policyKwargs": {}})
+        ),
+        "spec.policy.policyClass: SACPolicy supports action spaces Box, got Discrete(2) (CartPole-v1)",
+    ),
 }
 
 
@@ -111,3 +119,39 @@ def test_every_problem_gets_a_line(tmp_path: Path) -> None:
     errors = result.stderr.splitlines()
     for field in ("spec.eval.replicas", "spec.train.rolloutSteps", "spec.extra"):
         assert any(line.startswith(f"error: {field}:") for line in errors), result.stderr
+
+
+NOT_MANIFESTS = {
+    "Latin-1": (EXAMPLE.read_text().replace("# CartPole", "# Caf\u00e9 CartPole").encode("latin-1"), "not UTF-8 text"),
+    "binary": (bytes(range(256)) * 8, "not UTF-8 text"),
+    "binary that is UTF-8": (b"\x7fELF\x02\x01\x01\x00\x00\x00", "not valid YAML at line 1: control character"),
+    "not YAML": (b"spec: {env: [\n", "not valid YAML"),
+    "a scalar": (b"hello\n", "<root>: expected a mapping"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("case", sorted(NOT_MANIFESTS))
+def test_a_file_of_any_encoding_or_content_gets_one_error_line(case: str, command: str, tmp_path: Path) -> None:
+    content, needle = NOT_MANIFESTS[case]
+    path = tmp_path / "manifest.yaml"
+    path.write_bytes(content)
+    result = rlightning(command, str(path), *(["--run-dir", str(tmp_path / "run")] if command == "run" else []))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.splitlines() == [result.stderr.splitlines()[0]] and result.stderr.startswith("error: ")
+    assert needle in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_paused_fleet_is_valid_but_not_runnable_locally(tmp_path: Path) -> None:
+    # train.dataSource fleet (the example's) with no evaluator: in a cluster a paused fleet, locally a hang.
+    path = _dump(tmp_path, yaml.safe_dump(edited(**{"spec.eval.replicas": 0})))
+    checked = rlightning("validate", str(path))
+    assert checked.returncode == 0, checked.stderr
+    notes = [line for line in checked.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "spec.eval.replicas" in notes[0] and "paused fleet" in notes[0], checked.stdout
+    ran = rlightning("run", str(path), "--run-dir", str(tmp_path / "run"))
+    assert ran.returncode == 2 and "Traceback" not in ran.stdout + ran.stderr
+    assert ran.stderr.startswith("error: spec.eval.replicas: 0 evaluators") and "wait for data forever" in ran.stderr
+    assert not (tmp_path / "run").exists()

@@ -24,8 +24,8 @@ def test_workers_default_to_one_per_env_copy_in_async_mode(mode: str, workers: i
 @pytest.mark.parametrize(
     ("mode", "workers", "expected"),
     [
-        ("sync", 2, "spec: Value error, eval.rolloutWorkers: more than 1 needs policy.rolloutMode async, got 2"),
-        ("async", 5, "spec: Value error, eval.rolloutWorkers: at most env.numEnvs (4; each worker steps"),
+        ("sync", 2, "spec.eval.rolloutWorkers: more than 1 needs policy.rolloutMode async, got 2"),
+        ("async", 5, "spec.eval.rolloutWorkers: at most env.numEnvs (4; each worker steps"),
         ("async", 0, "spec.eval.rolloutWorkers: Input should be greater than or equal to 1"),
     ],
 )

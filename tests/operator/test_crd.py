@@ -137,3 +137,5 @@ def test_cel_rules_cover_cross_field_checks(version):
     assert "quantity(self.requests[name]).isGreaterThan" in rules["$.spec.train.pod.resources"][1]
     assert "self.torchrun != self.weightSync" in rules["$.spec.ports"][0]
     assert any("size(self.metadata.name)" in rule for rule in rules["$"])
+    assert "self.ports.trajectories + self.train.procsPerNode" in rules["$.spec"][0]  # the intakes' port range
+    assert "self.policy.rolloutMode == 'async'" in rules["$.spec"][1] and "self.env.numEnvs" in rules["$.spec"][2]

@@ -49,7 +49,7 @@ def test_kwargs_use_camel_case_and_reject_unknown_or_out_of_range_fields() -> No
 
 def test_discrete_actions_are_rejected() -> None:
     policy = SACPolicy(_config(), "train")
-    with pytest.raises(ValueError, match="1-D Box action space"):
+    with pytest.raises(ValueError, match="SACPolicy supports action spaces Box, got Discrete"):
         policy.init_train(EnvMeta.from_env_config(EnvConfig(id="CartPole-v1")))
 
 

@@ -34,30 +34,32 @@ def _manifest(**spec):
 def _site(**fields) -> launch.LaunchSite:
     local_site = {"python": "py", "master_addr": "127.0.0.1", "trainer_hosts": ("127.0.0.1",),
                   "spec_path": "/r/policygroup.yaml", "run_dir": "/r", "node_rank": None, "metrics": False,
-                  "expected_evaluators": 2, "in_pod": False}  # fmt: skip
+                  "expected_evaluators": 2, "in_pod": False, "bind_host": "127.0.0.1"}  # fmt: skip
     return launch.LaunchSite(**{**local_site, **fields})
 
 
 POD_TRAINER_1 = "cartpole-train-1.cartpole-train.team-a.svc"
 POD = {"python": "python", "master_addr": POD_MASTER, "trainer_hosts": (POD_MASTER, POD_TRAINER_1),
        "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
-       "expected_evaluators": None, "in_pod": True}  # fmt: skip
+       "expected_evaluators": None, "in_pod": True, "bind_host": None}  # fmt: skip
 TORCHRUN = ("-m", "torch.distributed.run")
+LOCAL_TORCHRUN = ("-m", "rlightning.runtime.torchrun")  # torchrun whose rendezvous store binds 127.0.0.1 only
 TRAIN_TAIL = ("--max-restarts=0", "--monitor-interval=0.5", "-m", "rlightning.runtime.train")
 
 # (spec edits, site fields, role, ordinal, argv, env entries, env_from_pod)
-PLAN_CASES = {
+PLAN_CASES: dict[str, tuple] = {
     "local trainer: every rank on one node, told the fleet size": (
         {"train": {"nodes": 2, "procsPerNode": 3}}, {}, "train", None,
-        ("py", *TORCHRUN, "--nnodes=1", "--nproc-per-node=6", "--master-addr=127.0.0.1", "--master-port=29500",
+        ("py", *LOCAL_TORCHRUN, "--nnodes=1", "--nproc-per-node=6", "--master-addr=127.0.0.1", "--master-port=29500",
          *TRAIN_TAIL),
         {contract.ENV_EXPECTED_EVALUATORS: "2", contract.ENV_METRICS_PORT: "0", contract.ENV_ROLE: "train",
-         contract.ENV_FLEET_DATA: "1"},
+         contract.ENV_FLEET_DATA: "1", contract.ENV_BIND_HOST: "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+         "NCCL_SOCKET_IFNAME": "lo"},
         (),
     ),
     "local trainer without evaluators and no data source: it collects its own data": (
         {"eval": {"replicas": 0}, "train": {"dataSource": None}}, {}, "train", None,
-        ("py", *TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29500",
+        ("py", *LOCAL_TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29500",
          *TRAIN_TAIL),
         {contract.ENV_FLEET_DATA: "0"},
         (),
@@ -65,7 +67,7 @@ PLAN_CASES = {
     "local evaluator: its ordinal in the environment, every rank's intake on this host": (
         {}, {}, "eval", 1, ("py", "-m", "rlightning.runtime.eval"),
         {contract.ENV_EVAL_ORDINAL: "1", contract.ENV_ROLE: "eval", contract.ENV_RUN_DIR: "/r",
-         contract.ENV_TRAJECTORY_ENDPOINTS: "127.0.0.1:29700,127.0.0.1:29701"},
+         contract.ENV_TRAJECTORY_ENDPOINTS: "127.0.0.1:29700,127.0.0.1:29701", contract.ENV_BIND_HOST: "127.0.0.1"},
         (),
     ),
     "pod trainer: node rank from the Job, reports status": (
@@ -73,7 +75,7 @@ PLAN_CASES = {
         ("python", *TORCHRUN, "--nnodes=2", "--nproc-per-node=3", "--node-rank=$(JOB_COMPLETION_INDEX)",
          f"--master-addr={POD_MASTER}", "--master-port=29500", *TRAIN_TAIL),
         {contract.ENV_REPORT_STATUS: "1", contract.ENV_METRICS_PORT: "9400",
-         contract.ENV_TRAIN_MASTER_ADDR: POD_MASTER},
+         contract.ENV_TRAIN_MASTER_ADDR: POD_MASTER, contract.ENV_BIND_HOST: None, "GLOO_SOCKET_IFNAME": None},
         (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
     ),
     "pod evaluator: ordinal from the pod name, each trainer pod's ranks' intakes": (
@@ -94,7 +96,7 @@ def test_plan(case):
     assert plan.role == role and plan.argv == argv
     assert {name: plan.env.get(name) for name in env} == env
     assert plan.env_from_pod == from_pod
-    ours = set(plan.env) - {launch.THREADS_ENV}  # torch's, not the runtime's
+    ours = set(plan.env) - {launch.THREADS_ENV, *launch.SOCKET_IFNAME_ENV}  # torch's, gloo's, NCCL's: not ours
     assert list(plan.env) == sorted(plan.env) and ours | set(from_pod) <= set(launch.RUNTIME_ENV)
     absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS} if role == "eval" else set()
     absent |= {contract.ENV_EVAL_ORDINAL} if ordinal is None else set()
@@ -145,6 +147,7 @@ def test_the_pods_environment_gives_valid_settings_for_each_role():
         assert settings.spec_path == Path(contract.SPEC_MOUNT_DIR) / contract.SPEC_FILE_NAME
         assert settings.run_dir == Path(contract.DEFAULT_RUN_DIR_IN_POD)
         assert settings.report_status is (role == "train") and settings.expected_evaluators is None
+        assert settings.bind_host is None  # a pod's ports bind every interface: its peers are other pods
         intakes = (f"{POD_MASTER}:29700", f"{POD_MASTER}:29701")  # the example: 1 trainer pod, 2 ranks
         assert settings.trajectory_endpoints == (intakes if role == "eval" else ())
     assert eval_ordinal(environs["eval"]) == 3
@@ -157,7 +160,7 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         monkeypatch.setenv(name, value)
     run = local.LocalRun(_manifest(eval={"replicas": 3}), "", RunDir(tmp_path / "run"))
     *evals, trainer = run.children()
-    assert trainer.command[:3] == [sys.executable, *TORCHRUN] and evals[0].command[0] == sys.executable
+    assert trainer.command[:3] == [sys.executable, *LOCAL_TORCHRUN] and evals[0].command[0] == sys.executable
     for ordinal, child in enumerate([*evals, trainer]):
         settings = ProcessSettings.from_env(child.env)
         role = "train" if child is trainer else "eval"
@@ -165,7 +168,7 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         assert (settings.role, settings.group_name, settings.namespace) == (role, "cartpole", None)
         assert (settings.master_addr, settings.weight_sync_port, settings.metrics_port) == ("127.0.0.1", 29600, 0)
         assert settings.spec_path == RunDir(tmp_path / "run").spec_path.resolve()
-        assert settings.report_status is False
+        assert settings.report_status is False and settings.bind_host == "127.0.0.1"  # every port on loopback
         assert settings.expected_evaluators == (3 if role == "train" else None)
         if role == "eval":
             assert eval_ordinal(child.env) == ordinal

@@ -77,6 +77,9 @@ class ReinforcePolicy(BasePolicy):
     """
 
     kwargs_model: ClassVar[type[BaseModel]] = ReinforceKwargs
+    # The spaces it can build a network for: `rlightning validate` refuses an env with others.
+    observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
+    action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Discrete,)
     agent: nn.Module
 
     def __init__(self, config: PolicyConfig, role_type: PolicyRole | str) -> None:
@@ -85,13 +88,8 @@ class ReinforcePolicy(BasePolicy):
         self._dataset: TensorDict | None = None
 
     def construct_network(self, env_meta: EnvMeta) -> None:
-        """Create `self.agent`, a PolicyNetwork for the env's spaces.
-
-        Raises:
-            ValueError: When the action space is not Discrete.
-        """
-        if not isinstance(env_meta.action_space, gymnasium.spaces.Discrete):
-            raise ValueError(f"ReinforcePolicy needs a Discrete action space, got {env_meta.action_space}")
+        """Create `self.agent`, a PolicyNetwork for the env's spaces (the declared ones: the base class checks)."""
+        assert isinstance(env_meta.action_space, gymnasium.spaces.Discrete)
         obs_dim = int(torch.tensor(env_meta.observation_space.shape).prod())
         self.agent = PolicyNetwork(obs_dim, int(env_meta.action_space.n), self.kwargs.hidden_size)
 
