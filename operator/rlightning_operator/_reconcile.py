@@ -35,6 +35,14 @@ EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 """(object, type Normal|Warning, reason, message) -> None; posts a Kubernetes Event about the object."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _SeenPod:
+    """A pod as the pod watch last delivered it (`_pods.trim`med); `gone` after its DELETED event."""
+
+    pod: dict[str, Any]
+    gone: bool = False
+
+
 class InvalidSpecError(Exception):
     """The PolicyGroup's spec fails validation; retrying cannot help until the spec changes.
 
@@ -93,29 +101,45 @@ class Reconciler:
         # under the same name while a reconcile runs still gets the same lock).
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
-        # The last state of each trainer pod seen by the pod watch, per PolicyGroup: a pod deleted (or failed)
-        # may be gone, and the Job failed because of it, before the next pass lists pods; this is its evidence.
-        self._trainers_seen: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-        self._trainers_guard = threading.Lock()
+        # The pods the status reads, per PolicyGroup, as the pod watch last delivered them (trimmed), so that no
+        # pass lists pods: every trainer pod (one deleted stays, marked gone: the evidence of a loss once it is
+        # gone and the Job failed because of it) and the evaluator pods not settled (`_pods.settled`).
+        self._pods_seen: dict[tuple[str, str], dict[str, _SeenPod]] = {}
+        self._pods_guard = threading.Lock()
 
-    def note_pod(self, pod: Mapping[str, Any]) -> None:
-        """Remember the last state of a trainer pod as the pod watch delivered it (a DELETED event included).
+    def note_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """Remember the state of a pod as the pod watch delivered it, or forget it when the status cannot need it.
 
         Args:
-            pod (Mapping[str, Any]): A pod of a managed workload; others than trainers are ignored.
+            pod (Mapping[str, Any]): A pod of a managed workload; pods of no role or group are ignored.
+            deleted (bool, optional): The pod is gone (a DELETED event). Defaults to False.
         """
         metadata = pod.get("metadata") or {}
         labels = metadata.get("labels") or {}
-        if labels.get(contract.LABEL_ROLE) != contract.PolicyRole.TRAIN or not labels.get(contract.LABEL_GROUP):
+        role, group = labels.get(contract.LABEL_ROLE), labels.get(contract.LABEL_GROUP)
+        if role not in (contract.PolicyRole.TRAIN, contract.PolicyRole.EVAL) or not group:
             return
-        with self._trainers_guard:
-            seen = self._trainers_seen.setdefault((metadata.get("namespace", ""), labels[contract.LABEL_GROUP]), {})
-            seen[metadata.get("name", "")] = dict(pod)
+        key, name = (metadata.get("namespace", ""), group), metadata.get("name", "")
+        with self._pods_guard:
+            seen = self._pods_seen.setdefault(key, {})
+            if role == contract.PolicyRole.TRAIN:
+                seen[name] = _SeenPod(pods.trim(pod), gone=deleted)
+            elif deleted or pods.settled(pod):
+                seen.pop(name, None)
+            else:
+                seen[name] = _SeenPod(pods.trim(pod))
+            if not seen:
+                del self._pods_seen[key]
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop what the pod watch remembered of a PolicyGroup's trainer pods (call once the PolicyGroup is gone)."""
-        with self._trainers_guard:
-            self._trainers_seen.pop((namespace, name), None)
+        """Drop what the pod watch remembered of a PolicyGroup's pods (call once the PolicyGroup is gone)."""
+        with self._pods_guard:
+            self._pods_seen.pop((namespace, name), None)
+
+    def _live_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The pods of a PolicyGroup the status may read (trainers, evaluators not settled), as last watched."""
+        with self._pods_guard:
+            return [seen.pod for seen in self._pods_seen.get((namespace, name), {}).values() if not seen.gone]
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -148,10 +172,11 @@ class Reconciler:
             return self._reconcile_locked(body, namespace, name)
 
     def refresh_status(self, body: Mapping[str, Any]) -> Outcome:
-        """Recompute and write the status from the Job and the StatefulSet alone; act on nothing, unless the
-        trainer gang lost a pod or training has ended with evaluators to stop: then reconcile whole.
+        """Recompute and write the status from the Job, the StatefulSet and the watched pods; act on nothing,
+        unless the trainer gang lost a pod, or the Job or the StatefulSet is missing or differs from what the spec
+        asks (a template, replicas, an owner; evaluators to stop once training has ended): then reconcile whole.
 
-        For child events that only moved progress (pods becoming ready): 3 reads instead of 9.
+        For child and pod events that only moved progress (pods becoming ready): 3 reads instead of 9.
 
         Args:
             body (Mapping[str, Any]): The PolicyGroup object.
@@ -170,13 +195,15 @@ class Reconciler:
             manifest = self._validate(body, namespace, name)
             job = self._client.read("Job", namespace, contract.train_name(name))
             current = _current_restarts(body, job)
-            decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+            decision = planner.plan_restart(job, self._trainer_pods(namespace, name, job, current), current,
                                             manifest.spec.train.max_restarts)
             if decision is not None and decision.restart:
                 return self._reconcile_locked(body, namespace, name)
             stateful_set = self._client.read("StatefulSet", namespace, contract.eval_name(name))
-            if _stop_evaluators(manifest, job, current) and ((stateful_set or {}).get("spec") or {}).get("replicas"):
-                return self._reconcile_locked(body, namespace, name)
+            desired = {planner.key(child): child for child in self._desired(body, manifest, namespace, job, current)}
+            watched = {("Job", contract.train_name(name)): job, ("StatefulSet", contract.eval_name(name)): stateful_set}
+            if any(planner.plan_child(desired[key], observed) is not None for key, observed in watched.items()):
+                return self._reconcile_locked(body, namespace, name)  # missing, changed, or evaluators to stop
             return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
                                 blocked=[], current=current)
 
@@ -251,7 +278,7 @@ class Reconciler:
             replicas = 0
         group_pods: list[dict[str, Any]] = []
         if status.pods_matter(nodes, replicas, job, stateful_set):
-            group_pods = self._client.list("Pod", namespace, f"{contract.LABEL_GROUP}={name}")
+            group_pods = self._live_pods(namespace, name)
         previous = current_status.get("conditions") or []
         observation = status.Observation(
             name,
@@ -290,24 +317,21 @@ class Reconciler:
                        recheck_seconds=status.recheck_seconds(observation, computed))
 
     def _trainer_pods(
-        self,
-        namespace: str,
-        name: str,
-        manifest: PolicyGroupManifest,
-        job: Mapping[str, Any] | None,
-        current: planner.Restarts,
+        self, namespace: str, name: str, job: Mapping[str, Any] | None, current: planner.Restarts
     ) -> list[dict[str, Any]]:
-        """The trainer pods of the current attempt: as listed when the Job may have lost one (some pod not ready, or
-        the Job failing; a steady gang costs no pod list), and as last seen by the pod watch for the others (a pod
-        gone already). Pods of other attempts are forgotten.
+        """The trainer pods of the current attempt as last seen by the pod watch (a pod gone already included), and
+        as listed too when the Job is failing (the watch may not have delivered the failed pod yet; a gang that
+        runs or starts costs no pod list). Pods of other attempts are forgotten.
         """
-        with self._trainers_guard:
-            seen = self._trainers_seen.get((namespace, name), {})
-            for pod_name in [n for n, pod in seen.items() if builders.attempt_of(pod) != current.attempt]:
-                del seen[pod_name]
-            if (job or {}).get("spec", {}).get("suspend"):
-                seen.clear()  # pods a suspension removed are no evidence of a loss once the Job runs again
-            remembered = dict(seen)
+        with self._pods_guard:
+            seen = self._pods_seen.get((namespace, name), {})
+            suspended = bool((job or {}).get("spec", {}).get("suspend"))
+            for pod_name, pod in list(seen.items()):
+                if _role(pod.pod) == contract.PolicyRole.TRAIN and \
+                        (suspended or builders.attempt_of(pod.pod) != current.attempt):
+                    # pods a suspension removed are no evidence of a loss once the Job runs again
+                    del seen[pod_name]
+            remembered = {n: pod.pod for n, pod in seen.items() if _role(pod.pod) == contract.PolicyRole.TRAIN}
         if job is None or builders.attempt_of(job) != current.attempt:
             return []
         job_status = job.get("status") or {}
@@ -315,9 +339,7 @@ class Reconciler:
         if "Complete" in conditions:
             return []
         failing = conditions & {"FailureTarget", "Failed"} or job_status.get("failed") or job_status.get("terminating")
-        listed = []
-        if failing or int(job_status.get("ready") or 0) < manifest.spec.train.nodes:
-            listed = self._client.list("Pod", namespace, _trainer_selector(name))
+        listed = self._client.list("Pod", namespace, _trainer_selector(name)) if failing else []
         names = {(p.get("metadata") or {}).get("name") for p in listed}
         return listed + [pod for pod_name, pod in sorted(remembered.items()) if pod_name not in names]
 
@@ -352,20 +374,13 @@ class Reconciler:
         job_name = contract.train_name(name)
         job = self._client.read("Job", namespace, job_name)
         current = _current_restarts(body, job)
-        decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+        decision = planner.plan_restart(job, self._trainer_pods(namespace, name, job, current), current,
                                         manifest.spec.train.max_restarts)
         restarts = None
         if decision is not None and decision.restart:
             restarts = self._restart(body, manifest, decision, current)
             current = decision.after
-        desired = []
-        for child in builders.build_children(manifest, namespace):
-            if planner.key(child) == ("Job", job_name):
-                child = builders.with_attempt(child, current.attempt)
-            elif planner.key(child) == ("StatefulSet", contract.eval_name(name)) and \
-                    _stop_evaluators(manifest, job, current):
-                child["spec"]["replicas"] = 0
-            desired.append(builders.with_owner(child, dict(body)))
+        desired = self._desired(body, manifest, namespace, job, current)
         observed: dict[tuple[str, str], dict[str, Any] | None] = {}
         for kind, child_name in map(planner.key, desired):
             observed[(kind, child_name)] = job if kind == "Job" else self._client.read(kind, namespace, child_name)
@@ -386,6 +401,23 @@ class Reconciler:
         stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
         return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked,
                             current=current, restarts=restarts)
+
+    @staticmethod
+    def _desired(
+        body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
+        current: planner.Restarts,
+    ) -> list[dict[str, Any]]:
+        """The children as they should be: built, the Job under the current attempt, the evaluators scaled to zero
+        once training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup.
+        """
+        desired = []
+        for child in builders.build_children(manifest, namespace):
+            if child["kind"] == "Job":
+                child = builders.with_attempt(child, current.attempt)
+            elif child["kind"] == "StatefulSet" and _stop_evaluators(manifest, job, current):
+                child["spec"]["replicas"] = 0
+            desired.append(builders.with_owner(child, dict(body)))
+        return desired
 
     def _old_attempt_gone(
         self, action: planner.Action, namespace: str, name: str, current: planner.Restarts
@@ -449,6 +481,10 @@ class Reconciler:
                 return False
             raise
         return True
+
+
+def _role(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE)
 
 
 def _trainer_selector(group: str) -> str:

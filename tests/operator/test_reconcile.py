@@ -309,7 +309,7 @@ def test_a_crash_loop_is_reported_in_status_and_by_one_warning(api, events, reco
             "name": "eval", "ready": False, "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
             "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}]},
     }
-    api.objects[("Pod", NS, "cartpole-eval-1")] = crashing
+    watch_pod(api, reconciler, crashing)
     body = group()
     for _ in range(2):  # the second pass finds the same problem: no second Warning
         reconciler.reconcile(body)
@@ -318,6 +318,16 @@ def test_a_crash_loop_is_reported_in_status_and_by_one_warning(api, events, reco
     assert ready["reason"] == "CrashLoopBackOff" and "exit code 2" in ready["message"]
     warnings = [e for e in events if e[0] == "Warning"]
     assert [(e[1], "cartpole-eval-1" in e[2]) for e in warnings] == [("CrashLoopBackOff", True)]
+
+
+def watch_pod(api, reconciler, pod, deleted=False):
+    """A pod stored (or removed) and delivered by the pod watch to the reconciler, as the handler does."""
+    key = ("Pod", NS, pod["metadata"]["name"])
+    if deleted:
+        api.objects.pop(key, None)
+    else:
+        api.objects[key] = pod
+    reconciler.note_pod(pod, deleted=deleted)
 
 
 def trainer_pod(name, attempt, **status):
@@ -373,11 +383,12 @@ def test_a_deleted_trainer_pod_is_a_disruption_that_never_fails_the_group(api, e
     reconciler.reconcile(body)
     api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0}
     for attempt in range(3):
-        api.objects[("Pod", NS, f"p{attempt}")] = trainer_pod(f"p{attempt}", attempt, phase="Running")
-        api.objects[("Pod", NS, f"p{attempt}")]["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+        pod = trainer_pod(f"p{attempt}", attempt, phase="Running")
+        pod["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+        watch_pod(api, reconciler, pod)
         body["status"] = stored_status(api)
         reconciler.reconcile(body)
-        del api.objects[("Pod", NS, f"p{attempt}")]
+        watch_pod(api, reconciler, pod, deleted=True)
         body["status"] = stored_status(api)
         reconciler.reconcile(body)
         api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0}
