@@ -104,6 +104,17 @@ def _settle(operator: OperatorProcess, quiet_seconds: float = 10.0, timeout: flo
     return time.monotonic() - started - quiet_seconds
 
 
+def _by_labels(operator: OperatorProcess, name: str, labels: tuple[str, ...]) -> dict[str, int]:
+    """A counter's samples summed by `labels`, "a/b" -> total, largest first (where the requests went)."""
+    totals: dict[str, int] = {}
+    for sample, value in operator.metrics().items():
+        if sample.startswith(name + "{"):
+            found = dict(part.split("=", 1) for part in sample[len(name) + 1:-1].split(","))
+            key = "/".join(found.get(label, "").strip('"') for label in labels)
+            totals[key] = totals.get(key, 0) + int(value)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
 def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_seconds: float, log_dir: Path) -> dict:
     """Run one scenario; returns its figures."""
     groups, evaluators = SCENARIOS[name]
@@ -140,6 +151,9 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
             "peak_rss_mib": round(_rss_peak_mib(operator.process.pid), 1),
             "steady_requests_per_minute": round(steady, 1),
             "errors": int(operator.counter("rlightning_operator_reconcile_errors_total")),
+            "api_requests_by_kind": _by_labels(operator, "rlightning_operator_api_requests_total", ("verb", "kind")),
+            "watch_events": _by_labels(operator, "rlightning_operator_watch_events_total", ("kind", "outcome")),
+            "reconciles": _by_labels(operator, "rlightning_operator_reconciles_total", ("trigger",)),
         }
     finally:
         operator.stop()

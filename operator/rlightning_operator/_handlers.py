@@ -11,7 +11,8 @@
   starts, a label or annotation); a refresh that finds a trainer pod failed or gone reconciles whole (a gang
   restart). The reconciler keeps from these events the pods the status reads (`_pods.trim`: every trainer pod, a
   gone one as the evidence of its loss, and the evaluators not ready), so no pass lists pods.
-- events of the PolicyGroups themselves (their status included): a status refresh only when the trainer's report
+- events of the PolicyGroups themselves (their status included): kept by the reconciler as the body a pass
+  starts from (`Reconciler.note_group`), and a status refresh only when the trainer's report
   of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`), or the trainer
   reported after TrainingProgressing turned False (`_status.progress_condition_stale`); nothing else in a
   PolicyGroup's status changes without a child changing, except with time: a pass that leaves TrainingProgressing
@@ -181,8 +182,9 @@ async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     group = body.metadata.labels.get(contract.LABEL_GROUP)
     if group and memo.refresher is not None and body.metadata.namespace:
         fingerprint = status.child_fingerprint(_plain(body))
-        memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
-                              deleted=type == "DELETED")
+        scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
+                                          deleted=type == "DELETED")
+        metrics.WATCH_EVENTS.labels(kind=body.get("kind") or "", outcome="pass" if scheduled else "ignored").inc()
 
 
 @kopf.on.event("v1", "pods", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}, registry=REGISTRY)
@@ -194,20 +196,24 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
     if group and memo.refresher is not None and body.metadata.namespace:
         pod = _plain(body)
         memo.reconciler.note_pod(pod, deleted=type == "DELETED")  # what the status reads: no pass lists pods
-        memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
-                              status.pod_fingerprint(pod), deleted=type == "DELETED", child=False)
+        scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
+                                          status.pod_fingerprint(pod), deleted=type == "DELETED", child=False)
+        metrics.WATCH_EVENTS.labels(kind="Pod", outcome="pass" if scheduled else "ignored").inc()
 
 
 @kopf.on.event(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, registry=REGISTRY)
-async def group_changed(body: kopf.Body, memo: Context, **_: Any) -> None:
+async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's)
     """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
     data (status.training) and the DataFlowing condition disagree, or when a report arrived after
     TrainingProgressing turned False. Spec changes have handlers of their own.
     """
     namespace, name = body.metadata.namespace, body.metadata.name
-    if memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
-            (status.data_condition_stale(_plain(body)) or status.progress_condition_stale(_plain(body))):
+    memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
+    stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
+        (status.data_condition_stale(_plain(body)) or status.progress_condition_stale(_plain(body)))
+    if stale and memo.refresher is not None and namespace and name:
         memo.refresher.schedule(namespace, name, full=False)
+    metrics.WATCH_EVENTS.labels(kind=contract.KIND, outcome="pass" if stale else "ignored").inc()
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

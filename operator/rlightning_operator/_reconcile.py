@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,6 +34,27 @@ logger = logging.getLogger(__name__)
 
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 """(object, type Normal|Warning, reason, message) -> None; posts a Kubernetes Event about the object."""
+
+
+STATUS_ECHO_SECONDS = 10.0
+"""How long the PolicyGroup watch may take to deliver the operator's own status write; past it, passes read the
+PolicyGroup from the API server until the watch delivers it again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _SeenGroup:
+    """A PolicyGroup as last watched, or as the operator's own status write returned it.
+
+    Attributes:
+        body (dict[str, Any]): The object.
+        awaiting (str | None): resourceVersion of that write until the watch delivers it (events before it are
+            older than `body` and dropped); None when `body` came from the watch.
+        since (float): `time.monotonic()` of the write.
+    """
+
+    body: dict[str, Any]
+    awaiting: str | None = None
+    since: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +128,28 @@ class Reconciler:
         # gone and the Job failed because of it) and the evaluator pods not settled (`_pods.settled`).
         self._pods_seen: dict[tuple[str, str], dict[str, _SeenPod]] = {}
         self._pods_guard = threading.Lock()
+        # Each PolicyGroup as the watch (or the operator's own status write) last gave it, so that a pass reads none.
+        self._groups_seen: dict[tuple[str, str], _SeenGroup] = {}
+        self._groups_guard = threading.Lock()
+
+    def note_group(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
+
+        The watch delivers an object's events in order, so while the operator's own status write has not come back
+        through it, the events before it are older than what the write returned, and are dropped.
+
+        Args:
+            body (Mapping[str, Any]): The PolicyGroup.
+            deleted (bool, optional): It is gone. Defaults to False.
+        """
+        metadata = body.get("metadata") or {}
+        key = (metadata.get("namespace", ""), metadata.get("name", ""))
+        with self._groups_guard:
+            seen = self._groups_seen.get(key)
+            if deleted:
+                self._groups_seen.pop(key, None)
+            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")):
+                self._groups_seen[key] = _SeenGroup(dict(body))
 
     def note_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """Remember the state of a pod as the pod watch delivered it, or forget it when the status cannot need it.
@@ -135,6 +179,8 @@ class Reconciler:
         """Drop what the pod watch remembered of a PolicyGroup's pods (call once the PolicyGroup is gone)."""
         with self._pods_guard:
             self._pods_seen.pop((namespace, name), None)
+        with self._groups_guard:
+            self._groups_seen.pop((namespace, name), None)
 
     def _live_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """The pods of a PolicyGroup the status may read (trainers, evaluators not settled), as last watched."""
@@ -149,8 +195,31 @@ class Reconciler:
             return lock
 
     def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The PolicyGroup as stored now, or None when it is gone."""
+        """The PolicyGroup as the watch last delivered it (or as the operator's own status write returned it); read
+        from the API server when the watch has not delivered it, or not the operator's last write within
+        `STATUS_ECHO_SECONDS`.
+
+        Returns:
+            dict[str, Any] | None: The PolicyGroup, or None when it is gone.
+
+        Raises:
+            kube.TransientApiError: The read failed in a way worth retrying.
+            kube.PermanentApiError: The read was refused.
+        """
+        with self._groups_guard:
+            seen = self._groups_seen.get((namespace, name))
+            if seen is not None and seen.awaiting is not None and time.monotonic() - seen.since > STATUS_ECHO_SECONDS:
+                del self._groups_seen[(namespace, name)]  # the watch may have relisted past the write: start over
+            elif seen is not None:
+                return seen.body
         return self._client.read(contract.KIND, namespace, name)
+
+    def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it."""
+        stored = self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status")
+        with self._groups_guard:
+            self._groups_seen[(namespace, name)] = _SeenGroup(
+                stored, (stored.get("metadata") or {}).get("resourceVersion"), time.monotonic())
 
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
         """Make the children of a PolicyGroup match its spec and write its status.
@@ -230,8 +299,7 @@ class Reconciler:
             )
             if conditions is not None:
                 try:
-                    self._client.patch(contract.KIND, namespace, name, {"status": {"conditions": conditions}},
-                                       subresource="status")
+                    self._patch_status(namespace, name, {"conditions": conditions})
                 except kube.ApiError as status_error:
                     logger.warning("%s/%s: cannot report it in status: %s", namespace, name, status_error)
                 self._post_event(body, "Warning", conditions[-1]["reason"], message)
@@ -475,7 +543,7 @@ class Reconciler:
         if not status.differs(current, computed):
             return False
         try:
-            self._client.patch(contract.KIND, namespace, name, {"status": dict(computed)}, subresource="status")
+            self._patch_status(namespace, name, computed)
         except kube.PermanentApiError as error:
             if error.status == 404:  # deleted meanwhile; garbage collection removes the children
                 return False

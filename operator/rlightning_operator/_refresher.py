@@ -5,7 +5,8 @@ A burst of child events for one PolicyGroup (1000 evaluator pods becoming ready)
 `delay` seconds. A pass is a whole reconcile when a child was deleted, else a status refresh (read the Job and the
 StatefulSet, write status), which reconciles whole by itself when either differs from what the spec asks (spec
 hash, owner, replicas): so a child the operator has just created or patched costs no second round of reads of
-every child. Each pass reads the PolicyGroup fresh, so it never acts on a stale spec.
+every child. Each pass takes the PolicyGroup as its watch last delivered it, never older than the operator's own
+last status write (`Reconciler.read_group`), so a pass reads it only when the watch has not delivered it.
 """
 
 from __future__ import annotations

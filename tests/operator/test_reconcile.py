@@ -447,3 +447,35 @@ def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, even
     lost = (0, 1) if group_deleted else (1, 0)  # a Job failure without evidence counts as a failure
     assert (restarts["disruptions"], restarts["failures"]) == lost
     assert (restarts["reason"] == "PodDeleted") is not group_deleted
+
+
+def test_a_pass_takes_the_group_as_watched_and_no_event_older_than_its_own_status_write(api, reconciler):
+    versions = itertools.count(10)
+    patch = api.patch
+
+    def versioned_patch(*args, **kwargs):  # the API server gives each write a new resourceVersion
+        stored = patch(*args, **kwargs)
+        stored["metadata"]["resourceVersion"] = str(next(versions))
+        return stored
+    api.patch = versioned_patch
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole") is not None and api.requests == ["get"], "not watched yet: read"
+    watched = group()
+    watched["metadata"]["resourceVersion"] = "5"
+    reconciler.note_group(watched)
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "5" and api.requests == []
+    reconciler.reconcile(watched)  # writes status: resourceVersion 10
+    assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api)
+    reconciler.note_group(watched)  # an event from before the write, delivered after it: dropped
+    assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "10"
+    echo = copy.deepcopy(api.objects[(contract.KIND, NS, "cartpole")])
+    echo["metadata"]["resourceVersion"] = "10"
+    reconciler.note_group(echo)  # the write came back through the watch; what follows is newer
+    later = {**echo, "metadata": {**echo["metadata"], "resourceVersion": "11"}}
+    reconciler.note_group(later)
+    assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "11"
+    reconciler.note_group(later, deleted=True)
+    api.requests.clear()
+    reconciler.read_group(NS, "cartpole")
+    assert api.requests == ["get"]
