@@ -197,7 +197,8 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
         pod = _plain(body)
         memo.reconciler.note_pod(pod, deleted=type == "DELETED")  # what the status reads: no pass lists pods
         scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
-                                          status.pod_fingerprint(pod), deleted=type == "DELETED", child=False)
+                                          status.pod_fingerprint(pod), deleted=type == "DELETED", child=False,
+                                          unseen=status.QUIET_POD)
         metrics.WATCH_EVENTS.labels(kind="Pod", outcome="pass" if scheduled else "ignored").inc()
 
 

@@ -57,6 +57,7 @@ class Refresher:
         fingerprint: tuple[Hashable, Hashable],
         deleted: bool,
         child: bool = True,
+        unseen: tuple[Hashable, Hashable] | None = None,
     ) -> bool:
         """A child of PolicyGroup `namespace/name` changed: schedule a pass unless nothing relevant did.
 
@@ -70,11 +71,14 @@ class Refresher:
             child (bool, optional): A child the planner manages (Job, StatefulSet), whose deletion needs a whole
                 reconcile; False for a pod, whose changes (even its deletion) need only a status refresh. Defaults
                 to True.
+            unseen (tuple[Hashable, Hashable] | None, optional): What an object seen for the first time counts as
+                having had (`status.QUIET_POD`: a new pod with nothing to report schedules nothing); None: its
+                first sight schedules a pass. Defaults to None.
 
         Returns:
             bool: Whether a pass was scheduled (or one was already pending).
         """
-        previous = self._seen.pop(uid, None)
+        previous = self._seen.pop(uid, unseen)
         if not deleted:
             self._seen[uid] = fingerprint
             if previous == fingerprint:

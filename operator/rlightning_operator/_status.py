@@ -659,13 +659,19 @@ def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any,
         pod (Mapping[str, Any]): A pod as watched.
 
     Returns:
-        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), (problem, deletion mark, trainer phase, trainer loss)).
+        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), (problem, deletion mark, trainer phase once finished,
+            trainer loss)); `QUIET_POD` for a pod with nothing to report.
     """
     trainer = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE) == contract.PolicyRole.TRAIN
     deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))  # a trainer pod deleted ends its attempt
-    phase = (pod.get("status") or {}).get("phase") if trainer else None  # a trainer that succeeded finishes
+    phase = (pod.get("status") or {}).get("phase") if trainer else None
+    phase = phase if phase in ("Succeeded", "Failed") else None  # a trainer that finished
     loss = pods.trainer_loss([pod]) if trainer else None
     return ("Pod",), (pods.diagnose([pod]), deleting, phase, loss)
+
+
+QUIET_POD = pod_fingerprint({})
+"""The fingerprint of a pod with nothing to report: what a pod seen for the first time is compared with."""
 
 
 REFUSAL_REASONS = {403: "Forbidden", 422: "Invalid"}

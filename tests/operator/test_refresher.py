@@ -128,6 +128,27 @@ def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_ref
     assert reconciler.calls == [("status", "a"), ("status", "a"), "a"]
 
 
+def test_a_new_pod_with_nothing_to_report_schedules_nothing():
+    from rlightning_operator._status import QUIET_POD, pod_fingerprint
+
+    reconciler = FakeReconciler()
+    crashing = {"status": {"phase": "Running", "containerStatuses": [
+        {"name": "eval", "ready": False, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+
+    async def scenario():
+        refresher = Refresher(reconciler, delay=0.05)
+        pending = {"metadata": {"name": "p"}, "status": {"phase": "Pending"}}
+        assert not refresher.notify("ns", "a", "p", pod_fingerprint(pending), deleted=False, child=False,
+                                    unseen=QUIET_POD)
+        assert refresher.notify("ns", "a", "q", pod_fingerprint(crashing), deleted=False, child=False,
+                                unseen=QUIET_POD), "first seen crash-looping (the operator restarted)"
+        await _settled()
+        await refresher.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert reconciler.calls == [("status", "a")]
+
+
 class RecheckingReconciler(FakeReconciler):
     """Its status passes ask for a recheck (a condition that turns with time) `rechecks` times."""
 
