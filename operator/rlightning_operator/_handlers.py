@@ -5,7 +5,8 @@
   so bookkeeping there would be pruned and handlers would run again).
 - events of the Jobs and StatefulSets the operator manages (server-side label selector): a debounced
   reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
-  change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped.
+  change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
+  each child as last watched (`Reconciler.note_child`), so a status refresh reads none.
 - events of their pods (same selector; read-only): a debounced status refresh, so that status says when pods
   crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest: a pod that only
   starts, a label or annotation); a refresh that finds a trainer pod failed or gone reconciles whole (a gang
@@ -181,6 +182,7 @@ async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     """
     group = body.metadata.labels.get(contract.LABEL_GROUP)
     if group and memo.refresher is not None and body.metadata.namespace:
+        memo.reconciler.note_child(_plain(body), deleted=type == "DELETED")  # a status refresh reads no child
         fingerprint = status.child_fingerprint(_plain(body))
         scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
                                           deleted=type == "DELETED")

@@ -479,3 +479,23 @@ def test_a_pass_takes_the_group_as_watched_and_no_event_older_than_its_own_statu
     api.requests.clear()
     reconciler.read_group(NS, "cartpole")
     assert api.requests == ["get"]
+
+
+def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_reconciles_whole(api, reconciler):
+    reconciler.reconcile(group())
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1}
+    for key in (("Job", NS, "cartpole-train"), ("StatefulSet", NS, "cartpole-eval")):
+        reconciler.note_child(api.objects[key])
+    reconciler.note_group(api.objects[(contract.KIND, NS, "cartpole")])
+    api.requests.clear()
+    outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
+    assert outcome.actions == [] and api.requests == ["patch/status"], "the watches gave the group and its children"
+    assert stored_status(api)["eval"]["summary"] == "2/2"
+    scaled = copy.deepcopy(api.objects[("StatefulSet", NS, "cartpole-eval")])
+    scaled["spec"]["replicas"] = 5  # scaled by hand: the refresh sees it and reconciles whole
+    api.objects[("StatefulSet", NS, "cartpole-eval")] = scaled
+    reconciler.note_child(scaled)
+    outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
+    assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
+    assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == 2
