@@ -46,13 +46,15 @@ class _SeenGroup:
     """A PolicyGroup as last watched, or as the operator's own status write returned it.
 
     Attributes:
-        body (dict[str, Any]): The object.
-        awaiting (str | None): resourceVersion of that write until the watch delivers it (events before it are
-            older than `body` and dropped); None when `body` came from the watch.
+        body (dict[str, Any] | None): The object; None while unknown: an event other than the write's came before
+            the write's own (it may be older or newer than the write: passes read the PolicyGroup until the write's
+            event comes).
+        awaiting (str | None): resourceVersion of that write until the watch delivers it; None when `body` came
+            from the watch.
         since (float): `time.monotonic()` of the write.
     """
 
-    body: dict[str, Any]
+    body: dict[str, Any] | None
     awaiting: str | None = None
     since: float = 0.0
 
@@ -164,8 +166,8 @@ class Reconciler:
     def note_group(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
 
-        The watch delivers an object's events in order, so while the operator's own status write has not come back
-        through it, the events before it are older than what the write returned, and are dropped.
+        Until the operator's own status write comes back through the watch, an event of another write may be older
+        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it.
 
         Args:
             body (Mapping[str, Any]): The PolicyGroup.
@@ -179,6 +181,8 @@ class Reconciler:
                 self._groups_seen.pop(key, None)
             elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")):
                 self._groups_seen[key] = _SeenGroup(dict(body))
+            else:
+                self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
 
     def note_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """Remember the state of a pod as the pod watch delivered it, or forget it when the status cannot need it.
@@ -227,8 +231,8 @@ class Reconciler:
 
     def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The PolicyGroup as the watch last delivered it (or as the operator's own status write returned it); read
-        from the API server when the watch has not delivered it, or not the operator's last write within
-        `STATUS_ECHO_SECONDS`.
+        from the API server when the watch has not delivered it, or delivered another write before the operator's
+        own (`note_group`), or not the operator's own within `STATUS_ECHO_SECONDS`.
 
         Returns:
             dict[str, Any] | None: The PolicyGroup, or None when it is gone.
@@ -241,7 +245,7 @@ class Reconciler:
             seen = self._groups_seen.get((namespace, name))
             if seen is not None and seen.awaiting is not None and time.monotonic() - seen.since > STATUS_ECHO_SECONDS:
                 del self._groups_seen[(namespace, name)]  # the watch may have relisted past the write: start over
-            elif seen is not None:
+            elif seen is not None and seen.body is not None:
                 return seen.body
         return self._client.read(contract.KIND, namespace, name)
 
