@@ -3,22 +3,29 @@
 Scenarios (each in a fresh namespace, one operator process serving it):
 
 - `wide`: 1 PolicyGroup x 1000 evaluators;
-- `many`: 100 PolicyGroups x 10 evaluators.
+- `many`: 100 PolicyGroups x 10 evaluators;
+- `thousand`: 1000 PolicyGroups x 10 evaluators (11,000 pods; kwok nodes are added to hold them); not in `all`.
 
 Figures per scenario: seconds from the first `kubectl apply` until every pod is Running and every PolicyGroup
 says Ready=True; the reconciler's API requests until then (`rlightning_operator_api_requests_total`; kopf's
-own watch and bookkeeping requests are not counted); the operator's peak RSS (VmHWM); and the reconciler's
-requests per minute at steady state (once no reconcile happened for 10 s, measured over `--steady-seconds`).
+own watch and bookkeeping requests are not counted), by kind; the operator's peak RSS (VmHWM); and the
+reconciler's requests per minute at steady state (once no reconcile happened for 10 s, measured over
+`--steady-seconds`). The baseline (`baseline_seconds`, unless `--no-baseline`): the same children (built by the
+operator's builders) created directly by this script with the operator's number of threads, no operator, in a
+namespace of their own, until every pod is Running; the operator's share of the wall time is the ratio.
 
 Usage:
-    python benchmarks/operator_scale.py [--scenario wide|many|all] [--steady-seconds 60]
-        [--kubeconfig FILE]   # a running cluster (default: start one with devcluster.launch())
+    python benchmarks/operator_scale.py [--scenario wide|many|thousand|all] [--steady-seconds 60]
+        [--no-baseline] [--kubeconfig FILE]   # a running cluster (default: start one with devcluster.launch())
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import math
+import os
 import sys
 import tempfile
 import time
@@ -33,11 +40,18 @@ import kubernetes  # noqa: E402
 import yaml  # noqa: E402
 
 import devcluster  # noqa: E402
+from devcluster import _nodes  # noqa: E402
+from rlightning.config import parse_manifest  # noqa: E402
+from rlightning_operator import _builders as builders  # noqa: E402
+from rlightning_operator import _kube as kube  # noqa: E402
+from rlightning_operator import _settings  # noqa: E402
 
 from operator_cluster import CRD_FILE, OperatorProcess, small, wait_for  # noqa: E402
 
-SCENARIOS = {"wide": (1, 1000), "many": (100, 10)}
+SCENARIOS = {"wide": (1, 1000), "many": (100, 10), "thousand": (1000, 10)}
 """name -> (PolicyGroups, evaluators each)."""
+ALL = ("wide", "many")
+"""What `--scenario all` runs (`thousand` takes long: ask for it by name)."""
 READY_TIMEOUT_SECONDS = 900.0
 
 
@@ -77,19 +91,76 @@ def _rss_peak_mib(pid: int) -> float:
     return float("nan")
 
 
-def _all_ready(api: kubernetes.client.ApiClient, namespace: str, groups: int, pods: int) -> bool:
-    """Every PolicyGroup says Ready=True and `pods` pods are Running (PolicyGroups first: the cheaper list)."""
+def _running(api: kubernetes.client.ApiClient, namespace: str, pods: int) -> bool:
+    """At least `pods` pods of the namespace are Running and not being deleted."""
     core = kubernetes.client.CoreV1Api(api)
-    custom = kubernetes.client.CustomObjectsApi(api)
-    listed = custom.list_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups")["items"]
-    ready = sum(1 for g in listed for c in (g.get("status") or {}).get("conditions") or []
-                if c["type"] == "Ready" and c["status"] == "True")
-    if ready < groups:
-        return False
     listed_pods = json.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)["items"]
     running = sum(1 for p in listed_pods
                   if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"))
     return running >= pods
+
+
+def _all_ready(api: kubernetes.client.ApiClient, namespace: str, groups: int, pods: int) -> bool:
+    """Every PolicyGroup says Ready=True and `pods` pods are Running (PolicyGroups first: the cheaper list)."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+    listed = custom.list_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups")["items"]
+    ready = sum(1 for g in listed for c in (g.get("status") or {}).get("conditions") or []
+                if c["type"] == "Ready" and c["status"] == "True")
+    return ready >= groups and _running(api, namespace, pods)
+
+
+def _ensure_nodes(api: kubernetes.client.ApiClient, pods: int) -> None:
+    """Add kwok nodes (devcluster's manifests, no GPUs) until they hold `pods` with one node to spare."""
+    core = kubernetes.client.CoreV1Api(api)
+    per_node = int(_nodes.CAPACITY["pods"])
+    existing = {node.metadata.name for node in core.list_node().items}
+    for index in range(_nodes.NODE_COUNT, math.ceil(pods / per_node) + 1):
+        if _nodes.node_name(index) not in existing:
+            core.create_node(_nodes.node_manifest(index, gpu=False))
+
+
+def _group_body(index: int, evaluators: int) -> dict:
+    return small(f"pg-{index:03d}", replicas=evaluators, **{"spec.eval.maxReplicas": max(1000, evaluators)})
+
+
+def run_baseline(cluster: _GivenCluster | devcluster.Cluster, name: str) -> float:
+    """Seconds to create the scenario's children directly (no operator) until every pod is Running.
+
+    The children are what the operator builds for each PolicyGroup, without owner references, created with as
+    many threads as the operator has workers; the namespace is deleted afterwards.
+    """
+    groups, evaluators = SCENARIOS[name]
+    namespace = f"base-{name}-{uuid.uuid4().hex[:6]}"
+    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    workers = _settings.OperatorSettings.model_fields["workers"].default
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    client = kube.KubeClient(kube.load_api_client(pool_size=workers))
+
+    def create(index: int) -> None:
+        manifest = parse_manifest(_group_body(index, evaluators))
+        for child in builders.build_children(manifest, namespace):
+            client.create(child)
+    try:
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(create, range(groups)))
+        wait_for(f"{groups * (evaluators + 1)} pods Running without the operator",
+                 lambda: _running(api, namespace, groups * (evaluators + 1)), timeout=READY_TIMEOUT_SECONDS,
+                 interval=1.0)
+        return time.monotonic() - started
+    finally:
+        core = kubernetes.client.CoreV1Api(api)
+        core.delete_namespace(namespace)
+
+        def gone() -> bool:
+            try:
+                core.read_namespace(namespace)
+            except kubernetes.client.ApiException as error:
+                return error.status == 404
+            return False
+        wait_for("the baseline's namespace to be gone", gone, timeout=READY_TIMEOUT_SECONDS, interval=1.0)
+        api.close()
 
 
 def _settle(operator: OperatorProcess, quiet_seconds: float = 10.0, timeout: float = 180.0) -> float:
@@ -104,6 +175,17 @@ def _settle(operator: OperatorProcess, quiet_seconds: float = 10.0, timeout: flo
     return time.monotonic() - started - quiet_seconds
 
 
+def _by_labels(operator: OperatorProcess, name: str, labels: tuple[str, ...]) -> dict[str, int]:
+    """A counter's samples summed by `labels`, "a/b" -> total, largest first (where the requests went)."""
+    totals: dict[str, int] = {}
+    for sample, value in operator.metrics().items():
+        if sample.startswith(name + "{"):
+            found = dict(part.split("=", 1) for part in sample[len(name) + 1:-1].split(","))
+            key = "/".join(found.get(label, "").strip('"') for label in labels)
+            totals[key] = totals.get(key, 0) + int(value)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
 def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_seconds: float, log_dir: Path) -> dict:
     """Run one scenario; returns its figures."""
     groups, evaluators = SCENARIOS[name]
@@ -116,8 +198,8 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
     try:
         started = time.monotonic()
         for index in range(groups):
-            body = small(f"pg-{index:03d}", replicas=evaluators, **{"spec.eval.maxReplicas": max(1000, evaluators)})
-            custom.create_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups", body)
+            custom.create_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups",
+                                                   _group_body(index, evaluators))
         wait_for(f"{groups} PolicyGroups Ready with {groups * (evaluators + 1)} pods Running",
                  lambda: _all_ready(api, namespace, groups, groups * (evaluators + 1)),
                  timeout=READY_TIMEOUT_SECONDS, interval=1.0)
@@ -140,6 +222,9 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
             "peak_rss_mib": round(_rss_peak_mib(operator.process.pid), 1),
             "steady_requests_per_minute": round(steady, 1),
             "errors": int(operator.counter("rlightning_operator_reconcile_errors_total")),
+            "api_requests_by_kind": _by_labels(operator, "rlightning_operator_api_requests_total", ("verb", "kind")),
+            "watch_events": _by_labels(operator, "rlightning_operator_watch_events_total", ("kind", "outcome")),
+            "reconciles": _by_labels(operator, "rlightning_operator_reconciles_total", ("trigger",)),
         }
     finally:
         operator.stop()
@@ -152,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
     parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the same children created without the operator first (baseline_seconds)")
     parser.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
     args = parser.parse_args(argv)
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = list(ALL) if args.scenario == "all" else [args.scenario]
     log_dir = Path(tempfile.mkdtemp(prefix="rlightning-operator-bench-"))
     if args.kubeconfig:
         cluster: _GivenCluster | devcluster.Cluster = _GivenCluster(args.kubeconfig)
@@ -165,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         _install_crd(cluster.kubeconfig)
         results = []
         for name in names:
+            groups, evaluators = SCENARIOS[name]
+            api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+            _ensure_nodes(api, groups * (evaluators + 1))
+            api.close()
+            baseline = run_baseline(cluster, name) if args.baseline else None
             result = run_scenario(cluster, name, args.steady_seconds, log_dir)
+            result["baseline_seconds"] = None if baseline is None else round(baseline, 1)
             print(json.dumps(result), flush=True)
             results.append(result)
     finally:

@@ -169,6 +169,7 @@ async def _serve(
         namespaces=settings.served_namespaces,
         standalone=True,
         memo=context,
+        memories=handlers.PodsForgotten(),
     ))
     tasks: set[asyncio.Task[None]] = {kopf_task}
     if elector is not None:

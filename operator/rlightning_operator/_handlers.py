@@ -5,18 +5,25 @@
   so bookkeeping there would be pruned and handlers would run again).
 - events of the Jobs and StatefulSets the operator manages (server-side label selector): a debounced
   reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
-  change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped.
+  change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
+  each child as last watched (`Reconciler.note_child`), so a status refresh reads none.
 - events of their pods (same selector; read-only): a debounced status refresh, so that status says when pods
-  crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest); a refresh that
-  finds a trainer pod failed or gone reconciles whole (a gang restart). The reconciler keeps each trainer pod's
-  last state from these events, the evidence of a pod that is gone before the pass runs.
-- events of the PolicyGroups themselves (their status included): a status refresh only when the trainer's report
+  crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest: a pod that only
+  starts, a label or annotation); a refresh that finds a trainer pod failed or gone reconciles whole (a gang
+  restart). The reconciler keeps from these events the pods the status reads (`_pods.trim`: every trainer pod, a
+  gone one as the evidence of its loss, and the evaluators not ready), so no pass lists pods.
+- events of the PolicyGroups themselves (their status included): kept by the reconciler as the body a pass
+  starts from (`Reconciler.note_group`), and a status refresh only when the trainer's report
   of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`), or the trainer
   reported after TrainingProgressing turned False (`_status.progress_condition_stale`); nothing else in a
   PolicyGroup's status changes without a child changing, except with time: a pass that leaves TrainingProgressing
   True asks for a recheck when it would turn False (`Refresher.recheck`).
 
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
+
+What kopf keeps (docs/operator.md, "At scale"): no copy of any watched body (event handlers have no diff base;
+only PolicyGroups get one, in an annotation); one small record per watched object (`PodsForgotten`: none per pod);
+initial listings in pages of `LIST_CHUNK_SIZE`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kopf._core.reactor import inventory  # kopf exports no name for the memories `kopf.operator` accepts
 
 from rlightning import contract
 from rlightning_operator import _kube as kube
@@ -41,6 +49,22 @@ from rlightning_operator import _status as status
 logger = logging.getLogger(__name__)
 REGISTRY = kopf.OperatorRegistry()
 MANAGED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
+LIST_CHUNK_SIZE = 500
+"""Objects per page of kopf's initial listings (`limit`/`continue`): at 11,000 pods one unpaged list is ~50 MB of
+JSON parsed at once when the operator starts."""
+
+
+class PodsForgotten(inventory.ResourceMemories):
+    """kopf's per-object memories (error throttling, daemons, indexes, the first-listing mark), kept for every
+    watched object but pods: `pod_changed` needs none of them, and one record per pod would make the operator's
+    memory grow with pods rather than groups. A pod's record is made for its event and dropped after it.
+    """
+
+    async def recall(self, raw_body: Any, *, memobase: Any = None, noticed_by_listing: bool = False,
+                     ephemeral: bool = False) -> inventory.ResourceMemory:
+        """kopf's `recall`, ephemeral for pods (kopf sets `kind` on listed items too)."""
+        return await super().recall(raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing,
+                                    ephemeral=ephemeral or raw_body.get("kind") == "Pod")
 
 
 @dataclasses.dataclass
@@ -85,6 +109,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     settings.watching.server_timeout = memo.settings.watch_server_timeout_seconds
     settings.watching.client_timeout = memo.settings.watch_client_timeout_seconds
     settings.watching.connect_timeout = memo.settings.api_timeout_seconds
+    settings.watching.chunk_size = LIST_CHUNK_SIZE
     settings.networking.request_timeout = memo.settings.api_timeout_seconds
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
@@ -157,9 +182,11 @@ async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     """
     group = body.metadata.labels.get(contract.LABEL_GROUP)
     if group and memo.refresher is not None and body.metadata.namespace:
+        memo.reconciler.note_child(_plain(body), deleted=type == "DELETED")  # a status refresh reads no child
         fingerprint = status.child_fingerprint(_plain(body))
-        memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
-                              deleted=type == "DELETED")
+        scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
+                                          deleted=type == "DELETED")
+        metrics.WATCH_EVENTS.labels(kind=body.get("kind") or "", outcome="pass" if scheduled else "ignored").inc()
 
 
 @kopf.on.event("v1", "pods", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}, registry=REGISTRY)
@@ -170,21 +197,26 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
     group = body.metadata.labels.get(contract.LABEL_GROUP)
     if group and memo.refresher is not None and body.metadata.namespace:
         pod = _plain(body)
-        memo.reconciler.note_pod(pod)  # a trainer pod's last state: evidence of a loss once it is gone
-        memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
-                              status.pod_fingerprint(pod), deleted=type == "DELETED", child=False)
+        memo.reconciler.note_pod(pod, deleted=type == "DELETED")  # what the status reads: no pass lists pods
+        scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
+                                          status.pod_fingerprint(pod), deleted=type == "DELETED", child=False,
+                                          unseen=status.QUIET_POD)
+        metrics.WATCH_EVENTS.labels(kind="Pod", outcome="pass" if scheduled else "ignored").inc()
 
 
 @kopf.on.event(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, registry=REGISTRY)
-async def group_changed(body: kopf.Body, memo: Context, **_: Any) -> None:
+async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's)
     """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
     data (status.training) and the DataFlowing condition disagree, or when a report arrived after
     TrainingProgressing turned False. Spec changes have handlers of their own.
     """
     namespace, name = body.metadata.namespace, body.metadata.name
-    if memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
-            (status.data_condition_stale(_plain(body)) or status.progress_condition_stale(_plain(body))):
+    memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
+    stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
+        (status.data_condition_stale(_plain(body)) or status.progress_condition_stale(_plain(body)))
+    if stale and memo.refresher is not None and namespace and name:
         memo.refresher.schedule(namespace, name, full=False)
+    metrics.WATCH_EVENTS.labels(kind=contract.KIND, outcome="pass" if stale else "ignored").inc()
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

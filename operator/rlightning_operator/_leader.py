@@ -1,10 +1,11 @@
 """Leader election over a coordination.k8s.io/v1 Lease, as client-go's `tools/leaderelection` does it.
 
-The holder renews `spec.renewTime` every retry period with a compare-and-swap (PUT with the resourceVersion it
-read), and stops acting once it could not renew for the renew deadline. A standby reads the Lease every retry
-period and takes it only when the record (holder, renewTime, ...) has not changed for `leaseDurationSeconds`
-measured on its own monotonic clock, so clock skew between machines does not matter. A holder that stops
-cleanly empties `holderIdentity`, and a standby takes over at its next attempt.
+The holder renews `spec.renewTime` every retry period with a compare-and-swap (PUT with the resourceVersion of
+the Lease it wrote last, with no read first: one request per renewal; a lost swap falls back to a read), and
+stops acting once it could not renew for the renew deadline. A standby reads the Lease every retry period and
+takes it only when the record (holder, renewTime, ...) has not changed for `leaseDurationSeconds` measured on its
+own monotonic clock, so clock skew between machines does not matter. A holder that stops cleanly empties
+`holderIdentity`, and a standby takes over at its next attempt.
 
 Source of the algorithm and of the default timings (15 s, 10 s, 2 s): k8s.io/client-go/tools/leaderelection
 (`tryAcquireOrRenew`, `renew`, `release`) and controller-runtime's manager defaults.
@@ -64,6 +65,7 @@ class LeaseElector:
         self._lease_duration, self._renew_deadline, self._retry_period = lease_duration, renew_deadline, retry_period
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._held: dict[str, Any] | None = None  # the Lease as this candidate last wrote it, while it holds it
         self.leading = False
         self.renewed_at = 0.0
 
@@ -74,11 +76,21 @@ class LeaseElector:
             bool: Whether this candidate holds the Lease now. API errors, including a lost compare-and-swap
                 (409), count as "no".
         """
+        held, self._held = self._held, None
         try:
+            if held is not None:  # client-go's fast path: renew what it wrote last; a lost swap reads below
+                try:
+                    self._held = self._client.replace(self._lease(held["metadata"], held["spec"], micro_time()),
+                                                      timeout=self._retry_period)
+                    self._observe(self._held)
+                    return True
+                except kube.ApiError as error:
+                    logger.debug("Lease %s/%s: renewal without a read: %s", self.namespace, self.name, error)
             lease = self._client.read("Lease", self.namespace, self.name, timeout=self._retry_period)
             now = micro_time()
             if lease is None:
-                self._observe(self._client.create(self._lease({}, {}, now), timeout=self._retry_period))
+                self._held = self._client.create(self._lease({}, {}, now), timeout=self._retry_period)
+                self._observe(self._held)
                 return True
             spec = lease.get("spec") or {}
             self._observe(lease)
@@ -86,7 +98,8 @@ class LeaseElector:
             duration = float(spec.get("leaseDurationSeconds") or self._lease_duration)
             if holder and holder != self.identity and time.monotonic() < self._observed_at + duration:
                 return False
-            self._observe(self._client.replace(self._lease(lease["metadata"], spec, now), timeout=self._retry_period))
+            self._held = self._client.replace(self._lease(lease["metadata"], spec, now), timeout=self._retry_period)
+            self._observe(self._held)
             if holder != self.identity:
                 logger.info("took Lease %s/%s from %r", self.namespace, self.name, holder or "nobody")
             return True
@@ -150,7 +163,7 @@ class LeaseElector:
         """Give the Lease up (holderIdentity emptied) so that a standby takes over at once; best effort."""
         if not self.leading:
             return
-        self.leading = False
+        self.leading, self._held = False, None
         try:
             lease = self._client.read("Lease", self.namespace, self.name, timeout=self._retry_period)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:

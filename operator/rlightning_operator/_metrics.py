@@ -24,6 +24,12 @@ API_SECONDS = prometheus_client.Histogram(
     "Duration of the reconciler's Kubernetes API requests in seconds.",
     ["verb"],
 )
+WATCH_EVENTS = prometheus_client.Counter(
+    "rlightning_operator_watch_events_total",
+    "Events of watched children and pods, by kind and outcome (pass: a pass was scheduled or one was pending; "
+    "ignored: nothing the status or the plan reads changed).",
+    ["kind", "outcome"],
+)
 ACTIONS = prometheus_client.Counter(
     "rlightning_operator_actions_total",
     "Actions applied to children, by type (create, patch, scale, recreate) and kind.",

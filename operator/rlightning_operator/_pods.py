@@ -12,7 +12,8 @@
   or that was disrupted (condition `DisruptionTarget`: preempted, evicted, its node tainted or gone) or deleted.
   The operator restarts the whole gang as a new attempt on either (`_planner.plan_restart`).
 
-Pods are read only while some are not ready (`_status.pods_matter`), through the one API module.
+The operator keeps no list of pods: the pod watch feeds the reconciler `trim`med pods, and only those whose state
+a check here may read (`settled` tells which it may drop), so memory grows with the pods not ready, not with all.
 """
 
 from __future__ import annotations
@@ -51,6 +52,46 @@ class PodProblem:
     reason: str
     message: str
     pod: str
+
+
+_METADATA_KEPT = ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+_CONTAINER_KEPT = ("name", "ready", "restartCount", "state", "lastState")
+
+
+def trim(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a pod that this module, `_status` and the planner read: names, labels (role, attempt, revision),
+    times, phase, conditions and container states; the spec, annotations and managed fields go.
+
+    Args:
+        pod (Mapping[str, Any]): A pod as watched.
+
+    Returns:
+        dict[str, Any]: A new dict with `kind`, `metadata` and `status` only.
+    """
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    kept_status: dict[str, Any] = {key: status[key] for key in ("phase", "reason", "conditions") if key in status}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        if key in status:
+            kept_status[key] = [{k: c[k] for k in _CONTAINER_KEPT if k in c} for c in status[key] or []]
+    return {"kind": "Pod", "metadata": {key: metadata[key] for key in _METADATA_KEPT if key in metadata},
+            "status": kept_status}
+
+
+def settled(pod: Mapping[str, Any]) -> bool:
+    """Whether no check of this module can find a problem in `pod` as it is: Running, Ready, every container ready,
+    not being deleted. A settled evaluator pod need not be kept (its StatefulSet counts it ready).
+
+    Args:
+        pod (Mapping[str, Any]): A pod as watched.
+
+    Returns:
+        bool: True for a pod that is serving.
+    """
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return (status.get("phase") == "Running" and ready and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and all(c.get("ready") for c in status.get("containerStatuses") or []))
 
 
 def _name(pod: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,6 +34,37 @@ logger = logging.getLogger(__name__)
 
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 """(object, type Normal|Warning, reason, message) -> None; posts a Kubernetes Event about the object."""
+
+
+STATUS_ECHO_SECONDS = 10.0
+"""How long the PolicyGroup watch may take to deliver the operator's own status write; past it, passes read the
+PolicyGroup from the API server until the watch delivers it again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _SeenGroup:
+    """A PolicyGroup as last watched, or as the operator's own status write returned it.
+
+    Attributes:
+        body (dict[str, Any] | None): The object; None while unknown: an event other than the write's came before
+            the write's own (it may be older or newer than the write: passes read the PolicyGroup until the write's
+            event comes).
+        awaiting (str | None): resourceVersion of that write until the watch delivers it; None when `body` came
+            from the watch.
+        since (float): `time.monotonic()` of the write.
+    """
+
+    body: dict[str, Any] | None
+    awaiting: str | None = None
+    since: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _SeenPod:
+    """A pod as the pod watch last delivered it (`_pods.trim`med); `gone` after its DELETED event."""
+
+    pod: dict[str, Any]
+    gone: bool = False
 
 
 class InvalidSpecError(Exception):
@@ -93,29 +125,102 @@ class Reconciler:
         # under the same name while a reconcile runs still gets the same lock).
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
-        # The last state of each trainer pod seen by the pod watch, per PolicyGroup: a pod deleted (or failed)
-        # may be gone, and the Job failed because of it, before the next pass lists pods; this is its evidence.
-        self._trainers_seen: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-        self._trainers_guard = threading.Lock()
+        # The pods the status reads, per PolicyGroup, as the pod watch last delivered them (trimmed), so that no
+        # pass lists pods: every trainer pod (one deleted stays, marked gone: the evidence of a loss once it is
+        # gone and the Job failed because of it) and the evaluator pods not settled (`_pods.settled`).
+        self._pods_seen: dict[tuple[str, str], dict[str, _SeenPod]] = {}
+        self._pods_guard = threading.Lock()
+        # Each PolicyGroup as the watch (or the operator's own status write) last gave it, so that a pass reads none.
+        self._groups_seen: dict[tuple[str, str], _SeenGroup] = {}
+        self._groups_guard = threading.Lock()
+        # Each Job and StatefulSet as the child watch last delivered it (no pod template), (kind, namespace, name)
+        # -> child, so that a status refresh reads neither (a whole reconcile reads them fresh).
+        self._children_seen: dict[tuple[str, str, str], dict[str, Any]] = {}
 
-    def note_pod(self, pod: Mapping[str, Any]) -> None:
-        """Remember the last state of a trainer pod as the pod watch delivered it (a DELETED event included).
+    def note_child(self, child: Mapping[str, Any], deleted: bool = False) -> None:
+        """Remember a Job or StatefulSet as the child watch delivered it, without its pod template and managed
+        fields (forget it after its DELETED event).
 
         Args:
-            pod (Mapping[str, Any]): A pod of a managed workload; others than trainers are ignored.
+            child (Mapping[str, Any]): The Job or StatefulSet.
+            deleted (bool, optional): It is gone. Defaults to False.
+        """
+        metadata = child.get("metadata") or {}
+        key = (str(child.get("kind") or ""), metadata.get("namespace", ""), metadata.get("name", ""))
+        with self._groups_guard:
+            if deleted:
+                self._children_seen.pop(key, None)
+                return
+            self._children_seen[key] = {
+                **child,
+                "metadata": {k: v for k, v in metadata.items() if k != "managedFields"},
+                "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
+            }
+
+    def _watched_child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Job or StatefulSet as last watched, else as read now (None when it does not exist)."""
+        with self._groups_guard:
+            seen = self._children_seen.get((kind, namespace, name))
+        return seen if seen is not None else self._client.read(kind, namespace, name)
+
+    def note_group(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
+
+        Until the operator's own status write comes back through the watch, an event of another write may be older
+        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it.
+
+        Args:
+            body (Mapping[str, Any]): The PolicyGroup.
+            deleted (bool, optional): It is gone. Defaults to False.
+        """
+        metadata = body.get("metadata") or {}
+        key = (metadata.get("namespace", ""), metadata.get("name", ""))
+        with self._groups_guard:
+            seen = self._groups_seen.get(key)
+            if deleted:
+                self._groups_seen.pop(key, None)
+            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")):
+                self._groups_seen[key] = _SeenGroup(dict(body))
+            else:
+                self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
+
+    def note_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """Remember the state of a pod as the pod watch delivered it, or forget it when the status cannot need it.
+
+        Args:
+            pod (Mapping[str, Any]): A pod of a managed workload; pods of no role or group are ignored.
+            deleted (bool, optional): The pod is gone (a DELETED event). Defaults to False.
         """
         metadata = pod.get("metadata") or {}
         labels = metadata.get("labels") or {}
-        if labels.get(contract.LABEL_ROLE) != contract.PolicyRole.TRAIN or not labels.get(contract.LABEL_GROUP):
+        role, group = labels.get(contract.LABEL_ROLE), labels.get(contract.LABEL_GROUP)
+        if role not in (contract.PolicyRole.TRAIN, contract.PolicyRole.EVAL) or not group:
             return
-        with self._trainers_guard:
-            seen = self._trainers_seen.setdefault((metadata.get("namespace", ""), labels[contract.LABEL_GROUP]), {})
-            seen[metadata.get("name", "")] = dict(pod)
+        key, name = (metadata.get("namespace", ""), group), metadata.get("name", "")
+        with self._pods_guard:
+            seen = self._pods_seen.setdefault(key, {})
+            if role == contract.PolicyRole.TRAIN:
+                seen[name] = _SeenPod(pods.trim(pod), gone=deleted)
+            elif deleted or pods.settled(pod):
+                seen.pop(name, None)
+            else:
+                seen[name] = _SeenPod(pods.trim(pod))
+            if not seen:
+                del self._pods_seen[key]
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop what the pod watch remembered of a PolicyGroup's trainer pods (call once the PolicyGroup is gone)."""
-        with self._trainers_guard:
-            self._trainers_seen.pop((namespace, name), None)
+        """Drop what the pod watch remembered of a PolicyGroup's pods (call once the PolicyGroup is gone)."""
+        with self._pods_guard:
+            self._pods_seen.pop((namespace, name), None)
+        with self._groups_guard:
+            self._groups_seen.pop((namespace, name), None)
+            self._children_seen.pop(("Job", namespace, contract.train_name(name)), None)
+            self._children_seen.pop(("StatefulSet", namespace, contract.eval_name(name)), None)
+
+    def _live_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The pods of a PolicyGroup the status may read (trainers, evaluators not settled), as last watched."""
+        with self._pods_guard:
+            return [seen.pod for seen in self._pods_seen.get((namespace, name), {}).values() if not seen.gone]
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -125,8 +230,31 @@ class Reconciler:
             return lock
 
     def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The PolicyGroup as stored now, or None when it is gone."""
+        """The PolicyGroup as the watch last delivered it (or as the operator's own status write returned it); read
+        from the API server when the watch has not delivered it, or delivered another write before the operator's
+        own (`note_group`), or not the operator's own within `STATUS_ECHO_SECONDS`.
+
+        Returns:
+            dict[str, Any] | None: The PolicyGroup, or None when it is gone.
+
+        Raises:
+            kube.TransientApiError: The read failed in a way worth retrying.
+            kube.PermanentApiError: The read was refused.
+        """
+        with self._groups_guard:
+            seen = self._groups_seen.get((namespace, name))
+            if seen is not None and seen.awaiting is not None and time.monotonic() - seen.since > STATUS_ECHO_SECONDS:
+                del self._groups_seen[(namespace, name)]  # the watch may have relisted past the write: start over
+            elif seen is not None and seen.body is not None:
+                return seen.body
         return self._client.read(contract.KIND, namespace, name)
+
+    def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it."""
+        stored = self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status")
+        with self._groups_guard:
+            self._groups_seen[(namespace, name)] = _SeenGroup(
+                stored, (stored.get("metadata") or {}).get("resourceVersion"), time.monotonic())
 
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
         """Make the children of a PolicyGroup match its spec and write its status.
@@ -148,10 +276,12 @@ class Reconciler:
             return self._reconcile_locked(body, namespace, name)
 
     def refresh_status(self, body: Mapping[str, Any]) -> Outcome:
-        """Recompute and write the status from the Job and the StatefulSet alone; act on nothing, unless the
-        trainer gang lost a pod or training has ended with evaluators to stop: then reconcile whole.
+        """Recompute and write the status from the Job, the StatefulSet and the pods as watched; act on nothing,
+        unless the trainer gang lost a pod, or the Job or the StatefulSet is missing or differs from what the spec
+        asks (a template, replicas, an owner; evaluators to stop once training has ended): then reconcile whole.
 
-        For child events that only moved progress (pods becoming ready): 3 reads instead of 9.
+        For child and pod events that only moved progress (pods becoming ready): no read (the watches gave the
+        PolicyGroup and its children; a child not delivered yet is read), one status write when it changed.
 
         Args:
             body (Mapping[str, Any]): The PolicyGroup object.
@@ -168,15 +298,17 @@ class Reconciler:
         namespace, name = metadata["namespace"], metadata["name"]
         with self._lock(namespace, name), self._refusals_reported(body):
             manifest = self._validate(body, namespace, name)
-            job = self._client.read("Job", namespace, contract.train_name(name))
+            job = self._watched_child("Job", namespace, contract.train_name(name))
             current = _current_restarts(body, job)
-            decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+            decision = planner.plan_restart(job, self._trainer_pods(namespace, name, job, current), current,
                                             manifest.spec.train.max_restarts)
             if decision is not None and decision.restart:
                 return self._reconcile_locked(body, namespace, name)
-            stateful_set = self._client.read("StatefulSet", namespace, contract.eval_name(name))
-            if _stop_evaluators(manifest, job, current) and ((stateful_set or {}).get("spec") or {}).get("replicas"):
-                return self._reconcile_locked(body, namespace, name)
+            stateful_set = self._watched_child("StatefulSet", namespace, contract.eval_name(name))
+            desired = {planner.key(child): child for child in self._desired(body, manifest, namespace, job, current)}
+            watched = {("Job", contract.train_name(name)): job, ("StatefulSet", contract.eval_name(name)): stateful_set}
+            if any(planner.plan_child(desired[key], observed) is not None for key, observed in watched.items()):
+                return self._reconcile_locked(body, namespace, name)  # missing, changed, or evaluators to stop
             return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
                                 blocked=[], current=current)
 
@@ -203,8 +335,7 @@ class Reconciler:
             )
             if conditions is not None:
                 try:
-                    self._client.patch(contract.KIND, namespace, name, {"status": {"conditions": conditions}},
-                                       subresource="status")
+                    self._patch_status(namespace, name, {"conditions": conditions})
                 except kube.ApiError as status_error:
                     logger.warning("%s/%s: cannot report it in status: %s", namespace, name, status_error)
                 self._post_event(body, "Warning", conditions[-1]["reason"], message)
@@ -251,7 +382,7 @@ class Reconciler:
             replicas = 0
         group_pods: list[dict[str, Any]] = []
         if status.pods_matter(nodes, replicas, job, stateful_set):
-            group_pods = self._client.list("Pod", namespace, f"{contract.LABEL_GROUP}={name}")
+            group_pods = self._live_pods(namespace, name)
         previous = current_status.get("conditions") or []
         observation = status.Observation(
             name,
@@ -290,24 +421,21 @@ class Reconciler:
                        recheck_seconds=status.recheck_seconds(observation, computed))
 
     def _trainer_pods(
-        self,
-        namespace: str,
-        name: str,
-        manifest: PolicyGroupManifest,
-        job: Mapping[str, Any] | None,
-        current: planner.Restarts,
+        self, namespace: str, name: str, job: Mapping[str, Any] | None, current: planner.Restarts
     ) -> list[dict[str, Any]]:
-        """The trainer pods of the current attempt: as listed when the Job may have lost one (some pod not ready, or
-        the Job failing; a steady gang costs no pod list), and as last seen by the pod watch for the others (a pod
-        gone already). Pods of other attempts are forgotten.
+        """The trainer pods of the current attempt as last seen by the pod watch (a pod gone already included), and
+        as listed too when the Job is failing (the watch may not have delivered the failed pod yet; a gang that
+        runs or starts costs no pod list). Pods of other attempts are forgotten.
         """
-        with self._trainers_guard:
-            seen = self._trainers_seen.get((namespace, name), {})
-            for pod_name in [n for n, pod in seen.items() if builders.attempt_of(pod) != current.attempt]:
-                del seen[pod_name]
-            if (job or {}).get("spec", {}).get("suspend"):
-                seen.clear()  # pods a suspension removed are no evidence of a loss once the Job runs again
-            remembered = dict(seen)
+        with self._pods_guard:
+            seen = self._pods_seen.get((namespace, name), {})
+            suspended = bool((job or {}).get("spec", {}).get("suspend"))
+            for pod_name, pod in list(seen.items()):
+                if _role(pod.pod) == contract.PolicyRole.TRAIN and \
+                        (suspended or builders.attempt_of(pod.pod) != current.attempt):
+                    # pods a suspension removed are no evidence of a loss once the Job runs again
+                    del seen[pod_name]
+            remembered = {n: pod.pod for n, pod in seen.items() if _role(pod.pod) == contract.PolicyRole.TRAIN}
         if job is None or builders.attempt_of(job) != current.attempt:
             return []
         job_status = job.get("status") or {}
@@ -315,9 +443,7 @@ class Reconciler:
         if "Complete" in conditions:
             return []
         failing = conditions & {"FailureTarget", "Failed"} or job_status.get("failed") or job_status.get("terminating")
-        listed = []
-        if failing or int(job_status.get("ready") or 0) < manifest.spec.train.nodes:
-            listed = self._client.list("Pod", namespace, _trainer_selector(name))
+        listed = self._client.list("Pod", namespace, _trainer_selector(name)) if failing else []
         names = {(p.get("metadata") or {}).get("name") for p in listed}
         return listed + [pod for pod_name, pod in sorted(remembered.items()) if pod_name not in names]
 
@@ -352,20 +478,13 @@ class Reconciler:
         job_name = contract.train_name(name)
         job = self._client.read("Job", namespace, job_name)
         current = _current_restarts(body, job)
-        decision = planner.plan_restart(job, self._trainer_pods(namespace, name, manifest, job, current), current,
+        decision = planner.plan_restart(job, self._trainer_pods(namespace, name, job, current), current,
                                         manifest.spec.train.max_restarts)
         restarts = None
         if decision is not None and decision.restart:
             restarts = self._restart(body, manifest, decision, current)
             current = decision.after
-        desired = []
-        for child in builders.build_children(manifest, namespace):
-            if planner.key(child) == ("Job", job_name):
-                child = builders.with_attempt(child, current.attempt)
-            elif planner.key(child) == ("StatefulSet", contract.eval_name(name)) and \
-                    _stop_evaluators(manifest, job, current):
-                child["spec"]["replicas"] = 0
-            desired.append(builders.with_owner(child, dict(body)))
+        desired = self._desired(body, manifest, namespace, job, current)
         observed: dict[tuple[str, str], dict[str, Any] | None] = {}
         for kind, child_name in map(planner.key, desired):
             observed[(kind, child_name)] = job if kind == "Job" else self._client.read(kind, namespace, child_name)
@@ -386,6 +505,23 @@ class Reconciler:
         stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
         return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked,
                             current=current, restarts=restarts)
+
+    @staticmethod
+    def _desired(
+        body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
+        current: planner.Restarts,
+    ) -> list[dict[str, Any]]:
+        """The children as they should be: built, the Job under the current attempt, the evaluators scaled to zero
+        once training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup.
+        """
+        desired = []
+        for child in builders.build_children(manifest, namespace):
+            if child["kind"] == "Job":
+                child = builders.with_attempt(child, current.attempt)
+            elif child["kind"] == "StatefulSet" and _stop_evaluators(manifest, job, current):
+                child["spec"]["replicas"] = 0
+            desired.append(builders.with_owner(child, dict(body)))
+        return desired
 
     def _old_attempt_gone(
         self, action: planner.Action, namespace: str, name: str, current: planner.Restarts
@@ -443,12 +579,16 @@ class Reconciler:
         if not status.differs(current, computed):
             return False
         try:
-            self._client.patch(contract.KIND, namespace, name, {"status": dict(computed)}, subresource="status")
+            self._patch_status(namespace, name, computed)
         except kube.PermanentApiError as error:
             if error.status == 404:  # deleted meanwhile; garbage collection removes the children
                 return False
             raise
         return True
+
+
+def _role(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE)
 
 
 def _trainer_selector(group: str) -> str:

@@ -2,10 +2,11 @@
 of their pods.
 
 A burst of child events for one PolicyGroup (1000 evaluator pods becoming ready) coalesces into one pass after
-`delay` seconds. A pass is a status refresh (read the Job and the StatefulSet, write status) when only their
-progress moved, and a whole reconcile when a child was deleted or its shape changed (spec hash, owner, replicas,
-deletion); a pod's change never needs more than a status refresh. Each pass reads the PolicyGroup fresh, so it
-never acts on a stale spec.
+`delay` seconds. A pass is a whole reconcile when a child was deleted, else a status refresh (read the Job and the
+StatefulSet, write status), which reconciles whole by itself when either differs from what the spec asks (spec
+hash, owner, replicas): so a child the operator has just created or patched costs no second round of reads of
+every child. Each pass takes the PolicyGroup as its watch last delivered it, never older than the operator's own
+last status write (`Reconciler.read_group`), so a pass reads it only when the watch has not delivered it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Refresher:
         fingerprint: tuple[Hashable, Hashable],
         deleted: bool,
         child: bool = True,
+        unseen: tuple[Hashable, Hashable] | None = None,
     ) -> bool:
         """A child of PolicyGroup `namespace/name` changed: schedule a pass unless nothing relevant did.
 
@@ -63,21 +65,25 @@ class Refresher:
             namespace (str): Namespace of the PolicyGroup.
             name (str): Its name.
             uid (str): The child's metadata.uid.
-            fingerprint (tuple[Hashable, Hashable]): (shape, progress) of the child (`status.child_fingerprint`).
+            fingerprint (tuple[Hashable, Hashable]): What the status and the plan read of the child
+                (`status.child_fingerprint`, `status.pod_fingerprint`); an event that leaves it equal is dropped.
             deleted (bool): The child is gone (a DELETED event).
-            child (bool, optional): A child the planner manages (Job, StatefulSet); False for a pod, whose
-                changes (even its deletion) need only a status refresh. Defaults to True.
+            child (bool, optional): A child the planner manages (Job, StatefulSet), whose deletion needs a whole
+                reconcile; False for a pod, whose changes (even its deletion) need only a status refresh. Defaults
+                to True.
+            unseen (tuple[Hashable, Hashable] | None, optional): What an object seen for the first time counts as
+                having had (`status.QUIET_POD`: a new pod with nothing to report schedules nothing); None: its
+                first sight schedules a pass. Defaults to None.
 
         Returns:
             bool: Whether a pass was scheduled (or one was already pending).
         """
-        previous = self._seen.pop(uid, None)
+        previous = self._seen.pop(uid, unseen)
         if not deleted:
             self._seen[uid] = fingerprint
             if previous == fingerprint:
                 return False
-        full = child and (deleted or previous is None or previous[0] != fingerprint[0])
-        self.schedule(namespace, name, full=full)
+        self.schedule(namespace, name, full=child and deleted)
         return True
 
     def schedule(

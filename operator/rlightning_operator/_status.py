@@ -649,27 +649,29 @@ def pods_matter(
 
 
 def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """What `_pods` reads from a pod, as (shape, progress) like `child_fingerprint`: the shape never changes (a
-    pod's change needs a status refresh, never a reconcile of the children).
+    """What the status reads from one pod, as (shape, progress) like `child_fingerprint`: its problem as `_pods`
+    diagnoses it (crash loop with its restarts, failure, unschedulable), its deletion and, for a trainer, its phase
+    and loss. A pod that only moves along its start (scheduled, started, ready) keeps its fingerprint: the Job and
+    the StatefulSet count those, and their events refresh the status. The shape never changes (a pod's change needs
+    a status refresh, never a reconcile of the children).
 
     Args:
         pod (Mapping[str, Any]): A pod as watched.
 
     Returns:
-        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), phase, conditions, container states, revision,
-            deletion mark).
+        tuple[tuple[Any, ...], tuple[Any, ...]]: (("Pod",), (problem, deletion mark, trainer phase once finished,
+            trainer loss)); `QUIET_POD` for a pod with nothing to report.
     """
-    pod_status = pod.get("status") or {}
-    conditions = tuple(sorted((c.get("type"), c.get("status"), c.get("reason")) for c in pod_status.get("conditions")
-                              or []))
-    containers = tuple(
-        (c.get("name"), c.get("ready"), c.get("restartCount"), tuple(sorted((c.get("state") or {}).keys())),
-         ((c.get("state") or {}).get("waiting") or {}).get("reason"))
-        for c in [*(pod_status.get("initContainerStatuses") or []), *(pod_status.get("containerStatuses") or [])]
-    )
-    labels = (pod.get("metadata") or {}).get("labels") or {}
+    trainer = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE) == contract.PolicyRole.TRAIN
     deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))  # a trainer pod deleted ends its attempt
-    return ("Pod",), (pod_status.get("phase"), conditions, containers, labels.get(pods.REVISION_LABEL), deleting)
+    phase = (pod.get("status") or {}).get("phase") if trainer else None
+    phase = phase if phase in ("Succeeded", "Failed") else None  # a trainer that finished
+    loss = pods.trainer_loss([pod]) if trainer else None
+    return ("Pod",), (pods.diagnose([pod]), deleting, phase, loss)
+
+
+QUIET_POD = pod_fingerprint({})
+"""The fingerprint of a pod with nothing to report: what a pod seen for the first time is compared with."""
 
 
 REFUSAL_REASONS = {403: "Forbidden", 422: "Invalid"}

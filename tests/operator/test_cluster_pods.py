@@ -106,3 +106,34 @@ def test_trainers_waiting_for_the_fleets_data_are_reported(crd, namespace, opera
     assert "2/2 evaluator pods ready" in event["message"]
     report(None)
     wait_for("DataFlowing=True again", lambda: reason_of(crd, namespace, "DataFlowing", "Flowing"))
+
+
+def _quiet(operator):
+    """(reconciles, status writes) once two readings 1 s apart agree: no pass is running or pending."""
+    readings = []
+
+    def settled():
+        readings.append((operator.counter("rlightning_operator_reconciles_total"),
+                         operator.counter("rlightning_operator_api_requests_total", kind=contract.KIND, verb="patch")))
+        return readings[-1] if len(readings) > 1 and readings[-1] == readings[-2] else None
+    return wait_for("no pass running or pending", settled, interval=1.0)
+
+
+def test_a_pod_field_the_status_does_not_read_changes_nothing(crd, namespace, operator):
+    apply(crd, namespace, small(replicas=2))
+    wait_for("Ready=True", lambda: ready(crd, namespace))
+    before = _quiet(operator)
+    ignored = operator.counter("rlightning_operator_watch_events_total", kind="Pod", outcome="ignored")
+    crd.kubectl("label", "pod", "cartpole-eval-1", "-n", namespace, "example.com/team=a")
+    crd.kubectl("annotate", "pod", "cartpole-eval-1", "-n", namespace, "example.com/note=x")
+    wait_for("both pod events seen by the operator", lambda: operator.counter(
+        "rlightning_operator_watch_events_total", kind="Pod", outcome="ignored") >= ignored + 2)
+    assert _quiet(operator) == before, "no reconcile, no status write"
+    # The status still follows what it reads of the same pod.
+    crd.kubectl("patch", "pod", "cartpole-eval-1", "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                json.dumps({"status": {"conditions": [{"type": "Ready", "status": "False"}], "containerStatuses": [{
+                    "name": "eval", "image": contract.DEFAULT_IMAGE, "imageID": "", "ready": False,
+                    "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 3, "reason": "Error"}}}]}}))
+    wait_for("EvaluatorsReady=False, CrashLoopBackOff",
+             lambda: reason_of(crd, namespace, "EvaluatorsReady", "CrashLoopBackOff"))

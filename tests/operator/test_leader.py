@@ -66,6 +66,22 @@ def test_one_holder_renews_and_a_standby_takes_over_only_after_the_lease_duratio
     assert store.lease["spec"]["holderIdentity"] == "b" and store.lease["spec"]["leaseTransitions"] == 1
 
 
+def test_the_holder_renews_with_one_request_and_reads_after_a_lost_swap(clock):
+    store = LeaseStore()
+    a = elector(store, "a")
+    assert a.try_acquire_or_renew()
+    reads = []
+    read = store.read
+    store.read = lambda *args, **kwargs: reads.append(1) or read(*args, **kwargs)
+    version = store.version
+    clock[0] += 2
+    assert a.try_acquire_or_renew() and store.version == version + 1 and reads == [], "a PUT, no GET"
+    store.lease["metadata"]["resourceVersion"] = "other"  # someone else wrote it meanwhile
+    clock[0] += 2
+    assert a.try_acquire_or_renew() and reads == [1], "a lost swap: read, then renew"
+    assert store.lease["spec"]["holderIdentity"] == "a"
+
+
 def test_a_lost_race_is_no_lease(clock):
     store = LeaseStore()
     a, b = elector(store, "a"), elector(store, "b")

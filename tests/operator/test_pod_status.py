@@ -115,6 +115,28 @@ def test_pod_fingerprint_moves_with_what_the_diagnosis_reads_only():
     assert pod_fingerprint(crashed)[0] == pod_fingerprint(base)[0] == ("Pod",)
 
 
+def test_a_pod_that_only_starts_or_is_relabelled_keeps_its_fingerprint():
+    pending = {**pod("g-eval-0", phase="Pending"), "status": {"phase": "Pending"}}
+    started, ready = pod("g-eval-0"), pod("g-eval-0", ready=True)
+    labelled = {**ready, "metadata": {**ready["metadata"], "labels": {**ready["metadata"]["labels"], "team": "a"},
+                                      "annotations": {"note": "x"}}}
+    assert len({pod_fingerprint(p) for p in (pending, started, ready, labelled)}) == 1, "the StatefulSet counts these"
+    trainer = pod("g-train-0", role="train")
+    assert pod_fingerprint({**trainer, "status": {**trainer["status"], "phase": "Succeeded"}}) != \
+        pod_fingerprint(trainer), "a trainer that finished"
+
+
+def test_trim_keeps_what_the_status_reads_and_settled_says_what_may_be_dropped():
+    crashed = pod("g-eval-0", waiting="CrashLoopBackOff", restarts=1, last_exit=2)
+    crashed["spec"] = {"containers": [{"name": "eval", "image": "x"}]}
+    crashed["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    trimmed = pods.trim(crashed)
+    assert "spec" not in trimmed and "managedFields" not in trimmed["metadata"]
+    assert pods.diagnose([trimmed]) == pods.diagnose([crashed]) and pods.diagnose([trimmed]) is not None
+    assert pods.settled(pod("g-eval-1", ready=True)) and not pods.settled(crashed)
+    assert not pods.settled(pod("g-eval-2")), "running, not ready"
+
+
 def test_a_pod_being_deleted_moves_its_fingerprint():
     base = pod("g-train-0")
     deleting = {**base, "metadata": {**base["metadata"], "deletionTimestamp": "2026-12-01T10:00:00Z"}}

@@ -309,7 +309,7 @@ def test_a_crash_loop_is_reported_in_status_and_by_one_warning(api, events, reco
             "name": "eval", "ready": False, "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
             "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}]},
     }
-    api.objects[("Pod", NS, "cartpole-eval-1")] = crashing
+    watch_pod(api, reconciler, crashing)
     body = group()
     for _ in range(2):  # the second pass finds the same problem: no second Warning
         reconciler.reconcile(body)
@@ -318,6 +318,16 @@ def test_a_crash_loop_is_reported_in_status_and_by_one_warning(api, events, reco
     assert ready["reason"] == "CrashLoopBackOff" and "exit code 2" in ready["message"]
     warnings = [e for e in events if e[0] == "Warning"]
     assert [(e[1], "cartpole-eval-1" in e[2]) for e in warnings] == [("CrashLoopBackOff", True)]
+
+
+def watch_pod(api, reconciler, pod, deleted=False):
+    """A pod stored (or removed) and delivered by the pod watch to the reconciler, as the handler does."""
+    key = ("Pod", NS, pod["metadata"]["name"])
+    if deleted:
+        api.objects.pop(key, None)
+    else:
+        api.objects[key] = pod
+    reconciler.note_pod(pod, deleted=deleted)
 
 
 def trainer_pod(name, attempt, **status):
@@ -373,11 +383,12 @@ def test_a_deleted_trainer_pod_is_a_disruption_that_never_fails_the_group(api, e
     reconciler.reconcile(body)
     api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0}
     for attempt in range(3):
-        api.objects[("Pod", NS, f"p{attempt}")] = trainer_pod(f"p{attempt}", attempt, phase="Running")
-        api.objects[("Pod", NS, f"p{attempt}")]["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+        pod = trainer_pod(f"p{attempt}", attempt, phase="Running")
+        pod["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+        watch_pod(api, reconciler, pod)
         body["status"] = stored_status(api)
         reconciler.reconcile(body)
-        del api.objects[("Pod", NS, f"p{attempt}")]
+        watch_pod(api, reconciler, pod, deleted=True)
         body["status"] = stored_status(api)
         reconciler.reconcile(body)
         api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0}
@@ -436,3 +447,58 @@ def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, even
     lost = (0, 1) if group_deleted else (1, 0)  # a Job failure without evidence counts as a failure
     assert (restarts["disruptions"], restarts["failures"]) == lost
     assert (restarts["reason"] == "PodDeleted") is not group_deleted
+
+
+def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_write_is_not_back(api, reconciler):
+    versions = itertools.count(10)
+    patch = api.patch
+
+    def versioned_patch(*args, **kwargs):  # the API server gives each write a new resourceVersion
+        stored = patch(*args, **kwargs)
+        stored["metadata"]["resourceVersion"] = str(next(versions))
+        return stored
+    api.patch = versioned_patch
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole") is not None and api.requests == ["get"], "not watched yet: read"
+    watched = group()
+    watched["metadata"]["resourceVersion"] = "5"
+    reconciler.note_group(watched)
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "5" and api.requests == []
+    reconciler.reconcile(watched)  # writes status: resourceVersion 10
+    assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api)
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api) and api.requests == []
+    reconciler.note_group(watched)  # another write's event before the write's own: older or newer? read
+    reconciler.read_group(NS, "cartpole")
+    assert api.requests == ["get"]
+    echo = copy.deepcopy(api.objects[(contract.KIND, NS, "cartpole")])
+    echo["metadata"]["resourceVersion"] = "10"
+    reconciler.note_group(echo)  # the write came back through the watch; what follows is newer
+    later = {**echo, "metadata": {**echo["metadata"], "resourceVersion": "11"}}
+    reconciler.note_group(later)
+    assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "11"
+    reconciler.note_group(later, deleted=True)
+    api.requests.clear()
+    reconciler.read_group(NS, "cartpole")
+    assert api.requests == ["get"]
+
+
+def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_reconciles_whole(api, reconciler):
+    reconciler.reconcile(group())
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1}
+    for key in (("Job", NS, "cartpole-train"), ("StatefulSet", NS, "cartpole-eval")):
+        reconciler.note_child(api.objects[key])
+    reconciler.note_group(api.objects[(contract.KIND, NS, "cartpole")])
+    api.requests.clear()
+    outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
+    assert outcome.actions == [] and api.requests == ["patch/status"], "the watches gave the group and its children"
+    assert stored_status(api)["eval"]["summary"] == "2/2"
+    scaled = copy.deepcopy(api.objects[("StatefulSet", NS, "cartpole-eval")])
+    scaled["spec"]["replicas"] = 5  # scaled by hand: the refresh sees it and reconciles whole
+    api.objects[("StatefulSet", NS, "cartpole-eval")] = scaled
+    reconciler.note_child(scaled)
+    outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
+    assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
+    assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == 2

@@ -123,8 +123,30 @@ def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_ref
         await refresher.close()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
-    # first sight: a reconcile; readyReplicas moved: a status refresh; deleted: a reconcile
-    assert reconciler.calls == ["a", ("status", "a"), "a"]
+    # first sight (the child just created) and readyReplicas moved: status refreshes (which reconcile whole by
+    # themselves when the child differs from the spec); deleted: a reconcile
+    assert reconciler.calls == [("status", "a"), ("status", "a"), "a"]
+
+
+def test_a_new_pod_with_nothing_to_report_schedules_nothing():
+    from rlightning_operator._status import QUIET_POD, pod_fingerprint
+
+    reconciler = FakeReconciler()
+    crashing = {"status": {"phase": "Running", "containerStatuses": [
+        {"name": "eval", "ready": False, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+
+    async def scenario():
+        refresher = Refresher(reconciler, delay=0.05)
+        pending = {"metadata": {"name": "p"}, "status": {"phase": "Pending"}}
+        assert not refresher.notify("ns", "a", "p", pod_fingerprint(pending), deleted=False, child=False,
+                                    unseen=QUIET_POD)
+        assert refresher.notify("ns", "a", "q", pod_fingerprint(crashing), deleted=False, child=False,
+                                unseen=QUIET_POD), "first seen crash-looping (the operator restarted)"
+        await _settled()
+        await refresher.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert reconciler.calls == [("status", "a")]
 
 
 class RecheckingReconciler(FakeReconciler):
