@@ -11,10 +11,14 @@ conversion alike: ``k8s.io/apiserver/pkg/util/proxy.ResolveCluster``). The TLS s
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
+import time
 from collections.abc import Callable
+from typing import ClassVar
 from typing import Self
 
+from devcluster import _build
 from devcluster import _cluster
 from devcluster import _http
 from devcluster import _ports
@@ -25,33 +29,119 @@ class AddonError(RuntimeError):
     """Raised when an add-on exits, is not ready in time, or its objects are refused (with its log tail)."""
 
 
-class Addon:
+START_TIMEOUT_SECONDS = 120.0
+"""Bound for an add-on's start after its build: its objects installed (CRDs Established), its processes started
+and its readiness checks passed."""
+
+
+class Addon(_process.Supervisor):
     """An add-on serving a started :class:`devcluster.Cluster` from host processes: ``with`` starts and stops it.
 
-    Subclasses implement :meth:`start` (build or find the binary, install, start, wait until ready, return
-    ``self``) and :meth:`stop` (idempotent).
+    :meth:`start` is one template: build (or find cached) the binaries, :meth:`_install` the objects it needs,
+    :meth:`_spawn` its processes, :meth:`_ready` (its waits), log. :meth:`stop` runs :meth:`_unregister`, then
+    stops the processes. Subclasses set :attr:`name`, :attr:`version`, :attr:`log_name` and :attr:`error`.
 
     Args:
         cluster (_cluster.Cluster): The running control plane (started by this process or attached).
         log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
 
     Attributes:
+        name (str): Its key in ``_build.ADDONS``, and the name in its messages.
+        version (str): Its pinned version (``_versions``), for messages.
+        log_name (str): Its (first) process's name; its log is ``<log_name>.log`` in the cluster's log folder.
+        error (type[AddonError]): What its waits raise.
         start_seconds (float): Seconds from the end of the build to ready, set by :meth:`start`.
     """
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    log_name: ClassVar[str]
+    error: ClassVar[type[Exception]] = AddonError
 
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
         self.cluster = cluster
         self.start_seconds = 0.0
+        self.processes: list[_process.Managed] = []
         self._log = log
         self._api = _http.ApiServer(cluster.server, cluster.ca_cert, cluster.admin_token)
 
-    def start(self) -> Self:
-        """Start the add-on and wait until it is ready; return ``self``."""
+    @property
+    def log_path(self) -> pathlib.Path:
+        """Its (first) process's log file (stdout and stderr) under the cluster's log folder."""
+        return self.log_file(self.log_name)
+
+    def log_file(self, process: str) -> pathlib.Path:
+        """The log file of one of its processes, by name, under the cluster's log folder."""
+        return self.cluster.log_dir / f"{process}.log"
+
+    def log_paths(self) -> list[pathlib.Path]:
+        """Its processes' logs, in start order."""
+        return [process.log_path for process in self.processes]
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> Self:
+        """Build (or find cached) the add-on, install its objects, start its processes and wait until it is ready;
+        on any failure stop what was started.
+
+        Args:
+            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
+
+        Returns:
+            Self: ``self``.
+
+        Raises:
+            AddonError: A process exited or was not ready in time (its own subclass, with the log tails); an object
+                was refused, or a CRD was not Established in time.
+            _gomod.ModuleCacheError: The module's folder (CRDs, manifests) could not be found.
+            _build.BuildError: The build failed.
+            _pki.PKIError: ``openssl`` failed (KEDA's certificates).
+        """
+        binary = _build.build_addon(self.name, log=self._log)
+        began = time.monotonic()
+        deadline = began + timeout
+        try:
+            self._install(deadline)
+            self._spawn(binary)
+            self._ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        self._log(f"devcluster: {self.name} {self.version} ready after {self.start_seconds:.1f}s")
+        return self
+
+    def _install(self, deadline: float) -> None:
+        """Create what it needs in the cluster before it runs (CRDs, Services, webhooks); nothing by default."""
+
+    def _spawn(self, binary: pathlib.Path) -> None:
+        """Start its processes with :meth:`_start_process` (``binary``: the first binary :meth:`start` built)."""
         raise NotImplementedError
 
-    def stop(self) -> None:
-        """Stop the add-on's processes and unregister what would fail without them; idempotent."""
+    def _ready(self, deadline: float) -> None:
+        """Wait (with :meth:`_wait`) until it serves; raise :attr:`error` otherwise."""
         raise NotImplementedError
+
+    def _unregister(self) -> None:
+        """Remove what would fail without its processes (APIServices, webhooks); idempotent; nothing by default."""
+
+    def _start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """Start one of its processes, tied to this Python process, logging to :meth:`log_file` of ``name``.
+
+        Args:
+            name (str): The process's name (its log file's stem).
+            argv (list[str]): The command.
+            env (dict[str, str] | None, optional): Variables added to this process's environment. Defaults to None.
+        """
+        full_env = {**os.environ, **env} if env is not None else None
+        self.processes.append(_process.start(name, argv, self.log_file(name), detach=False, env=full_env))
+
+    def stop(self) -> None:
+        """Unregister it, then stop its processes (reverse start order; SIGTERM, then SIGKILL, by process group).
+
+        Idempotent.
+        """
+        self._unregister()
+        while self.processes:
+            _process.stop(self.processes.pop())
 
     def __enter__(self) -> Self:
         return self.start()
@@ -108,6 +198,31 @@ def api_service(group: str, version: str, service: str, namespace: str, port: in
             "versionPriority": 100,
         },
     }
+
+
+def register_api(api: _http.ApiServer, group: str, version: str, service: str, namespace: str, port: int) -> None:
+    """Register a host process for ``<group>/<version>`` with the aggregation layer: its
+    :func:`external_name_service` and :func:`api_service` (either left as it is when it exists).
+
+    Args:
+        api (_http.ApiServer): The admin client.
+        group (str): API group (``"metrics.k8s.io"``).
+        version (str): API version (``"v1beta1"``).
+        service (str): The Service's name.
+        namespace (str): Its namespace (must exist).
+        port (int): The process's secure port.
+
+    Raises:
+        AddonError: An object was refused.
+    """
+    create(api, f"/api/v1/namespaces/{namespace}/services", external_name_service(service, namespace, port))
+    create(api, "/apis/apiregistration.k8s.io/v1/apiservices", api_service(group, version, service, namespace, port))
+
+
+def unregister_api(api: _http.ApiServer, group: str, version: str, service: str, namespace: str) -> None:
+    """Delete what :func:`register_api` created (the APIService first: it fails without its backend); idempotent."""
+    api.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{version}.{group}")
+    api.request("DELETE", f"/api/v1/namespaces/{namespace}/services/{service}")
 
 
 def create(api: _http.ApiServer, path: str, manifest: dict) -> None:

@@ -57,7 +57,7 @@ class ClusterError(RuntimeError):
     """Raised when the cluster cannot start, a component dies, or a command against it fails."""
 
 
-class Cluster:
+class Cluster(_process.Supervisor):
     """A control plane of real Kubernetes components with fake kwok nodes, on loopback.
 
     Args:
@@ -73,6 +73,8 @@ class Cluster:
         >>> with Cluster(workdir, _build.build(), _ports.for_slot(0)) as cluster:  # doctest: +SKIP
         ...     cluster.kubectl("get", "nodes")
     """
+
+    error = ClusterError
 
     def __init__(
         self,
@@ -215,13 +217,6 @@ class Cluster:
         self.processes.append(proc)
         self._write_state()
 
-    def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        failure = _process.wait_until(check, deadline, self.processes)
-        if failure == _process.TIMED_OUT:
-            raise ClusterError(f"timed out waiting for {what}\n{self.log_tails()}")
-        if failure is not None:
-            raise ClusterError(failure)
-
     @staticmethod
     def _ready_nodes(api: _http.ApiServer) -> int:
         listing = api.get_json("/api/v1/nodes?labelSelector=type%3Dkwok")
@@ -239,16 +234,6 @@ class Cluster:
     def _node_leases(api: _http.ApiServer) -> int:
         listing = api.get_json("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
         return len(listing.get("items", [])) if listing else 0
-
-    def check_alive(self) -> None:
-        """Raise when a component started here has exited.
-
-        Raises:
-            ClusterError: Naming the component and its exit status, with its log tail.
-        """
-        report = _process.exit_report(self.processes)
-        if report is not None:
-            raise ClusterError(report)
 
     def stop(self) -> None:
         """Stop every process (reverse start order, SIGTERM then SIGKILL, by process group); idempotent.
@@ -342,18 +327,9 @@ class Cluster:
             path, self.server, self.ca_cert, f"system:serviceaccount:{namespace}:{name}", token, namespace
         )
 
-    def log_tails(self, lines: int = 40) -> str:
-        """Return the last lines of every component log, each under a header.
-
-        Args:
-            lines (int, optional): Lines per component. Defaults to 40.
-        """
-        parts = []
-        for name in COMPONENTS:
-            path = self.log_dir / f"{name}.log"
-            if path.exists():
-                parts.append(f"----- {path} (last {lines} lines) -----\n{_process.log_tail(path, lines)}")
-        return "\n".join(parts)
+    def log_paths(self) -> list[pathlib.Path]:
+        """Every component's log, in start order (an attached cluster's too: its processes were started elsewhere)."""
+        return [self.log_dir / f"{name}.log" for name in COMPONENTS]
 
 
 def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -> bool:

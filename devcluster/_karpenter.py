@@ -17,19 +17,13 @@ made stay (delete the NodePool while it runs to remove them).
 
 from __future__ import annotations
 
-import os
 import pathlib
-import time
-from collections.abc import Callable
 
 from devcluster import _addon
-from devcluster import _build
-from devcluster import _cluster
 from devcluster import _components
 from devcluster import _gomod
 from devcluster import _http
 from devcluster import _ports
-from devcluster import _process
 from devcluster import _versions
 
 MODULE = "sigs.k8s.io/karpenter"
@@ -54,9 +48,6 @@ CRD_NAMES = (
 )
 """Names of the CRDs in :data:`CRD_FILES`, in the same order."""
 
-START_TIMEOUT_SECONDS = 120.0
-"""Bound for the CRDs to be Established and Karpenter's ``/readyz`` to answer 200 (its caches synced)."""
-
 
 class KarpenterError(_addon.AddonError):
     """Raised when Karpenter exits or is not ready in time (with its log tail)."""
@@ -77,6 +68,9 @@ def crd_paths(folder: pathlib.Path) -> list[pathlib.Path]:
 class Karpenter(_addon.Addon):
     """Karpenter's kwok provider autoscaling the fake nodes of a started :class:`devcluster.Cluster`.
 
+    :meth:`start` returns once the CRDs are Established and its ``/readyz`` answers 200 (its caches synced).
+    :meth:`stop` leaves the CRDs and its nodes.
+
     Args:
         cluster (_cluster.Cluster): The running control plane (started by this process or attached).
         log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
@@ -86,52 +80,20 @@ class Karpenter(_addon.Addon):
         ...     cluster.kubectl("apply", "-f", "examples/autoscaling/nodepool.yaml")
     """
 
-    def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        super().__init__(cluster, log)
-        self.process: _process.Managed | None = None
+    name = "karpenter"
+    version = _versions.KARPENTER
+    log_name = "karpenter"
+    error = KarpenterError
 
-    @property
-    def log_path(self) -> pathlib.Path:
-        """Karpenter's log file (stdout and stderr) under the cluster's log folder."""
-        return self.cluster.log_dir / "karpenter.log"
-
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> Karpenter:
-        """Build (or find cached) Karpenter, install its CRDs, start it and wait until it is ready.
-
-        Args:
-            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
-
-        Returns:
-            Karpenter: ``self``.
-
-        Raises:
-            KarpenterError: Karpenter exited or was not ready in time.
-            _addon.AddonError: A CRD was refused or not Established in time.
-            _build.BuildError: The build failed.
-            _gomod.ModuleCacheError: The module's folder could not be found.
-        """
-        binary = _build.build_addon("karpenter", log=self._log)
-        began = time.monotonic()
-        deadline = began + timeout
+    def _install(self, deadline: float) -> None:
         _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir("karpenter", MODULE)), CRD_NAMES, deadline)
+
+    def _spawn(self, binary: pathlib.Path) -> None:
         argv, env = _components.karpenter(
             self.cluster.kubeconfig, self.cluster.ports, binary, _components.KARPENTER_INSTANCE_TYPES
         )
-        self.process = process = _process.start(
-            "karpenter", argv, self.log_path, detach=False, env={**os.environ, **env}
-        )
-        readyz = f"http://{_ports.HOST}:{self.cluster.ports.karpenter_health}/readyz"
-        failure = _process.wait_until(lambda: _http.healthy(readyz), deadline, [process])
-        if failure is not None:
-            self.stop()
-            reason = "timed out" if failure == _process.TIMED_OUT else failure
-            raise KarpenterError(f"karpenter: waiting for {readyz}: {reason}\n{_process.log_tail(self.log_path)}")
-        self.start_seconds = time.monotonic() - began
-        self._log(f"devcluster: karpenter {_versions.KARPENTER} ready after {self.start_seconds:.1f}s")
-        return self
+        self._start_process(self.log_name, argv, env)
 
-    def stop(self) -> None:
-        """Stop it (SIGTERM, then SIGKILL, by its process group); idempotent. The CRDs and its nodes stay."""
-        if self.process is not None:
-            _process.stop(self.process)
-            self.process = None
+    def _ready(self, deadline: float) -> None:
+        readyz = f"http://{_ports.HOST}:{self.cluster.ports.karpenter_health}/readyz"
+        self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))

@@ -18,20 +18,14 @@ APIService and Service are deleted, the CRDs stay.
 
 from __future__ import annotations
 
-import os
 import pathlib
-import time
-from collections.abc import Callable
 
 from devcluster import _addon
-from devcluster import _build
-from devcluster import _cluster
 from devcluster import _components
 from devcluster import _gomod
 from devcluster import _http
 from devcluster import _pki
 from devcluster import _ports
-from devcluster import _process
 from devcluster import _versions
 
 MODULE = "github.com/kedacore/keda/v2"
@@ -65,10 +59,11 @@ CRD_NAMES = (
 
 NAMESPACE = _components.KEDA_NAMESPACE
 SERVICE = "keda-metrics-apiserver"
-API_SERVICE = "v1beta1.external.metrics.k8s.io"
-START_TIMEOUT_SECONDS = 120.0
-"""Bound for the CRDs to be Established, the operator's ``/readyz`` to answer 200 and the APIService to be
-Available."""
+GROUP = "external.metrics.k8s.io"
+VERSION = "v1beta1"
+API_SERVICE = f"{VERSION}.{GROUP}"
+ADAPTER = "keda-adapter"
+"""The adapter's process name (its log: ``keda-adapter.log``); the operator's is ``keda-operator``."""
 
 
 class KedaError(_addon.AddonError):
@@ -90,6 +85,10 @@ def crd_paths(folder: pathlib.Path) -> list[pathlib.Path]:
 class Keda(_addon.Addon):
     """KEDA's operator and metrics adapter serving a started :class:`devcluster.Cluster`.
 
+    :meth:`start` returns once the CRDs are Established, the operator's ``/readyz`` answers 200 and the APIService
+    is Available. :meth:`stop` leaves the CRDs, and so ScaledObjects and the HPAs KEDA made for them (delete them
+    while KEDA runs).
+
     Args:
         cluster (_cluster.Cluster): The running control plane (started by this process or attached).
         log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
@@ -99,89 +98,35 @@ class Keda(_addon.Addon):
         ...     cluster.kubectl("apply", "-f", "examples/autoscaling/keda-scaledobject.yaml")
     """
 
-    def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        super().__init__(cluster, log)
-        self.operator: _process.Managed | None = None
-        self.adapter: _process.Managed | None = None
-
-    @property
-    def log_path(self) -> pathlib.Path:
-        """The operator's log file (stdout and stderr) under the cluster's log folder."""
-        return self.cluster.log_dir / "keda-operator.log"
+    name = "keda"
+    version = _versions.KEDA
+    log_name = "keda-operator"
+    error = KedaError
 
     @property
     def adapter_log_path(self) -> pathlib.Path:
         """The adapter's log file under the cluster's log folder."""
-        return self.cluster.log_dir / "keda-adapter.log"
+        return self.log_file(ADAPTER)
 
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> Keda:
-        """Build (or find cached) KEDA, install its CRDs, start both processes, register the adapter and wait.
+    def _install(self, deadline: float) -> None:
+        _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir("keda", MODULE)), CRD_NAMES, deadline)
+        _addon.register_api(self._api, GROUP, VERSION, SERVICE, NAMESPACE, self.cluster.ports.keda_adapter)
 
-        Args:
-            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
-
-        Returns:
-            Keda: ``self``.
-
-        Raises:
-            KedaError: A process exited, or the operator was not ready or the APIService not Available in time.
-            _addon.AddonError: A CRD, the Service or the APIService was refused, or a CRD was not Established in
-                time.
-            _gomod.ModuleCacheError: The module's folder could not be found.
-            _build.BuildError: The build failed.
-            _pki.PKIError: ``openssl`` failed.
-        """
-        binary = _build.build_addon("keda", log=self._log)
-        began = time.monotonic()
-        deadline = began + timeout
+    def _spawn(self, binary: pathlib.Path) -> None:
         cluster = self.cluster
-        _addon.apply_crds(cluster, crd_paths(_gomod.module_dir("keda", MODULE)), CRD_NAMES, deadline)
         cert_dir = _pki.mutual_tls(cluster.workdir / "keda-certs", "keda")
-        operator_argv, adapter_argv, extra_env = _components.keda(
-            cluster.kubeconfig, cluster.ports, binary.parent, cert_dir
-        )
-        env = {**os.environ, **extra_env}
-        try:
-            self.operator = _process.start("keda-operator", operator_argv, self.log_path, detach=False, env=env)
-            self.adapter = _process.start("keda-adapter", adapter_argv, self.adapter_log_path, detach=False, env=env)
-            port = cluster.ports.keda_adapter
-            _addon.create(self._api, f"/api/v1/namespaces/{NAMESPACE}/services",
-                          _addon.external_name_service(SERVICE, NAMESPACE, port))
-            _addon.create(self._api, "/apis/apiregistration.k8s.io/v1/apiservices",
-                          _addon.api_service("external.metrics.k8s.io", "v1beta1", SERVICE, NAMESPACE, port))
-            readyz = f"http://{_ports.HOST}:{cluster.ports.keda_health}/readyz"
-            self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))
-            self._wait("APIService Available", deadline, self.available)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        self._log(f"devcluster: keda {_versions.KEDA} ready after {self.start_seconds:.1f}s")
-        return self
+        operator_argv, adapter_argv, env = _components.keda(cluster.kubeconfig, cluster.ports, binary.parent, cert_dir)
+        self._start_process(self.log_name, operator_argv, env)
+        self._start_process(ADAPTER, adapter_argv, env)
 
-    def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        processes = [p for p in (self.operator, self.adapter) if p is not None]
-        failure = _process.wait_until(check, deadline, processes)
-        if failure is not None:
-            reason = "timed out" if failure == _process.TIMED_OUT else failure
-            tails = "\n".join(
-                f"--- {path.name} ---\n{_process.log_tail(path)}" for path in (self.log_path, self.adapter_log_path)
-            )
-            raise KedaError(f"keda: waiting for {what}: {reason}\n{tails}")
+    def _ready(self, deadline: float) -> None:
+        readyz = f"http://{_ports.HOST}:{self.cluster.ports.keda_health}/readyz"
+        self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))
+        self._wait("APIService Available", deadline, self.available)
 
     def available(self) -> bool:
         """Whether the APIService reports Available=True (the aggregator reaches the adapter)."""
         return _addon.api_service_available(self._api, API_SERVICE)
 
-    def stop(self) -> None:
-        """Unregister the adapter and stop both processes (SIGTERM, then SIGKILL, by process group); idempotent.
-
-        The CRDs stay, and so do ScaledObjects and the HPAs KEDA made for them (delete them while KEDA runs).
-        """
-        self._api.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}")
-        self._api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}")
-        for attribute in ("adapter", "operator"):
-            process = getattr(self, attribute)
-            if process is not None:
-                _process.stop(process)
-                setattr(self, attribute, None)
+    def _unregister(self) -> None:
+        _addon.unregister_api(self._api, GROUP, VERSION, SERVICE, NAMESPACE)

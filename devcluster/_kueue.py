@@ -26,21 +26,17 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
 import pathlib
-import time
 from collections.abc import Callable
 
 import yaml
 
 from devcluster import _addon
-from devcluster import _build
 from devcluster import _cluster
 from devcluster import _components
 from devcluster import _gomod
 from devcluster import _http
 from devcluster import _ports
-from devcluster import _process
 from devcluster import _versions
 
 MODULE = "sigs.k8s.io/kueue"
@@ -63,8 +59,6 @@ CERTIFICATE_FILES = ("tls.crt", "tls.key")
 
 NAMESPACE = _components.KUEUE_NAMESPACE
 SERVICE = _components.KUEUE_WEBHOOK_SERVICE
-START_TIMEOUT_SECONDS = 120.0
-"""Bound for the CRDs to be Established and Kueue's ``/readyz`` to answer 200 (certificate written, CA injected)."""
 
 
 class KueueError(_addon.AddonError):
@@ -148,6 +142,11 @@ def _plural(kind: str) -> str:
 class Kueue(_addon.Addon):
     """Kueue admitting Jobs on a started :class:`devcluster.Cluster`.
 
+    :meth:`start` returns once the CRDs are Established, Kueue wrote its certificate into the Secret (mounted into
+    ``<workdir>/kueue-certs`` here) and its ``/readyz`` answers 200. :meth:`stop` unregisters the webhooks before it
+    stops the process; the CRDs, the namespace and every queue and Workload stay (a Workload still holding Kueue's
+    finalizer keeps its namespace Terminating until Kueue runs again: delete Jobs while it runs).
+
     Args:
         cluster (_cluster.Cluster): The running control plane (started by this process or attached).
         log (Callable[[str], None], optional): Progress sink. Defaults to ``print``.
@@ -157,34 +156,20 @@ class Kueue(_addon.Addon):
         ...     cluster.kubectl("apply", "-f", "examples/autoscaling/kueue.yaml")
     """
 
+    name = "kueue"
+    version = _versions.KUEUE
+    log_name = "kueue"
+    error = KueueError
+
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
         super().__init__(cluster, log)
-        self.process: _process.Managed | None = None
         self._webhooks: list[dict] = []
 
     @property
-    def log_path(self) -> pathlib.Path:
-        """Kueue's log file (stdout and stderr) under the cluster's log folder."""
-        return self.cluster.log_dir / "kueue.log"
+    def _cert_dir(self) -> pathlib.Path:
+        return self.cluster.workdir / "kueue-certs"
 
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> Kueue:
-        """Build (or find cached) Kueue, install its objects, start it and wait until it is ready.
-
-        Args:
-            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
-
-        Returns:
-            Kueue: ``self``.
-
-        Raises:
-            KueueError: Kueue exited or was not ready in time.
-            _addon.AddonError: An object was refused, or a CRD was not Established in time.
-            _build.BuildError: The build failed.
-            _gomod.ModuleCacheError: The module's folder could not be found.
-        """
-        binary = _build.build_addon("kueue", log=self._log)
-        began = time.monotonic()
-        deadline = began + timeout
+    def _install(self, deadline: float) -> None:
         cluster = self.cluster
         port = cluster.ports.kueue_webhook
         folder = _gomod.module_dir("kueue", MODULE)
@@ -207,29 +192,19 @@ class Kueue(_addon.Addon):
             self._api.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/"
                                         f"{configuration['metadata']['name']}")
             _addon.create(self._api, f"/apis/admissionregistration.k8s.io/v1/{kind}", configuration)
-        config_file = cluster.workdir / "kueue-config.yaml"
-        cert_dir = cluster.workdir / "kueue-certs"
-        config_file.write_text(yaml.safe_dump(_components.kueue_configuration(cluster.ports, cert_dir)))
-        argv, env = _components.kueue(cluster.kubeconfig, binary, config_file)
-        self.process = _process.start("kueue", argv, self.log_path, detach=False, env={**os.environ, **env})
-        try:
-            self._wait("its certificate in the Secret", deadline, self._certificate)
-            self._mount_certificate(cert_dir)
-            readyz = f"http://{_ports.HOST}:{cluster.ports.kueue_health}/readyz"
-            self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        self._log(f"devcluster: kueue {_versions.KUEUE} ready after {self.start_seconds:.1f}s")
-        return self
 
-    def _wait(self, what: str, deadline: float, check: Callable[[], object]) -> None:
-        processes = [self.process] if self.process is not None else []
-        failure = _process.wait_until(lambda: bool(check()), deadline, processes)
-        if failure is not None:
-            reason = "timed out" if failure == _process.TIMED_OUT else failure
-            raise KueueError(f"kueue: waiting for {what}: {reason}\n{_process.log_tail(self.log_path)}")
+    def _spawn(self, binary: pathlib.Path) -> None:
+        cluster = self.cluster
+        config_file = cluster.workdir / "kueue-config.yaml"
+        config_file.write_text(yaml.safe_dump(_components.kueue_configuration(cluster.ports, self._cert_dir)))
+        argv, env = _components.kueue(cluster.kubeconfig, binary, config_file)
+        self._start_process(self.log_name, argv, env)
+
+    def _ready(self, deadline: float) -> None:
+        self._wait("its certificate in the Secret", deadline, self._certificate)
+        self._mount_certificate(self._cert_dir)
+        readyz = f"http://{_ports.HOST}:{self.cluster.ports.kueue_health}/readyz"
+        self._wait(f"{readyz} to answer", deadline, lambda: _http.healthy(readyz))
 
     def _certificate(self) -> dict[str, str] | None:
         """The serving certificate and key (base64) once Kueue's rotation wrote them into the Secret, else None."""
@@ -247,16 +222,9 @@ class Kueue(_addon.Addon):
             path.write_bytes(base64.b64decode(encoded))
             path.chmod(0o600)
 
-    def stop(self) -> None:
-        """Unregister the webhooks, then stop Kueue (SIGTERM, then SIGKILL, by process group); idempotent.
-
-        The CRDs, the namespace and every queue and Workload stay; a Workload still holding Kueue's finalizer keeps
-        its namespace Terminating until Kueue runs again (delete Jobs while it runs).
-        """
+    def _unregister(self) -> None:
+        # Before the process stops: a webhook that is gone fails closed, refusing every Job.
         for configuration in self._webhooks:
             self._api.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{_plural(configuration['kind'])}/"
                                         f"{configuration['metadata']['name']}")
         self._webhooks = []
-        if self.process is not None:
-            _process.stop(self.process)
-            self.process = None

@@ -11,20 +11,17 @@ annotations (``kwok/usage-from-annotation.yaml``). Stopped by pid; the APIServic
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import pathlib
 
 from devcluster import _addon
-from devcluster import _build
-from devcluster import _cluster
 from devcluster import _components
-from devcluster import _process
+from devcluster import _versions
 
 NAMESPACE = "kube-system"
 SERVICE = "metrics-server"
-API_SERVICE = "v1beta1.metrics.k8s.io"
-START_TIMEOUT_SECONDS = 120.0
-"""Bound for the APIService to be Available and the resource metrics API to answer through it."""
+GROUP = "metrics.k8s.io"
+VERSION = "v1beta1"
+API_SERVICE = f"{VERSION}.{GROUP}"
 
 
 class MetricsServerError(_addon.AddonError):
@@ -33,6 +30,10 @@ class MetricsServerError(_addon.AddonError):
 
 class MetricsServer(_addon.Addon):
     """metrics-server serving a started :class:`devcluster.Cluster`.
+
+    :meth:`start` returns once the APIService is Available and the resource metrics API answers. Samples come
+    later: a node or pod appears in the API after two scrapes (CPU is a rate), and a fake node only while it runs
+    pods (kwok reports an empty node's usage as 0, which metrics-server drops).
 
     Args:
         cluster (_cluster.Cluster): The running control plane (started by this process or attached).
@@ -43,56 +44,23 @@ class MetricsServer(_addon.Addon):
         ...     cluster.kubectl("top", "nodes")
     """
 
-    def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
-        super().__init__(cluster, log)
-        self.process: _process.Managed | None = None
+    name = "metrics-server"
+    version = _versions.METRICS_SERVER
+    log_name = "metrics-server"
+    error = MetricsServerError
 
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> MetricsServer:
-        """Build (or find cached) metrics-server, start it, register it and wait until its API answers.
+    def _install(self, deadline: float) -> None:
+        _addon.register_api(self._api, GROUP, VERSION, SERVICE, NAMESPACE, self.cluster.ports.metrics_server)
 
-        Samples come later: a node or pod appears in the API after two scrapes (CPU is a rate), and a fake node
-        only while it runs pods (kwok reports an empty node's usage as 0, which metrics-server drops).
-
-        Args:
-            timeout (float, optional): Seconds after the build. Defaults to :data:`START_TIMEOUT_SECONDS`.
-
-        Returns:
-            MetricsServer: ``self``.
-
-        Raises:
-            MetricsServerError: It exited, or the API or node metrics did not appear in time.
-            _addon.AddonError: The Service or the APIService was refused.
-            _build.BuildError: The build failed.
-        """
-        binary = _build.build_addon("metrics-server", log=self._log)
-        began = time.monotonic()
+    def _spawn(self, binary: pathlib.Path) -> None:
         cluster = self.cluster
-        argv = _components.metrics_server(cluster.workdir, cluster.kubeconfig, cluster.ports, binary)
-        self.process = process = _process.start(
-            "metrics-server", argv, cluster.log_dir / "metrics-server.log", detach=False
+        self._start_process(
+            self.log_name, _components.metrics_server(cluster.workdir, cluster.kubeconfig, cluster.ports, binary)
         )
-        try:
-            port = cluster.ports.metrics_server
-            _addon.create(self._api, f"/api/v1/namespaces/{NAMESPACE}/services",
-                          _addon.external_name_service(SERVICE, NAMESPACE, port))
-            _addon.create(self._api, "/apis/apiregistration.k8s.io/v1/apiservices",
-                          _addon.api_service("metrics.k8s.io", "v1beta1", SERVICE, NAMESPACE, port))
-            self._wait(process, "APIService Available", began + timeout, self.available)
-            self._wait(process, "the metrics API to answer", began + timeout, self._serving)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        self._log(f"devcluster: metrics-server serving the metrics API after {self.start_seconds:.1f}s")
-        return self
 
-    @staticmethod
-    def _wait(process: _process.Managed, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        failure = _process.wait_until(check, deadline, [process])
-        if failure is not None:
-            tail = _process.log_tail(process.log_path)
-            reason = "timed out" if failure == _process.TIMED_OUT else failure
-            raise MetricsServerError(f"metrics-server: waiting for {what}: {reason}\n{tail}")
+    def _ready(self, deadline: float) -> None:
+        self._wait("APIService Available", deadline, self.available)
+        self._wait("the metrics API to answer", deadline, self._serving)
 
     def available(self) -> bool:
         """Whether the APIService reports Available=True (the aggregator reaches metrics-server)."""
@@ -101,10 +69,5 @@ class MetricsServer(_addon.Addon):
     def _serving(self) -> bool:
         return self._api.request("GET", "/apis/metrics.k8s.io/v1beta1/nodes")[0] == 200
 
-    def stop(self) -> None:
-        """Unregister and stop it (SIGTERM, then SIGKILL, by its process group); idempotent."""
-        self._api.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}")
-        self._api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}")
-        if self.process is not None:
-            _process.stop(self.process)
-            self.process = None
+    def _unregister(self) -> None:
+        _addon.unregister_api(self._api, GROUP, VERSION, SERVICE, NAMESPACE)

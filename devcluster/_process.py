@@ -17,6 +17,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from collections.abc import Iterable
+from typing import ClassVar
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -201,3 +203,70 @@ def log_tail(path: pathlib.Path, lines: int = 40) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+def log_tails(paths: Iterable[pathlib.Path], lines: int = 40) -> str:
+    """Return the last lines of each log file that exists, each under a header naming it.
+
+    Args:
+        paths (Iterable[pathlib.Path]): Log files, in the order to show them.
+        lines (int, optional): Lines per file. Defaults to 40.
+    """
+    return "\n".join(
+        f"----- {path} (last {lines} lines) -----\n{log_tail(path, lines)}" for path in paths if path.exists()
+    )
+
+
+class Supervisor:
+    """What owns host processes (the control plane, a real node, an add-on): waits on them, reports the first that
+    exited, and shows their log tails, raising its own error type.
+
+    Subclasses set :attr:`error` and :attr:`processes` and implement :meth:`log_paths`.
+
+    Attributes:
+        error (type[Exception]): What :meth:`_wait` and :meth:`check_alive` raise.
+        processes (list[Managed]): The processes started here, in start order.
+    """
+
+    error: ClassVar[type[Exception]] = RuntimeError
+    processes: list[Managed]
+
+    def log_paths(self) -> list[pathlib.Path]:
+        """The log files :meth:`log_tails` shows (those that do not exist are skipped)."""
+        raise NotImplementedError
+
+    def log_tails(self, lines: int = 40) -> str:
+        """Return the last lines of every log of :meth:`log_paths`, each under a header.
+
+        Args:
+            lines (int, optional): Lines per log. Defaults to 40.
+        """
+        return log_tails(self.log_paths(), lines)
+
+    def check_alive(self) -> None:
+        """Raise when a process started here has exited.
+
+        Raises:
+            Exception: :attr:`error`, naming the process and its exit status, with its log tail.
+        """
+        report = exit_report(self.processes)
+        if report is not None:
+            raise self.error(report)
+
+    def _wait(self, what: str, deadline: float, check: Callable[[], object]) -> None:
+        """Poll ``check`` until it holds (is truthy).
+
+        Args:
+            what (str): What is awaited, for the error.
+            deadline (float): ``time.monotonic()`` bound, in seconds.
+            check (Callable[[], object]): The condition.
+
+        Raises:
+            Exception: :attr:`error` when a process exited first (with its log tail) or the deadline passed (with
+                every log's tail).
+        """
+        failure = wait_until(lambda: bool(check()), deadline, self.processes)
+        if failure == TIMED_OUT:
+            raise self.error(f"timed out waiting for {what}\n{self.log_tails()}")
+        if failure is not None:
+            raise self.error(f"waiting for {what}: {failure}")

@@ -90,7 +90,7 @@ def _run(argv: list[str], what: str, check: bool = True) -> subprocess.Completed
     return proc
 
 
-class RealNode:
+class RealNode(_process.Supervisor):
     """A kubelet node on this host, joined to a started :class:`devcluster.Cluster` (root required).
 
     Args:
@@ -103,6 +103,7 @@ class RealNode:
     """
 
     name = cfg.NODE_NAME
+    error = RealNodeError
 
     def __init__(self, cluster: _cluster.Cluster, log: Callable[[str], None] = print) -> None:
         self.cluster = cluster
@@ -217,37 +218,15 @@ class RealNode:
         self.processes.append(proc)
         self._write_state()
 
-    def _wait(self, what: str, deadline: float, check: Callable[[], bool]) -> None:
-        failure = _process.wait_until(check, deadline, self.processes)
-        if failure == _process.TIMED_OUT:
-            raise RealNodeError(f"timed out waiting for {what}\n{self.log_tails()}")
-        if failure is not None:
-            raise RealNodeError(failure)
-
     def ready(self) -> bool:
         """Return True when the Node object reports condition Ready=True."""
         node = self._api.get_json(f"/api/v1/nodes/{self.name}")
         conditions = (node or {}).get("status", {}).get("conditions", [])
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
-    def check_alive(self) -> None:
-        """Raise when a component of the node has exited.
-
-        Raises:
-            RealNodeError: Naming the component and its exit status, with its log tail.
-        """
-        report = _process.exit_report(self.processes)
-        if report is not None:
-            raise RealNodeError(report)
-
-    def log_tails(self, lines: int = 40) -> str:
-        """Return the last lines of the node's component logs, each under a header."""
-        parts = []
-        for name in COMPONENTS:
-            path = self.cluster.log_dir / f"{name}.log"
-            if path.exists():
-                parts.append(f"----- {path} (last {lines} lines) -----\n{_process.log_tail(path, lines)}")
-        return "\n".join(parts)
+    def log_paths(self) -> list[pathlib.Path]:
+        """The node's component logs (in the cluster's log folder), in start order."""
+        return [self.cluster.log_dir / f"{name}.log" for name in COMPONENTS]
 
     def containers(self) -> list[str]:
         """Return the ids of the containers (sandboxes included) containerd holds for Kubernetes."""

@@ -4,4 +4,6 @@ The library that runs inside every pod and behind `rlightning run`. It never imp
 Subpackages: `config`, `contract` and `launch` (pure, no torch), `policy`, `weights`, `runtime`.
 """
 
-__version__ = "0.1.0"
+from rlightning.contract import VERSION as __version__
+
+__all__ = ["__version__"]

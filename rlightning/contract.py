@@ -20,8 +20,12 @@ SHORT_NAMES = ("pg",)
 CATEGORIES = ("rlightning",)
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 
-# -- Image ------------------------------------------------------------------------------------------------
-DEFAULT_IMAGE = "ghcr.io/rlightning/rlightning:0.1.0"
+# -- Version and image ------------------------------------------------------------------------------------
+VERSION = "0.1.0"
+"""The release: the one source of the version. `rlightning.__version__` and pyproject.toml's (dynamic) version read
+it, and it is the default image's tag; the chart's `version`/`appVersion` and the tags in README.md and the
+Dockerfiles must equal it (tests/helm/test_version.py)."""
+DEFAULT_IMAGE = f"ghcr.io/rlightning/rlightning:{VERSION}"
 
 # -- Default ports (a PolicyGroup may override each in spec.ports) -----------------------------------------
 TORCHRUN_PORT = 29500

@@ -31,7 +31,7 @@ from torch import nn
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
 from rlightning.contract import PolicyRole
-from rlightning.policy import _ddp, _experience, _gate, _rng, _timing, _training_state, _weight_updates
+from rlightning.policy import _ddp, _experience, _gate, _optim, _rng, _timing, _training_state, _weight_updates
 from rlightning.policy._env_meta import EnvMeta
 
 # The seed's module functions keep their import path here (`from rlightning.policy.base_policy import ...`).
@@ -61,6 +61,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             build a network for; None: any. `space_problems` checks them against the env's.
         action_spaces (tuple[type[gymnasium.Space], ...] | None): The action space types it can act in; None:
             any. A continuous-control algorithm declares `(gymnasium.spaces.Box,)`.
+        algorithm (str): The algorithm's short name in messages (`"PPO"`). Defaults to `"policy"`.
         device (torch.device): Where the network lives.
         model_list (list[tuple[str, nn.Module]]): Child modules with trainable parameters, by attribute name.
         iteration (int): Completed `train` calls.
@@ -72,6 +73,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
     kwargs_model: ClassVar[type[BaseModel] | None] = None
     observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...] | None] = None
     action_spaces: ClassVar[tuple[type[gymnasium.Space], ...] | None] = None
+    algorithm: ClassVar[str] = "policy"
 
     def __init__(self, config: PolicyConfig, role_type: PolicyRole | str) -> None:
         nn.Module.__init__(self)
@@ -114,9 +116,11 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             env_meta (EnvMeta): The environment's spaces.
         """
 
-    @abc.abstractmethod
     def setup_optimizer(self, optim_cfg: OptimConfig) -> torch.optim.Optimizer:
         """Create the optimizer over the (possibly DDP-wrapped) trainable parameters.
+
+        By default Adam, AdamW or SGD over every parameter, as `optim_cfg.name` says (`_optim.make_optimizer`);
+        a subclass that wants parameter groups overrides this and passes them to `make_optimizer`.
 
         Args:
             optim_cfg (OptimConfig): `spec.policy.optim`.
@@ -124,6 +128,19 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         Returns:
             torch.optim.Optimizer: The optimizer; the base class stores it as `self.optimizer`.
         """
+        return _optim.make_optimizer(self.parameters(), optim_cfg)
+
+    def current_lr(self) -> float:
+        """The learning rate of the next update: linearly annealed to 0 over `train.total_env_steps` when
+        `optim.anneal_lr` is set and a train config was given (CleanRL's schedule), else `optim.lr`.
+
+        Returns:
+            float: The learning rate; an algorithm's `train` writes it into its optimizer's parameter groups.
+        """
+        optim = self.config.optim
+        if not optim.anneal_lr or self.train_config is None:
+            return optim.lr
+        return optim.lr * max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
 
     @abc.abstractmethod
     def rollout_step(self, env_ret: Mapping[str, Any]) -> Any:
@@ -225,9 +242,34 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             raise ValueError(f"{type(self).__name__}.rollout_fields() redeclares env keys {clash}")
         return {**fields, **rollout}
 
+    def checked_dataset(self, dataset: TensorDict) -> TensorDict:
+        """The keys of `experience_fields()` of a batch, checked against their layout: what `update_dataset`
+        implementations start with.
+
+        Args:
+            dataset (TensorDict): `[T, N]` experience; keys beyond `experience_fields()` are dropped.
+
+        Returns:
+            TensorDict: `[T, N]` with exactly the keys of `experience_fields()` (not copied).
+
+        Raises:
+            RuntimeError: When the policy is not initialised.
+            ValueError: `"<algorithm> dataset: <rule>"` when the batch is not 2-D, or a key is missing or has the
+                wrong shape or dtype.
+        """
+        fields = self.experience_fields()
+        if dataset.batch_dims != 2:
+            raise ValueError(f"{self.algorithm} dataset: batch_size {list(dataset.batch_size)} is not [T, N]")
+        steps, envs = dataset.batch_size
+        dataset = dataset.select(*fields, strict=False)
+        reason = _experience.check_batch(dataset, fields, (steps, envs))
+        if reason is not None:
+            raise ValueError(f"{self.algorithm} dataset: {reason}")
+        return dataset
+
     @abc.abstractmethod
     def update_dataset(self, dataset: TensorDict) -> None:
-        """Hand a batch of collected experience to the next `train` call.
+        """Hand a batch of collected experience to the next `train` call (`checked_dataset` checks it).
 
         Args:
             dataset (TensorDict): Experience of shape `[T, N]` (time first).
@@ -249,14 +291,26 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             dict[str, dict[str, torch.Tensor]]: `{module name: state dict}`.
         """
 
-    @abc.abstractmethod
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:  # type: ignore[override]  # seed's API
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]  # seed's API
         """Load a whole-policy state dict, also one saved from a DDP-wrapped or torch.compile'd policy.
 
         Args:
-            state_dict (Mapping[str, Any]): Tensors by (possibly prefixed) name.
-            strict (bool, optional): Raise on missing or unexpected keys. Defaults to True.
+            state_dict (Mapping[str, Any]): Tensors by (possibly prefixed) name: `state_dict()` or `named_state`
+                of a policy of the same class.
+            strict (bool, optional): Every name must match; otherwise only the names present in both are copied
+                and the others keep their values (an evaluator of an actor-critic loading a trainer's checkpoint
+                takes what it has). Shapes and dtypes must match either way. Defaults to True.
+
+        Raises:
+            KeyError: When strict and the names differ.
+            ValueError: When a shape or dtype differs.
         """
+        clean = self.clean_state_dict(state_dict)
+        if not strict:
+            own = weights.named_state(self)
+            clean = {name: tensor for name, tensor in clean.items() if name in own}
+            clean.update({name: tensor for name, tensor in own.items() if name not in clean})
+        weights.load_named_state(self, clean)
 
     def clean_state_dict(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         """Remove wrapper prefixes from a whole-policy state dict, for `load_state_dict` implementations.

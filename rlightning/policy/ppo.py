@@ -43,7 +43,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from rlightning import weights
-from rlightning.config import OptimConfig, PolicyConfig
+from rlightning.config import PolicyConfig
 from rlightning.policy import _ddp, _experience, _normalize, base_policy
 from rlightning.policy._env_meta import EnvMeta
 
@@ -221,6 +221,7 @@ class PPOPolicy(base_policy.BasePolicy):
     kwargs_model: ClassVar[type[BaseModel]] = PPOKwargs
     observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
     action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
+    algorithm: ClassVar[str] = "PPO"
 
     def __init__(self, config: PolicyConfig, role_type: base_policy.PolicyRole | str) -> None:
         super().__init__(config, role_type)
@@ -245,13 +246,6 @@ class PPOPolicy(base_policy.BasePolicy):
     def construct_network(self, env_meta: EnvMeta) -> None:
         """Create `self.agent`, a PPONetwork for the env's spaces."""
         self.agent = PPONetwork(env_meta.observation_space, env_meta.action_space, self.kwargs)
-
-    def setup_optimizer(self, optim_cfg: OptimConfig) -> torch.optim.Optimizer:
-        """Adam, AdamW or SGD over every parameter, as `spec.policy.optim` says."""
-        if optim_cfg.name == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
-        optimizer = torch.optim.AdamW if optim_cfg.name == "adamw" else torch.optim.Adam
-        return optimizer(self.parameters(), lr=optim_cfg.lr, eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
 
     def _observation(self, raw: Any) -> torch.Tensor:
         obs = torch.as_tensor(raw, device=self.device, dtype=torch.float32)
@@ -297,29 +291,12 @@ class PPOPolicy(base_policy.BasePolicy):
         Raises:
             ValueError: When the batch is not 2-D, or a key is missing or has the wrong shape or dtype.
         """
-        fields = self.experience_fields()
-        if dataset.batch_dims != 2:
-            raise ValueError(f"PPO dataset: batch_size {list(dataset.batch_size)} is not [T, N]")
-        steps, envs = dataset.batch_size
-        dataset = dataset.select(*fields, strict=False)
-        reason = _experience.check_batch(dataset, fields, (steps, envs))
-        if reason is not None:
-            raise ValueError(f"PPO dataset: {reason}")
-        self._dataset = dataset.to(self.device)
+        self._dataset = self.checked_dataset(dataset).to(self.device)
 
     def _state_values(self, observation: torch.Tensor) -> torch.Tensor:
         # [T, N, *O] -> [T, N], with the unwrapped critic (a forward without gradients needs no DDP sync).
         steps, envs = observation.shape[:2]
         return self.network.value(observation.reshape(steps * envs, -1).float()).reshape(steps, envs)
-
-    def current_lr(self) -> float:
-        """The learning rate of the next update: linearly annealed over `train.total_env_steps` when
-        `optim.anneal_lr` is set and a train config was given (CleanRL's schedule), else `optim.lr`.
-        """
-        optim = self.config.optim
-        if not optim.anneal_lr or self.train_config is None:
-            return optim.lr
-        return optim.lr * max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
 
     def train(self) -> dict[str, float]:  # type: ignore[override]  # the seed's train() takes no arguments
         """One PPO update on the batch from `update_dataset`: `update_epochs` passes of `num_minibatches`.
@@ -419,21 +396,3 @@ class PPOPolicy(base_policy.BasePolicy):
     def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
         """`{"agent": state dict}` with clean keys (no DDP/compile prefixes)."""
         return {name: dict(weights.named_state(module)) for name, module in self.model_list}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]  # seed's API
-        """Load a whole-policy state dict, also from a DDP-wrapped or torch.compile'd policy.
-
-        Args:
-            state_dict (Mapping[str, Any]): `state_dict()` or `named_state` of a PPOPolicy (keys `agent.*`).
-            strict (bool, optional): Every name must match; otherwise only the names present in both are
-                copied (shapes and dtypes must still match). Defaults to True.
-
-        Raises:
-            KeyError: strict and names differ. ValueError: a shape or dtype differs.
-        """
-        clean = self.clean_state_dict(state_dict)
-        if not strict:
-            own = weights.named_state(self)
-            clean = {name: tensor for name, tensor in clean.items() if name in own}
-            clean.update({name: tensor for name, tensor in own.items() if name not in clean})
-        weights.load_named_state(self, clean)

@@ -40,7 +40,7 @@ from torch import nn
 
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
-from rlightning.policy import _experience, _replay, base_policy
+from rlightning.policy import _experience, _optim, _replay, base_policy
 from rlightning.policy._env_meta import EnvMeta
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -199,6 +199,7 @@ class SACPolicy(base_policy.BasePolicy):
     kwargs_model: ClassVar[type[BaseModel]] = SACKwargs
     observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
     action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
+    algorithm: ClassVar[str] = "SAC"
     # Set by construct_network; under DDP the trainable ones are wrapped (`_unwrap` gives the module back).
     actor: nn.Module
     critic: nn.Module
@@ -264,10 +265,7 @@ class SACPolicy(base_policy.BasePolicy):
         groups = [{"params": list(self.actor.parameters())}, {"params": list(self.critic.parameters())}]
         if self.kwargs.auto_entropy:
             groups.append({"params": list(self.temperature.parameters())})
-        if optim_cfg.name == "sgd":
-            return torch.optim.SGD(groups, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
-        optimizer = torch.optim.AdamW if optim_cfg.name == "adamw" else torch.optim.Adam
-        return optimizer(groups, lr=optim_cfg.lr, eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+        return _optim.make_optimizer(groups, optim_cfg)
 
     # -- acting --------------------------------------------------------------------------------------------------
 
@@ -310,14 +308,7 @@ class SACPolicy(base_policy.BasePolicy):
         """
         if self.replay is None:
             raise RuntimeError("SACPolicy.update_dataset needs init_train")
-        fields = self.experience_fields()
-        if dataset.batch_dims != 2:
-            raise ValueError(f"SAC dataset: batch_size {list(dataset.batch_size)} is not [T, N]")
-        dataset = dataset.select(*fields, strict=False)
-        reason = _experience.check_batch(dataset, fields, tuple(dataset.batch_size))  # type: ignore[arg-type]
-        if reason is not None:
-            raise ValueError(f"SAC dataset: {reason}")
-        flat = dataset.reshape(-1)
+        flat = self.checked_dataset(dataset).reshape(-1)
         self.replay.extend(flat.select("observation", "next_observation", "action", "reward", "terminated"))
         self._pending_steps = flat.shape[0]
 
@@ -327,15 +318,6 @@ class SACPolicy(base_policy.BasePolicy):
 
     def _temperature(self) -> torch.Tensor:
         return _unwrap(self.temperature, EntropyTemperature).log_alpha.detach()
-
-    def current_lr(self) -> float:
-        """The learning rate of the next update: annealed linearly over `train.total_env_steps` when
-        `optim.anneal_lr` is set and a train config was given (as `PPOPolicy.current_lr`), else `optim.lr`.
-        """
-        optim = self.config.optim
-        if not optim.anneal_lr or self.train_config is None:
-            return optim.lr
-        return optim.lr * max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
 
     def train(self) -> dict[str, float]:  # type: ignore[override]  # the seed's train() takes no arguments
         """`gradientSteps` SAC updates on minibatches of the replay buffer (none before `learningStarts`).
@@ -444,21 +426,3 @@ class SACPolicy(base_policy.BasePolicy):
         """Refill the replay buffer from `extra_training_state` (the newest `bufferSize` transitions of it)."""
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]  # seed's API
-        """Load a whole-policy state dict, also from a DDP-wrapped or torch.compile'd policy.
-
-        Args:
-            state_dict (Mapping[str, Any]): `state_dict()` or `named_state` of a SACPolicy.
-            strict (bool, optional): Every name must match; otherwise only the names present in both are
-                copied (an evaluator loading a trainer's checkpoint takes the actor). Defaults to True.
-
-        Raises:
-            KeyError: strict and names differ. ValueError: a shape or dtype differs.
-        """
-        clean = self.clean_state_dict(state_dict)
-        if not strict:
-            own = weights.named_state(self)
-            clean = {name: tensor for name, tensor in clean.items() if name in own}
-            clean.update({name: tensor for name, tensor in own.items() if name not in clean})
-        weights.load_named_state(self, clean)

@@ -69,9 +69,7 @@ class OwnExperience:
         """Collect `[rolloutSteps, env.numEnvs]` with the rank's current weights (`stop` and `on_wait` unused)."""
         started, finished = time.monotonic(), self.collector.episodes_finished
         batch = self.collector.collect(self.steps)
-        recent = self.collector.recent_returns
-        new = min(self.collector.episodes_finished - finished, len(recent))
-        returns = list(recent)[len(recent) - new :]
+        returns = list(self.collector.finished_since(finished).returns)
         return Dataset(batch, returns, wait_seconds=time.monotonic() - started, version=version)
 
     def dropped_batches(self) -> int:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from rlightning import trajectories, weights
 from rlightning.policy import _training_state
 from rlightning.policy.base_policy import BasePolicy
+from rlightning.runtime import _collective
 from rlightning.runtime.rundir import RunDir
 
 log = logging.getLogger("rlightning.train")
@@ -54,7 +55,7 @@ def broadcast_training_state(policy: BasePolicy, src: int = 0) -> None:
     """Make every rank's training state rank `src`'s: weights, buffers, optimizer, counters, weight version.
 
     A collective: every rank of the default process group calls it. Tensors travel on the policy's device
-    (nccl needs CUDA tensors; gloo takes CPU ones); the optimizer state travels pickled, on the CPU.
+    (`_collective.device()` under nccl); the optimizer state travels pickled.
 
     Args:
         policy (BasePolicy): An initialised train policy (`init_train` ran on every rank).
@@ -64,7 +65,7 @@ def broadcast_training_state(policy: BasePolicy, src: int = 0) -> None:
         for _, tensor in sorted(weights.named_state(policy).items()):
             dist.broadcast(tensor, src)
     payload = [_training_state.capture(policy)]
-    dist.broadcast_object_list(payload, src, device=policy.device if dist.get_backend() == "nccl" else None)
+    dist.broadcast_object_list(payload, src, device=_collective.device())
     if dist.get_rank() != src:
         _training_state.restore(policy, payload[0])
 
@@ -87,7 +88,7 @@ def resume(policy: BasePolicy, run_dir: RunDir, enabled: bool) -> str | None:
         # The checkpoint holds rank 0's RNG state; the other ranks keep their own seed + rank streams.
         policy.load_checkpoint(checkpoint, restore_rng=True)
     chosen = [None if checkpoint is None else str(checkpoint)]
-    dist.broadcast_object_list(chosen, 0, device=policy.device if dist.get_backend() == "nccl" else None)
+    dist.broadcast_object_list(chosen, 0, device=_collective.device())
     if chosen[0] is None:
         return None
     broadcast_training_state(policy, 0)
@@ -116,7 +117,7 @@ def restart_from_fleet(policy: BasePolicy, pull: Callable[[], trajectories.HeldW
     rank = dist.get_rank()
     held = pull() if rank == 0 and pull is not None else None
     loaded = [_load_held(policy, held) if held is not None else None]
-    dist.broadcast_object_list(loaded, 0, device=policy.device if dist.get_backend() == "nccl" else None)
+    dist.broadcast_object_list(loaded, 0, device=_collective.device())
     if loaded[0] is None:
         return None
     broadcast_training_state(policy, 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -48,6 +49,22 @@ def to_env_action(action: torch.Tensor, space: gymnasium.Space) -> np.ndarray:
     return array
 
 
+@dataclasses.dataclass(frozen=True)
+class FinishedEpisodes:
+    """The episodes that finished since a mark of an `EpisodeTally` (`EpisodeTally.finished_since`).
+
+    Attributes:
+        returns (tuple[float, ...]): Their undiscounted returns, oldest first: those the tally still remembers
+            (at most `RECENT_EPISODES`).
+        lengths (tuple[int, ...]): Their lengths in env steps, in the same order.
+        count (int): How many finished, also those beyond what the tally remembers (`>= len(returns)`).
+    """
+
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+    count: int
+
+
 class EpisodeTally:
     """Returns and lengths of the last `RECENT_EPISODES` finished episodes (newest last), and how many finished.
 
@@ -72,6 +89,20 @@ class EpisodeTally:
         self.recent_returns.append(episode_return)
         self.recent_lengths.append(length)
         self.episodes_finished += 1
+
+    def finished_since(self, mark: int) -> FinishedEpisodes:
+        """The episodes that finished since `episodes_finished` was `mark` (a batch's, when read before it).
+
+        Args:
+            mark (int): An earlier value of `episodes_finished`.
+
+        Returns:
+            FinishedEpisodes: Their returns and lengths (the newest `RECENT_EPISODES` of them) and their count.
+        """
+        count = self.episodes_finished - mark
+        new = min(count, len(self.recent_returns))
+        returns, lengths = list(self.recent_returns), list(self.recent_lengths)
+        return FinishedEpisodes(tuple(returns[len(returns) - new :]), tuple(lengths[len(lengths) - new :]), count)
 
     def mean_recent_return(self) -> float:
         """Mean of `recent_returns`.
@@ -262,13 +293,11 @@ class ShardedRolloutCollector(EpisodeTally):
         futures = [self._pool.submit(shard.collect, num_steps) for shard in self.shards]
         concurrent.futures.wait(futures)  # every shard is done before any error is raised: none steps on alone
         batches = [future.result() for future in futures]
-        for shard, before in zip(self.shards, finished, strict=True):
-            new = min(shard.episodes_finished - before, len(shard.recent_returns))
-            if new:
-                returns, lengths = list(shard.recent_returns)[-new:], list(shard.recent_lengths)[-new:]
-                for episode_return, length in zip(returns, lengths, strict=True):
-                    self.record_episode(episode_return, length)
-            self.episodes_finished += shard.episodes_finished - before - new  # beyond what the shard remembers
+        for shard, mark in zip(self.shards, finished, strict=True):
+            new = shard.finished_since(mark)
+            for episode_return, length in zip(new.returns, new.lengths, strict=True):
+                self.record_episode(episode_return, length)
+            self.episodes_finished += new.count - len(new.returns)  # beyond what the shard remembers
         self.env_steps += num_steps * self.num_envs
         return TensorDict.cat(batches, dim=1)
 

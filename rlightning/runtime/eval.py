@@ -368,15 +368,15 @@ class Evaluator:
                     continue  # collected partly with no whole version
                 if self.policy.weight_version != version and spec.train.max_policy_lag == 0:
                     continue  # a new version came mid-batch: too old on arrival
-                new = min(rollouts.episodes_finished - finished, len(rollouts.recent_returns))
+                new = rollouts.finished_since(finished)
                 sequence += 1
                 stamp = trajectories.BatchStamp(
                     version=version,
                     ordinal=self.ordinal,
                     sequence=sequence,
                     env_steps=batch.numel(),
-                    episode_returns=tuple(list(rollouts.recent_returns)[len(rollouts.recent_returns) - new :]),
-                    episode_lengths=tuple(list(rollouts.recent_lengths)[len(rollouts.recent_lengths) - new :]),
+                    episode_returns=new.returns,
+                    episode_lengths=new.lengths,
                 )
                 sender.send(batch, stamp)
                 self._env_steps += stamp.env_steps

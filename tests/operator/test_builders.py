@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from rlightning import contract
@@ -52,8 +57,41 @@ def test_children_names_kinds_and_labels(example):
         assert child["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
 
 
-def test_deterministic(example):
-    assert build_children(example, NS) == build_children(example, NS)
+def _rich_document(reverse: bool) -> dict:
+    """The example with mappings a user writes in any order (metadata, node selector, resources), in file order or
+    reversed."""
+
+    def order(mapping: dict) -> dict:
+        return dict(reversed(mapping.items())) if reverse else mapping
+
+    document = example_document()
+    document["metadata"]["labels"] = order({"team": "rl", "app": "cartpole", "tier": "train"})
+    document["metadata"]["annotations"] = order({"owner": "a@example.com", "budget": "b-1"})
+    pod = document["spec"]["train"]["pod"]
+    pod["nodeSelector"] = order({"pool": "cpu", "zone": "z1", "arch": "amd64"})
+    pod["resources"] = {name: order(value) for name, value in order(pod["resources"]).items()}
+    return document
+
+
+_BUILD_IN_A_PROCESS = """
+import json, sys
+from rlightning.config import parse_manifest
+from rlightning_operator import build_children
+print(json.dumps(build_children(parse_manifest(json.loads(sys.stdin.read())), sys.argv[1])))
+"""
+
+
+def test_deterministic_whatever_the_input_order_and_the_hash_seed():
+    # Byte-for-byte (dict order included): a rebuilt child that differs only in order is still a change to
+    # the API server, and a list or mapping built from a set or from the user's order would show here.
+    forward = json.dumps(build_children(parse_manifest(_rich_document(reverse=False)), NS))
+    assert json.dumps(build_children(parse_manifest(_rich_document(reverse=True)), NS)) == forward
+    for seed, reverse in (("1", False), ("2", True)):
+        built = subprocess.run(
+            [sys.executable, "-c", _BUILD_IN_A_PROCESS, NS], input=json.dumps(_rich_document(reverse)),
+            capture_output=True, text=True, timeout=60, check=True, env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert built.stdout.strip() == forward, f"PYTHONHASHSEED={seed} builds other children"
 
 
 def test_children_are_plain_data(example):

@@ -17,7 +17,14 @@ from torch import nn
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig
 from rlightning.policy import BasePolicy, EnvMeta, ExperienceField, PPOPolicy, check_batch
-from rlightning.runtime.collector import RolloutCollector, evaluate_episodes, to_env_action
+from rlightning.runtime.collector import (
+    RECENT_EPISODES,
+    EpisodeTally,
+    FinishedEpisodes,
+    RolloutCollector,
+    evaluate_episodes,
+    to_env_action,
+)
 
 torch.set_num_threads(1)
 
@@ -172,3 +179,16 @@ def test_async_rollouts_from_an_event_loop(policy: PPOPolicy) -> None:
         assert evaluator.get_num_requests() == 0 and evaluator.check_idle(timeout=1.0)
     finally:
         evaluator.close()
+
+
+def test_the_episodes_of_a_batch_are_those_finished_since_its_mark() -> None:
+    tally = EpisodeTally()
+    tally.record_episode(1.0, 10)
+    mark = tally.episodes_finished
+    assert tally.finished_since(mark) == FinishedEpisodes((), (), 0)
+    for episode in range(RECENT_EPISODES + 5):
+        tally.record_episode(float(episode), episode + 1)
+    new = tally.finished_since(mark)
+    assert new.count == RECENT_EPISODES + 5, "every episode is counted, also those no longer remembered"
+    assert new.returns == tuple(float(e) for e in range(5, RECENT_EPISODES + 5)), "the newest, oldest first"
+    assert new.lengths == tuple(e + 1 for e in range(5, RECENT_EPISODES + 5))

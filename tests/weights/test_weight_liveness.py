@@ -153,22 +153,43 @@ def test_a_receiver_that_ignores_a_version_is_not_counted_as_acked():
         sender.close()
 
 
+def wait_applied(lines: queue.Queue, version: int, timeout: float) -> list[int]:
+    """The versions a receiver reported applied (its JSON lines), read until it reports `version` or `timeout`."""
+    applied: list[int] = []
+    end = time.monotonic() + timeout
+    while version not in applied and (left := end - time.monotonic()) > 0:
+        line = wait_line(lines, '"applied"', left)
+        if line is None:
+            break
+        applied.append(json.loads(line)["applied"])
+    return applied
+
+
+BACK_TO_BACK = 24
+"""Publishes with no pause between them: twice the count after which a receiver's store clone once timed out
+connecting."""
+
+
 @pytest.mark.timeout(120)
-def test_store_keys_stay_bounded_over_many_publishes(procs):
+def test_back_to_back_publishes_reach_every_receiver_and_keep_the_store_bounded(procs):
     port = WEIGHTS_SYNC.port(13)
     procs += [start_receiver(port, o) for o in (0, 1)]
+    outputs = [lines_of(proc.stdout) for proc in procs]
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
         wait_members(sender, {0, 1})
         counts = []
-        for version in range(1, 21):
-            # a short gap: back-to-back publishes with no gap fail after about a dozen (a receiver's store
-            # clone times out connecting), also before the cleanup existed; not what this test is about
-            time.sleep(0.3)
-            assert sender.publish(weights_for(version)).receivers_acked == [0, 1]
+        for version in range(1, BACK_TO_BACK + 1):
+            # no pause: `publish` returns once both receivers acknowledged, the next starts at once
+            stats = sender.publish(weights_for(version))
+            assert (stats.receivers_acked, stats.failed) == ([0, 1], {}), f"publish {version}: {stats}"
             counts.append(sender._store.num_keys())
         # keys of at most the last two publishes remain: the count stops growing after the third
         assert max(counts[4:]) <= counts[3] + 2, counts
+        for ordinal, lines in enumerate(outputs):
+            applied = wait_applied(lines, BACK_TO_BACK, 10.0)
+            assert applied[-1:] == [BACK_TO_BACK], f"receiver {ordinal} applied {applied}"
+            assert applied == sorted(set(applied)), f"receiver {ordinal} applied {applied}: out of order"
     finally:
         sender.close()
     stop(procs)

@@ -7,8 +7,10 @@ cut where its batch ends (no critic to bootstrap from), which biases it for epis
 
 What a policy class must do for rlightning (see `rlightning.policy.BasePolicy`): build its network in
 `construct_network`, act in `rollout_step`/`postprocess` (the output's `action` goes to the env), declare the
-rollout outputs it learns from in `rollout_fields`, learn in `update_dataset`/`train`, and name its weights
-(`get_trainable_parameters`, `load_state_dict`). Its `policy_kwargs` are validated by `kwargs_model`.
+rollout outputs it learns from in `rollout_fields`, learn in `update_dataset` (`checked_dataset` checks the batch)
+and `train`, and name its weights (`get_trainable_parameters`). The base class builds the optimizer that
+`spec.policy.optim` names (`setup_optimizer`) and loads state dicts (`load_state_dict`). Its `policy_kwargs` are
+validated by `kwargs_model`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from rlightning import weights
-from rlightning.config import OptimConfig, PolicyConfig
-from rlightning.policy import BasePolicy, EnvMeta, ExperienceField, PolicyRole, check_batch
+from rlightning.config import PolicyConfig
+from rlightning.policy import BasePolicy, EnvMeta, ExperienceField, PolicyRole
 
 
 class ReinforceKwargs(BaseModel):
@@ -80,6 +82,7 @@ class ReinforcePolicy(BasePolicy):
     # The spaces it can build a network for: `rlightning validate` refuses an env with others.
     observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
     action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Discrete,)
+    algorithm: ClassVar[str] = "REINFORCE"
     agent: nn.Module
 
     def __init__(self, config: PolicyConfig, role_type: PolicyRole | str) -> None:
@@ -92,10 +95,6 @@ class ReinforcePolicy(BasePolicy):
         assert isinstance(env_meta.action_space, gymnasium.spaces.Discrete)
         obs_dim = int(torch.tensor(env_meta.observation_space.shape).prod())
         self.agent = PolicyNetwork(obs_dim, int(env_meta.action_space.n), self.kwargs.hidden_size)
-
-    def setup_optimizer(self, optim_cfg: OptimConfig) -> torch.optim.Optimizer:
-        """Adam over every parameter, with `spec.policy.optim.lr`."""
-        return torch.optim.Adam(self.parameters(), lr=optim_cfg.lr)
 
     def _logits(self, observation: Any) -> torch.Tensor:
         obs = torch.as_tensor(observation, dtype=torch.float32, device=self.device)
@@ -123,12 +122,7 @@ class ReinforcePolicy(BasePolicy):
         Raises:
             ValueError: When the layout differs (names the rule).
         """
-        fields = self.experience_fields()
-        dataset = dataset.select(*fields, strict=False)
-        reason = check_batch(dataset, fields, tuple(dataset.batch_size))  # type: ignore[arg-type]
-        if reason is not None:
-            raise ValueError(f"REINFORCE dataset: {reason}")
-        self._dataset = dataset.to(self.device)
+        self._dataset = self.checked_dataset(dataset).to(self.device)
 
     def train(self) -> dict[str, float]:  # type: ignore[override]  # the seed's API: one update, no arguments
         """One policy-gradient step on the batch from `update_dataset`.
@@ -157,11 +151,3 @@ class ReinforcePolicy(BasePolicy):
     def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
         """`{"agent": state dict}` with clean keys."""
         return {name: weights.named_state(module) for name, module in self.model_list}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]
-        """Load a whole-policy state dict (also one from a DDP-wrapped policy); every name must match.
-
-        Raises:
-            KeyError: When names differ. ValueError: When a shape or dtype differs.
-        """
-        weights.load_named_state(self, self.clean_state_dict(state_dict))
