@@ -72,7 +72,12 @@ def test_the_holder_renews_with_one_request_and_reads_after_a_lost_swap(clock):
     assert a.try_acquire_or_renew()
     reads = []
     read = store.read
-    store.read = lambda *args, **kwargs: reads.append(1) or read(*args, **kwargs)
+
+    def counted_read(*args, **kwargs):
+        reads.append(1)
+        return read(*args, **kwargs)
+
+    store.read = counted_read
     version = store.version
     clock[0] += 2
     assert a.try_acquire_or_renew() and store.version == version + 1 and reads == [], "a PUT, no GET"
