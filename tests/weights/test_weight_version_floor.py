@@ -25,6 +25,8 @@ pytestmark = pytest.mark.slow  # each test starts processes that import torch (s
 
 torch.set_num_threads(1)
 TIMEOUT = 5.0
+NEXT_SENDER_SECONDS = 30.0
+"""Bound on waiting for the previous sender's store to stop listening on the port the next one hosts."""
 
 
 def config() -> WeightSyncConfig:
@@ -48,6 +50,19 @@ def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:
         sender.close()
 
 
+def _next_sender(port: int) -> WeightSender:
+    """The next trainer's sender, hosting its store on the port the previous one used, once that one's store stopped
+    listening: it does when the last reference to it goes (its pool's threads end shortly after `close`)."""
+    deadline = time.monotonic() + NEXT_SENDER_SECONDS
+    while True:
+        try:
+            return WeightSender(config(), "127.0.0.1", port)
+        except torch.distributed.DistNetworkError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_version: int) -> None:
     reports = wait_reports(sender, lambda r: all(o in r and r[o].applied.version == version for o in ordinals))
     for ordinal in ordinals:
@@ -61,7 +76,7 @@ def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
     procs += [start_receiver(port, o, "--keep-after-close", lifetime=60.0) for o in (0, 1)]
     _first_sender(port, {0, 1}, [5])
     # the trainer comes back without its checkpoint (an emptyDir): its own version is 0
-    sender = WeightSender(config(), "127.0.0.1", port)
+    sender = _next_sender(port)
     try:
         assert sender.version == 0
         wait_members(sender, {0, 1})  # they re-register, carrying the version they hold
@@ -87,7 +102,7 @@ def test_late_evaluator_with_a_newer_version_makes_the_sender_jump_above_it(proc
     _first_sender(port, {1}, [5, 6])
     os.kill(late.pid, signal.SIGSTOP)  # holds 6; cannot re-register with the next trainer yet
     procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=60.0))  # a fresh evaluator: version 0
-    sender = WeightSender(config(), "127.0.0.1", port)
+    sender = _next_sender(port)
     try:
         wait_members(sender, {0})
         assert sender.fleet_version == 0
