@@ -423,6 +423,10 @@ class WeightSender:
     def close(self, linger: float = 5.0) -> None:
         """Announce the end to receivers, release every group, and stop hosting the store.
 
+        On return the store no longer listens: a next sender (a restarted trainer in the same process) may host
+        its store on the same port at once. Forms still running in the pool end on their own (they hold only
+        client connections).
+
         Args:
             linger (float, optional): seconds to wait, at most, for registered receivers to read the end
                 (they acknowledge it), so they see `sender_closed` instead of a lost connection. Defaults to 5.0.

@@ -334,13 +334,14 @@ class SpareConnections:
     ready. Attempts go on (the sender restarting) until `close`.
 
     Args:
-        store (dist.TCPStore): the store to connect to (its `host` and `port`).
+        store (dist.TCPStore): the store to connect to; only its `host` and `port` are kept, so the pool never
+            keeps a hosting store (and its listening socket) alive after its owner dropped it.
         count (int): connections to keep ready (>= 1).
         timeout (float): default bound of the connections' blocking store calls, seconds.
     """
 
     def __init__(self, store: dist.TCPStore, count: int, timeout: float) -> None:
-        self._store = store
+        self._host, self._port = store.host, store.port
         self._timeout = timeout
         self._count = count
         self._ready: list[dist.Store] = []
@@ -364,7 +365,7 @@ class SpareConnections:
                     self._opening -= 1
                     return
             try:  # in steps of `CONNECT_BOUND`, so a closed pool stops trying
-                spare = connect_store(self._store.host, self._store.port, self._timeout,
+                spare = connect_store(self._host, self._port, self._timeout,
                                       time.monotonic() + CONNECT_BOUND, backoff)
             except TimeoutError:
                 continue

@@ -25,8 +25,6 @@ pytestmark = pytest.mark.slow  # each test starts processes that import torch (s
 
 torch.set_num_threads(1)
 TIMEOUT = 5.0
-NEXT_SENDER_SECONDS = 30.0
-"""Bound on waiting for the previous sender's store to stop listening on the port the next one hosts."""
 
 
 def config() -> WeightSyncConfig:
@@ -50,19 +48,6 @@ def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:
         sender.close()
 
 
-def _next_sender(port: int) -> WeightSender:
-    """The next trainer's sender, hosting its store on the port the previous one used, once that one's store stopped
-    listening: it does when the last reference to it goes (its pool's threads end shortly after `close`)."""
-    deadline = time.monotonic() + NEXT_SENDER_SECONDS
-    while True:
-        try:
-            return WeightSender(config(), "127.0.0.1", port)
-        except torch.distributed.DistNetworkError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_version: int) -> None:
     reports = wait_reports(sender, lambda r: all(o in r and r[o].applied.version == version for o in ordinals))
     for ordinal in ordinals:
@@ -76,7 +61,7 @@ def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
     procs += [start_receiver(port, o, "--keep-after-close", lifetime=60.0) for o in (0, 1)]
     _first_sender(port, {0, 1}, [5])
     # the trainer comes back without its checkpoint (an emptyDir): its own version is 0
-    sender = _next_sender(port)
+    sender = WeightSender(config(), "127.0.0.1", port)  # on the port the previous sender freed in `close`
     try:
         assert sender.version == 0
         wait_members(sender, {0, 1})  # they re-register, carrying the version they hold
@@ -102,7 +87,7 @@ def test_late_evaluator_with_a_newer_version_makes_the_sender_jump_above_it(proc
     _first_sender(port, {1}, [5, 6])
     os.kill(late.pid, signal.SIGSTOP)  # holds 6; cannot re-register with the next trainer yet
     procs.append(start_receiver(port, 0, "--keep-after-close", lifetime=60.0))  # a fresh evaluator: version 0
-    sender = _next_sender(port)
+    sender = WeightSender(config(), "127.0.0.1", port)  # on the port the previous sender freed in `close`
     try:
         wait_members(sender, {0})
         assert sender.fleet_version == 0
@@ -186,3 +171,17 @@ def test_spare_connections_outlive_an_absent_store_and_take_is_bounded():
     with pytest.raises(RuntimeError, match="ready within"):
         spares.take(5.0)
     assert time.monotonic() - start < 1.0  # closed: at once
+
+
+def test_a_closed_sender_frees_its_port_though_still_referenced():
+    port = WEIGHTS_VERSION_FLOOR.port(5)
+    sender = WeightSender(config(), "127.0.0.1", port)
+    assert sender.members == []
+    sender.close(linger=0.0)
+    # a trainer restarting in the same process hosts its store on the same port while the old object lives on
+    again = WeightSender(config(), "127.0.0.1", port)
+    try:
+        assert again.members == [] and again.version == 0
+    finally:
+        again.close(linger=0.0)
+    assert sender.version == 0  # the first object is still alive here: nothing it holds may keep the port
