@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
-import time
 from collections.abc import Callable
 from typing import ClassVar
 from typing import Self
@@ -96,16 +95,13 @@ class Addon(_process.Supervisor):
             _pki.PKIError: ``openssl`` failed (KEDA's certificates).
         """
         binary = _build.build_addon(self.name, log=self._log)
-        began = time.monotonic()
-        deadline = began + timeout
-        try:
+
+        def steps(deadline: float) -> None:
             self._install(deadline)
             self._spawn(binary)
             self._ready(deadline)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
+
+        self.start_seconds = self._start_or_stop(steps, timeout)
         self._log(f"devcluster: {self.name} {self.version} ready after {self.start_seconds:.1f}s")
         return self
 

@@ -162,11 +162,7 @@ class Cluster(_process.Supervisor):
         _ports.check_free(self.ports)
         if not self._detach:
             atexit.register(self.stop)
-        try:
-            self._start(time.monotonic() + timeout)
-        except BaseException:
-            self.stop()
-            raise
+        self._start_or_stop(self._start, timeout)
         return self
 
     def _start(self, deadline: float) -> None:

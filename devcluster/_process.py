@@ -243,6 +243,28 @@ class Supervisor:
         """
         return log_tails(self.log_paths(), lines)
 
+    def stop(self) -> None:
+        """Stop every process started here and undo what starting changed; idempotent."""
+        raise NotImplementedError
+
+    def _start_or_stop(self, start: Callable[[float], None], timeout: float) -> float:
+        """Run ``start(deadline)``; on any failure (an interrupt included) :meth:`stop` what it started, and re-raise.
+
+        Args:
+            start (Callable[[float], None]): The start steps, given their ``time.monotonic()`` deadline.
+            timeout (float): Seconds from now for ``start``.
+
+        Returns:
+            float: Seconds ``start`` took.
+        """
+        began = time.monotonic()
+        try:
+            start(began + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - began
+
     def check_alive(self) -> None:
         """Raise when a process started here has exited.
 

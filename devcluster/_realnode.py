@@ -145,17 +145,11 @@ class RealNode(_process.Supervisor):
         taken = sorted(str(p) for name in NODE_CGROUPS for p in _hoststate.CGROUP_ROOT.glob(f"*/{name}"))
         if taken:
             raise RealNodeError(f"cgroups {', '.join(taken)} exist: another kubelet or containerd uses this host")
-        began = time.monotonic()
         self.processes = []
         self.leftovers = []
         self.baseline = _hoststate.snapshot()
         self._running = True
-        try:
-            self._start(began + timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
+        self.start_seconds = self._start_or_stop(self._start, timeout)
         self._log(f"devcluster: real node {self.name} Ready after {self.start_seconds:.1f}s")
         return self
 

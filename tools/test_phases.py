@@ -55,6 +55,19 @@ class Phase:
     junit: pathlib.Path | None = None
 
 
+@dataclasses.dataclass
+class TierTime:
+    """Tests of one tier over the phases' JUnit reports.
+
+    Attributes:
+        tests (int): How many ran (skipped ones included).
+        seconds (float): Their durations summed (over parallel workers, so above the wall time).
+    """
+
+    tests: int = 0
+    seconds: float = 0.0
+
+
 def _run(name: str, command: list[str], phases: list[Phase], junit: pathlib.Path | None = None) -> bool:
     print(f"\n=== {name}: {shlex.join(command)}", flush=True)
     start = time.monotonic()
@@ -89,12 +102,12 @@ def _cold_phases(python: str, builder: subprocess.Popen, workers: int, phases: l
         _pytest(python, "autoscaling tests", "autoscaling", workers, phases)
 
 
-def _tally(phases: list[Phase]) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Sum test durations per tier ([count, seconds]) and count outcomes over the phases' JUnit reports.
+def _tally(phases: list[Phase]) -> tuple[dict[str, TierTime], dict[str, int]]:
+    """Sum test durations per tier and count outcomes over the phases' JUnit reports.
 
     Each test case carries its tier as the JUnit property ``tier`` (tests/conftest.py records it).
     """
-    per_tier: dict[str, list[float]] = {tier: [0, 0.0] for tier in TIERS}
+    per_tier = {tier: TierTime() for tier in TIERS}
     outcomes = {"passed": 0, "failed": 0, "skipped": 0}
     for phase in phases:
         if phase.junit is None or not phase.junit.is_file():
@@ -107,9 +120,9 @@ def _tally(phases: list[Phase]) -> tuple[dict[str, list[float]], dict[str, int]]
             else:
                 outcomes["passed"] += 1
             tier = next((prop.get("value") for prop in case.iter("property") if prop.get("name") == "tier"), "unit")
-            row = per_tier.setdefault(tier or "unit", [0, 0.0])
-            row[0] += 1
-            row[1] += float(case.get("time", 0.0))
+            row = per_tier.setdefault(tier or "unit", TierTime())
+            row.tests += 1
+            row.seconds += float(case.get("time", 0.0))
     return per_tier, outcomes
 
 
@@ -122,8 +135,8 @@ def _report(phases: list[Phase], build: Phase | None, total: float) -> int:
         print(f"  {'go builds (background)':<28} {build.seconds:8.0f}  {'ok' if build.ok else 'FAILED'}")
     print(f"  {'total':<28} {total:8.0f}")
     print("=== test time by tier (summed over parallel workers)")
-    for tier, (count, seconds) in per_tier.items():
-        print(f"  {tier:<28} {seconds:8.0f}  {int(count)} tests")
+    for tier, row in per_tier.items():
+        print(f"  {tier:<28} {row.seconds:8.0f}  {row.tests} tests")
     print(f"suite: {outcomes['passed']} passed, {outcomes['failed']} failed, {outcomes['skipped']} skipped")
     failed = [phase.name for phase in [*phases, *([build] if build else [])] if not phase.ok]
     if failed:
