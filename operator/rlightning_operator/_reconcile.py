@@ -123,7 +123,8 @@ class Reconciler:
         # Weak values: a lock lives while a reconcile holds it or a thread waits for it, and goes after, so
         # memory stays bounded without ever dropping a lock in use (a PolicyGroup deleted and created again
         # under the same name while a reconcile runs still gets the same lock).
-        self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = weakref.WeakValueDictionary()
+        # Re-entrant: `refresh` reads the PolicyGroup under the lock, then runs a pass that takes it again.
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.RLock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
         # The pods the status reads, per PolicyGroup, as the pod watch last delivered them (trimmed), so that no
         # pass lists pods: every trainer pod (one deleted stays, marked gone: the evidence of a loss once it is
@@ -132,6 +133,9 @@ class Reconciler:
         self._pods_guard = threading.Lock()
         # Each PolicyGroup as the watch (or the operator's own status write) last gave it, so that a pass reads none.
         self._groups_seen: dict[tuple[str, str], _SeenGroup] = {}
+        # Each PolicyGroup's status as the operator last wrote it: a pass never starts from an earlier attempt
+        # (`_not_before_own_restart`).
+        self._status_written: dict[tuple[str, str], dict[str, Any]] = {}
         self._groups_guard = threading.Lock()
         # Each Job and StatefulSet as the child watch last delivered it (no pod template), (kind, namespace, name)
         # -> child, so that a status refresh reads neither (a whole reconcile reads them fresh).
@@ -214,6 +218,7 @@ class Reconciler:
             self._pods_seen.pop((namespace, name), None)
         with self._groups_guard:
             self._groups_seen.pop((namespace, name), None)
+            self._status_written.pop((namespace, name), None)
             self._children_seen.pop(("Job", namespace, contract.train_name(name)), None)
             self._children_seen.pop(("StatefulSet", namespace, contract.eval_name(name)), None)
 
@@ -222,11 +227,11 @@ class Reconciler:
         with self._pods_guard:
             return [seen.pod for seen in self._pods_seen.get((namespace, name), {}).values() if not seen.gone]
 
-    def _lock(self, namespace: str, name: str) -> threading.Lock:
+    def _lock(self, namespace: str, name: str) -> threading.RLock:
         with self._locks_guard:
             lock = self._locks.get((namespace, name))
             if lock is None:
-                lock = self._locks[(namespace, name)] = threading.Lock()
+                lock = self._locks[(namespace, name)] = threading.RLock()
             return lock
 
     def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -255,6 +260,33 @@ class Reconciler:
         with self._groups_guard:
             self._groups_seen[(namespace, name)] = _SeenGroup(
                 stored, (stored.get("metadata") or {}).get("resourceVersion"), time.monotonic())
+            self._status_written[(namespace, name)] = stored.get("status") or {}
+
+    def refresh(self, namespace: str, name: str, full: bool) -> Outcome | None:
+        """A pass for a PolicyGroup named by an event of its children or pods: `reconcile` (``full``) or
+        `refresh_status`, on the PolicyGroup as known once the pass holds its lock (`read_group`). A body read
+        before could predate another pass's status write (a gang restart's: it would rebuild the attempt before).
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+            full (bool): Reconcile whole rather than refresh the status.
+
+        Returns:
+            Outcome | None: None when the PolicyGroup is gone (what was remembered of it is forgotten) or being
+            deleted.
+
+        Raises:
+            InvalidSpecError, kube.TransientApiError, kube.PermanentApiError: As `reconcile`.
+        """
+        with self._lock(namespace, name):
+            body = self.read_group(namespace, name)
+            if body is None:  # deleted: its pods' last events brought it here, and nothing will need them
+                self.forget(namespace, name)
+                return None
+            if body["metadata"].get("deletionTimestamp"):
+                return None
+            return self.reconcile(body) if full else self.refresh_status(body)
 
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
         """Make the children of a PolicyGroup match its spec and write its status.
@@ -273,7 +305,7 @@ class Reconciler:
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         with self._lock(namespace, name), self._refusals_reported(body):
-            return self._reconcile_locked(body, namespace, name)
+            return self._reconcile_locked(self._not_before_own_restart(body), namespace, name)
 
     def refresh_status(self, body: Mapping[str, Any]) -> Outcome:
         """Recompute and write the status from the Job, the StatefulSet and the pods as watched; act on nothing,
@@ -297,6 +329,7 @@ class Reconciler:
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         with self._lock(namespace, name), self._refusals_reported(body):
+            body = self._not_before_own_restart(body)
             manifest = self._validate(body, namespace, name)
             job = self._watched_child("Job", namespace, contract.train_name(name))
             current = _current_restarts(body, job)
@@ -311,6 +344,18 @@ class Reconciler:
                 return self._reconcile_locked(body, namespace, name)  # missing, changed, or evaluators to stop
             return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
                                 blocked=[], current=current)
+
+    def _not_before_own_restart(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`body`, with the status of this operator's last write for it instead of its own when that write is of a
+        later attempt of the trainer gang: `body` predates a gang restart (an event queued before it), and a pass on
+        it would rebuild the attempt before and report no restart.
+        """
+        metadata = body["metadata"]
+        with self._groups_guard:
+            written = self._status_written.get((metadata["namespace"], metadata["name"]))
+        if written is None or _attempt(written) <= _attempt(body.get("status") or {}):
+            return body
+        return {**body, "status": written}
 
     @contextlib.contextmanager
     def _refusals_reported(self, body: Mapping[str, Any]) -> Iterator[None]:
@@ -595,15 +640,19 @@ def _trainer_selector(group: str) -> str:
     return f"{contract.LABEL_GROUP}={group},{contract.LABEL_ROLE}={contract.PolicyRole.TRAIN}"
 
 
+def _attempt(status: Mapping[str, Any]) -> int:
+    """status.train.attempt (0 when absent)."""
+    return int((status.get("train") or {}).get("attempt") or 0)
+
+
 def _current_restarts(body: Mapping[str, Any], job: Mapping[str, Any] | None) -> planner.Restarts:
     """The attempt and restart counts in status; the attempt is at least the Job's (a status read before the
     last write).
     """
     current = body.get("status") or {}
     restarts = current.get("restarts") or {}
-    attempt = int((current.get("train") or {}).get("attempt") or 0)
     return planner.Restarts(
-        attempt=max(attempt, builders.attempt_of(job) if job is not None else 0),
+        attempt=max(_attempt(current), builders.attempt_of(job) if job is not None else 0),
         failures=int(restarts.get("failures") or 0),
         disruptions=int(restarts.get("disruptions") or 0),
     )

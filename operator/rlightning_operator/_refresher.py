@@ -6,7 +6,8 @@ A burst of child events for one PolicyGroup (1000 evaluator pods becoming ready)
 StatefulSet, write status), which reconciles whole by itself when either differs from what the spec asks (spec
 hash, owner, replicas): so a child the operator has just created or patched costs no second round of reads of
 every child. Each pass takes the PolicyGroup as its watch last delivered it, never older than the operator's own
-last status write (`Reconciler.read_group`), so a pass reads it only when the watch has not delivered it.
+last status write and read once the pass holds the group's lock (`Reconciler.refresh`, `read_group`), so a pass reads
+it only when the watch has not delivered it.
 """
 
 from __future__ import annotations
@@ -137,14 +138,9 @@ class Refresher:
         namespace, name = key
         metrics.RECONCILES.labels(trigger="child" if full else "child-status").inc()
         try:
-            body = await self._in_thread(self._reconciler.read_group, namespace, name)
-            if body is None:  # deleted: its pods' last events brought it here, and nothing will need them
-                self._reconciler.forget(namespace, name)
+            outcome = await self._in_thread(self._reconciler.refresh, namespace, name, full)
+            if outcome is None:
                 return
-            if body["metadata"].get("deletionTimestamp"):
-                return
-            work = self._reconciler.reconcile if full else self._reconciler.refresh_status
-            outcome = await self._in_thread(work, body)
             if outcome.recheck_seconds is not None:
                 self.recheck(namespace, name, outcome.recheck_seconds)
             if outcome.blocked:

@@ -378,6 +378,23 @@ def test_a_failed_trainer_pod_restarts_the_gang_under_the_next_attempt(api, even
     assert stored_status(api)["restarts"]["total"] == 1, "counted once"
 
 
+def test_a_pass_given_a_body_from_before_a_gang_restart_builds_the_new_attempt(api, events, reconciler):
+    reconciler.reconcile(group())
+    before = group()
+    before["status"] = copy.deepcopy(stored_status(api))  # attempt 0: an event queued before the restart's write
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 0, "failed": 1}
+    api.objects[("Pod", NS, "p0")] = trainer_pod("p0", 0, phase="Failed", containerStatuses=[
+        {"name": "train", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
+    outcome = reconciler.refresh(NS, "cartpole", full=False)  # the restart: attempt 1 written, the Job deleted
+    assert outcome is not None and [(a.type, a.kind) for a in outcome.actions] == [("recreate", "Job")]
+    del api.objects[("Pod", NS, "p0")]
+
+    outcome = reconciler.reconcile(before)
+    assert [(a.type, a.kind) for a in outcome.actions] == [("create", "Job")]
+    assert api.objects[("Job", NS, "cartpole-train")]["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
+    assert stored_status(api)["train"]["attempt"] == 1 and stored_status(api)["restarts"]["total"] == 1
+
+
 def test_a_deleted_trainer_pod_is_a_disruption_that_never_fails_the_group(api, events, reconciler):
     body = group(**{"spec.train.maxRestarts": 0})
     reconciler.reconcile(body)
@@ -436,8 +453,11 @@ def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, even
     deleted["metadata"]["deletionTimestamp"] = "2026-12-01T10:01:15Z"
     reconciler.note_pod(deleted)
     reconciler.note_pod({**group(), "kind": "PolicyGroup"})  # not a pod of a role: ignored
-    if group_deleted:  # the refresher found the PolicyGroup gone: its pods are no evidence for a successor
-        reconciler.forget(NS, "cartpole")
+    if group_deleted:  # a pass finds the PolicyGroup gone: its pods are no evidence for a successor
+        stored = api.objects.pop((contract.KIND, NS, "cartpole"))
+        reconciler.note_group(stored, deleted=True)
+        assert reconciler.refresh(NS, "cartpole", full=True) is None
+        api.objects[(contract.KIND, NS, "cartpole")] = stored  # created again under the same name
     api.objects[("Job", NS, "cartpole-train")]["status"] = {
         "failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
     body = group()

@@ -19,13 +19,12 @@ class FakeReconciler:
         self.blocked = blocked
         self.exists = exists
         self.lock = threading.Lock()
-        self.forgotten = []
 
-    def read_group(self, namespace, name):
-        return {"metadata": {"namespace": namespace, "name": name}} if self.exists else None
-
-    def forget(self, namespace, name):
-        self.forgotten.append((namespace, name))
+    def refresh(self, namespace, name, full):
+        if not self.exists:
+            return None
+        body = {"metadata": {"namespace": namespace, "name": name}}
+        return self.reconcile(body) if full else self.refresh_status(body)
 
     def reconcile(self, body):
         with self.lock:
@@ -96,10 +95,9 @@ def test_failed_and_blocked_passes_are_retried(monkeypatch, reconciler, why):
     assert _one_pass(reconciler, "a") == ["a", "a", "a"], why
 
 
-def test_a_deleted_group_is_left_alone_and_its_remembered_pods_forgotten():
+def test_a_deleted_group_is_left_alone():
     reconciler = FakeReconciler(exists=False)
     assert _one_pass(reconciler, "gone") == []
-    assert reconciler.forgotten == [("ns", "gone")]
 
 
 def test_irrelevant_child_changes_trigger_nothing_and_progress_only_a_status_refresh():
