@@ -112,6 +112,7 @@ class Recorder:
         self.sync = SyncTotals()
         # Served from `begin` on: a scrape before it would read a resumed attempt's weight version as 0.
         self.metrics = TrainerMetrics(0, settings.bind_host)
+        self.metrics.attempt.set(settings.attempt)
         self._metrics_port = settings.metrics_port
         self.status = (
             StatusReporter(settings.group_name, settings.namespace)
