@@ -77,6 +77,7 @@ class TensorBoardWriter:
             log.info("no TensorBoard event files: the tensorboard package is not installed "
                      "(pip install 'rlightning[tensorboard]')")
             return None
+        log.info("TensorBoard event files in %s", log_dir)
         return cls(SummaryWriter(log_dir=str(log_dir), purge_step=env_steps + 1))
 
     def write(self, row: Mapping[str, Any]) -> None:
