@@ -75,6 +75,9 @@ class TrainerMetrics(_Metrics):
         self.waiting_for_data = self._gauge(
             "rlightning_train_waiting_for_data_seconds", "Seconds the trainers have waited for the fleet's data now."
         )
+        self.attempt = self._gauge(
+            "rlightning_train_attempt", "The trainer gang's attempt: 0, then 1 more at each restart of the gang."
+        )
 
 
 class EvaluatorMetrics(_Metrics):

@@ -1,6 +1,8 @@
-"""What trainer rank 0 writes about the run: metrics.jsonl rows, Prometheus metrics, status.training, summary.json.
+"""What trainer rank 0 writes about the run: metrics.jsonl rows, Prometheus metrics, status.training, summary.json,
+TensorBoard event files.
 
-One row per training iteration goes to metrics.jsonl and to the Prometheus gauges, and (in a cluster,
+One row per training iteration goes to metrics.jsonl, to the Prometheus gauges and to TensorBoard (`_tensorboard`,
+when installed), and (in a cluster,
 rate-limited) to the PolicyGroup's status.training; publishes add to the sync totals and counters; the end
 writes summary.json and a last, forced status patch.
 
@@ -23,6 +25,7 @@ from rlightning import weights
 from rlightning.config import TrainingStatus
 from rlightning.runtime._prometheus import TrainerMetrics
 from rlightning.runtime._status_reporter import StatusReporter
+from rlightning.runtime._tensorboard import TensorBoardWriter
 from rlightning.runtime.report import RunSummary, SyncTotals
 from rlightning.runtime.rundir import RunDir, append_jsonl, write_json_atomic
 from rlightning.runtime.settings import ProcessSettings
@@ -109,6 +112,7 @@ class Recorder:
         self.sync = SyncTotals()
         # Served from `begin` on: a scrape before it would read a resumed attempt's weight version as 0.
         self.metrics = TrainerMetrics(0, settings.bind_host)
+        self.metrics.attempt.set(settings.attempt)
         self._metrics_port = settings.metrics_port
         self.status = (
             StatusReporter(settings.group_name, settings.namespace)
@@ -124,6 +128,7 @@ class Recorder:
         self._dropped = 0
         self._last_waiting_log = 0.0
         self._last_row: dict[str, Any] | None = None
+        self._tensorboard: TensorBoardWriter | None = None
 
     def begin(self, iteration: int, env_steps: int, weight_version: int) -> None:
         """The attempt starts, resumed: carry the run's progress over from the previous attempt's report, export the
@@ -144,6 +149,7 @@ class Recorder:
                           "weight_version": weight_version}
         self._export(self._last_row, force=True)
         self.metrics.serve(self._metrics_port)
+        self._tensorboard = TensorBoardWriter.open(self.run_dir.tensorboard_dir, env_steps)
 
     def publish(self, stats: weights.SyncStats) -> None:
         """Count one publish: a failure when a group failed; bytes and seconds when any evaluator applied it."""
@@ -210,6 +216,8 @@ class Recorder:
         self._dropped = data.dropped_batches
         self._last_row = row
         append_jsonl(self.run_dir.metrics_path, row)
+        if self._tensorboard is not None:
+            self._tensorboard.write(row)
         self._export(row, force=False)
         return row
 
@@ -233,6 +241,9 @@ class Recorder:
             **fields,
         )
         write_json_atomic(self.run_dir.summary_path, summary.to_dict())
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         final = {**(self._last_row or {}), **last_row}  # `last_row` is {} when no iteration ran
         self._export({**final, "weight_version": summary.weight_version, "consistent": summary.consistent}, True)
         log.info("summary: %s", summary.to_dict())

@@ -34,6 +34,7 @@ from typing import IO
 
 from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest
+from rlightning.runtime import _tensorboard
 from rlightning.runtime import progress as progress_mod
 from rlightning.runtime.report import plot_returns
 from rlightning.runtime.rundir import JsonlTail, RunDir, read_jsonl
@@ -242,6 +243,8 @@ class LocalRun:
                 for child in children:
                     pid = child.start()
                     view.message(f"started {child.name} (pid {pid}), log {child.log_path}")
+                if _tensorboard.available():
+                    view.message(_tensorboard.logdir_hint(self.run_dir.tensorboard_dir))
                 code = self._supervise(trainer, evals, view, tail)
                 view.update(tail.read_new(), self._states(children))
         finally:
@@ -320,6 +323,8 @@ class LocalRun:
                 file=out,
             )
         print(f"run directory: {self.run_dir.root}", file=out)
+        if self.run_dir.tensorboard_dir.is_dir():
+            print(_tensorboard.logdir_hint(self.run_dir.tensorboard_dir), file=out)
 
 
 def run_local(

@@ -6,6 +6,7 @@
   metrics.jsonl         one JSON object per training iteration, appended by trainer rank 0
   summary.json          written by trainer rank 0 when training ends
   returns.png           train and eval return against env steps
+  tensorboard/          TensorBoard event files of the same rows (when the tensorboard package is installed)
   checkpoints/          iter-00000010.pt ..., the newest `train.checkpoint.keep` kept
   logs/                 one log per local child process (trainer.log, eval-0.log, ...)
 ```
@@ -72,6 +73,11 @@ class RunDir:
     def plot_path(self) -> Path:
         """The PNG plot of train and eval return against env steps."""
         return self.root / "returns.png"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """Directory of trainer rank 0's TensorBoard event files."""
+        return self.root / "tensorboard"
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -14,7 +14,10 @@ from helm_chart import CHART, REPO, by_kind, documents
 pytestmark = pytest.mark.cluster  # helm comes from the devcluster build
 
 NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}")
-MODES = {"all-namespaces": (), "namespaced": NAMESPACED}
+MONITORING = tuple(f"--set=monitoring.{switch}.enabled=true"
+                   for switch in ("operator.podMonitor", "policyGroups.podMonitor", "grafanaDashboard"))
+MODES = {"all-namespaces": (), "namespaced": NAMESPACED, "monitoring": MONITORING,
+         "namespaced monitoring": (*NAMESPACED, *MONITORING)}
 
 
 def _container(docs: list[dict]) -> dict:
@@ -35,6 +38,8 @@ def test_lint_strict(offline_helm, args):
         (("--set", "watchNamespace=team-a"), "watchNamespace"),
         (("--set", "logFormat=xml"), "logFormat"),
         (("--set", "watchNamespaces={Team_A}"), "watchNamespaces"),
+        (("--set", "monitoring.policyGroups.podMonitor.interval=often"), "interval"),
+        (("--set", "monitoring.grafanaDashboard.label="), "label"),
     ],
 )
 def test_schema_refuses_bad_values(offline_helm, args, complaint):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rlightning.runtime._tensorboard import TAGS, logdir_hint
 from rlightning.runtime.rundir import RunDir, read_jsonl
+from tests._tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +38,13 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     assert checkpoints[-1] == run.checkpoint_path(summary["iterations"])
     for name in ("trainer.log", "eval-0.log", "eval-1.log"):
         assert (run.logs_dir / name).stat().st_size > 0
+    # TensorBoard's reader sees the rows at their env steps; `rlightning run` said where (at the start and the end).
+    assert out.count(logdir_hint(run.tensorboard_dir)) == 2, out
+    scalars = read_scalars(run.tensorboard_dir)
+    keys = ("train_return", "env_steps_per_second", "trainer_idle_fraction", "policy_lag_mean", "sync_seconds",
+            "weight_version", "consistent")
+    assert {*(TAGS[k] for k in keys), "train/policy_loss", "train/value_loss"} <= set(scalars), sorted(scalars)
+    assert [step for step, _ in scalars[TAGS["weight_version"]]] == [r["env_steps"] for r in rows]
 
     # A second run in the same directory continues from the newest checkpoint.
     code, out = finish(start_run(write_manifest(tiny_manifest(total_env_steps=5000)), run.root))
@@ -53,6 +62,9 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     new_rows = read_jsonl(run.metrics_path)[len(rows) :]
     assert new_rows and new_rows[0]["iteration"] == summary["iterations"] + 1
     assert new_rows[0]["weight_version"] > summary["weight_version"]
+    # One curve on: the resumed attempt's event file continues the first one's steps.
+    versions = read_scalars(run.tensorboard_dir)[TAGS["weight_version"]]
+    assert [step for step, _ in versions] == [r["env_steps"] for r in rows + new_rows]
 
 
 def test_evaluators_apply_weights_without_a_buffer(tmp_path: Path, write_manifest, run_helpers) -> None:

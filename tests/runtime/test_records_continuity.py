@@ -72,6 +72,7 @@ def test_counts_continue_across_attempts(tmp_path, name, attempt, previous, star
     iteration, env_steps, version = start
     made.begin(iteration, env_steps, version)
     assert gauges(made) == (version, first[0], first[1]), "exported before the first publish: nothing at 0"
+    assert made.metrics.registry.get_sample_value("rlightning_train_attempt") == attempt  # the gang's restarts
     report = api.patches[-1]
     assert (report["attempt"], report["iteration"], report["envSteps"], report["attemptEnvSteps"]) == (attempt, *first)
     assert report["weightVersion"] == version and report["updatedAt"]
