@@ -15,6 +15,9 @@ from rlightning.config._roles import EvalConfig, TrainConfig, WeightSyncConfig
 
 LABEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 """The name part of a label or annotation key, and a label's value (Kubernetes' qualified name)."""
+NCCL_NAME_PATTERN = r"^NCCL_[A-Z0-9_]{1,64}$"
+"""An NCCL environment variable (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html)."""
+MAX_NCCL_SETTINGS = 64
 # RFC 1035 label: children's names and DNS names derive from it.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
@@ -63,6 +66,23 @@ class PolicyGroupSpec(SpecModel):
         default_factory=WeightSyncConfig, description="Weight sync from trainers to evaluators."
     )
     ports: PortsConfig = Field(default_factory=PortsConfig, description="Ports of trainer and evaluator processes.")
+    nccl: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_NCCL_SETTINGS,
+        description=(
+            "NCCL settings (environment variables NCCL_*, for example NCCL_SOCKET_IFNAME, NCCL_DEBUG, "
+            "NCCL_IB_DISABLE) given to every trainer and evaluator container; other names are refused. "
+            "`rlightning run` keeps NCCL_SOCKET_IFNAME on the loopback interface."
+        ),
+    )
+
+    @field_validator("nccl")
+    @classmethod
+    def _nccl_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if re.fullmatch(NCCL_NAME_PATTERN, name) is None:
+                raise ValueError(f"{name}: only NCCL settings (names matching {NCCL_NAME_PATTERN}) belong here")
+        return value
 
     @model_validator(mode="after")
     def _trajectory_ports_free(self) -> PolicyGroupSpec:
