@@ -6,10 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from rlightning import contract
 from rlightning.config._base import SpecModel
 from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN, GPU_RESOURCE, PodConfig, parse_quantity
-from rlightning.config._template import PodTemplate, template_problem
+from rlightning.config._template import PodTemplate
 
 PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 """A percentage of pods, as a PodDisruptionBudget's int-or-string fields take it: `0%` to `100%`."""
@@ -22,13 +21,6 @@ TEMPLATE_DESCRIPTION = (
     "the scheduling fields of the pod shorthand (nodeSelector, tolerations, affinity, priorityClassName: set them "
     "there). `rlightning run` ignores it."
 )
-
-
-def _check_template(template: PodTemplate | None, role: str) -> None:
-    """Raise when the role's template sets a field the operator owns or the pod shorthand sets."""
-    problem = None if template is None else template_problem(template, role)
-    if problem is not None:
-        raise ValueError(problem)
 
 
 class CheckpointConfig(SpecModel):
@@ -120,11 +112,6 @@ class TrainConfig(SpecModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of trainer pods.")
     template: PodTemplate | None = Field(default=None, description=TEMPLATE_DESCRIPTION)
-
-    @model_validator(mode="after")
-    def _template_fits(self) -> TrainConfig:
-        _check_template(self.template, contract.PolicyRole.TRAIN)
-        return self
 
     @model_validator(mode="after")
     def _one_rank_per_gpu(self) -> TrainConfig:
@@ -221,11 +208,6 @@ class EvalConfig(SpecModel):
             "their nodes can go; `Serve` keeps them up, holding the final weights."
         ),
     )
-
-    @model_validator(mode="after")
-    def _template_fits(self) -> EvalConfig:
-        _check_template(self.template, contract.PolicyRole.EVAL)
-        return self
 
     @model_validator(mode="after")
     def _replicas_within_bounds(self) -> EvalConfig:

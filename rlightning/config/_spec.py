@@ -12,6 +12,7 @@ from rlightning.config._base import SpecModel
 from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN
 from rlightning.config._policy import EnvConfig, PolicyConfig
 from rlightning.config._roles import EvalConfig, TrainConfig, WeightSyncConfig
+from rlightning.config._template import template_problem
 
 LABEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 """The name part of a label or annotation key, and a label's value (Kubernetes' qualified name)."""
@@ -96,6 +97,15 @@ class PolicyGroupSpec(SpecModel):
                 f"train.procsPerNode={self.train.procs_per_node}) must be <= 65535 and not include torchrun, "
                 f"weightSync or metrics, got clashes {clashes}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _templates_fit(self) -> PolicyGroupSpec:
+        # Fields of a pod template the operator owns (or the pod shorthand sets) are refused, never overwritten.
+        for role, config in ((contract.PolicyRole.TRAIN, self.train), (contract.PolicyRole.EVAL, self.eval)):
+            problem = None if config.template is None else template_problem(config.template, role)
+            if problem is not None:
+                raise ValueError(f"{role}.{problem}")
         return self
 
     @model_validator(mode="after")
