@@ -2,10 +2,10 @@
 
 Validation (`rlightning.config._template`) has already refused every field the operator owns, so the merge adds
 and never overwrites: the user's labels and annotations beside the operator's, the user's volumes, containers and
-initContainers after the operator's, env, envFrom, volumeMounts and securityContext of the runtime container (the
-template's container named after the role), and every other pod field as written (imagePullSecrets,
-serviceAccountName, securityContext, runtimeClassName, ...). The `pod:` shorthand's fields are in `pod_spec`
-already; validation refused a template that sets one of them too.
+initContainers after the operator's; of the runtime container (the template's container named after the role)
+env, envFrom and volumeMounts after the operator's and any other field as written (securityContext, workingDir,
+lifecycle, ...); every other pod field as written (imagePullSecrets, serviceAccountName, securityContext,
+runtimeClassName, ...). The `pod:` shorthand's fields are in `pod_spec` already; a template may not set them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from rlightning.config import PodTemplate
 
 _APPENDED = ("containers", "initContainers", "volumes")
 """Lists of the pod spec where the user's items follow the operator's."""
+_APPENDED_IN_RUNTIME = ("env", "envFrom", "volumeMounts")
+"""Lists of the runtime container where the user's items follow the operator's."""
 
 
 def merge(
@@ -44,11 +46,11 @@ def merge(
     user = wire["spec"]
     runtime = next(c for c in spec["containers"] if c["name"] == role)
     user_runtime: dict[str, Any] = next((c for c in user.get("containers", []) if c["name"] == role), {})
-    for field in ("env", "envFrom", "volumeMounts"):
-        if user_runtime.get(field):
-            runtime[field] = [*runtime.get(field, []), *user_runtime[field]]
-    if "securityContext" in user_runtime:
-        runtime["securityContext"] = user_runtime["securityContext"]
+    for field, value in user_runtime.items():
+        if field in _APPENDED_IN_RUNTIME:
+            runtime[field] = [*runtime.get(field, []), *value]
+        elif field != "name":
+            runtime[field] = value
     for field, value in user.items():
         if field in _APPENDED:
             items = [item for item in value if not (field == "containers" and item["name"] == role)]

@@ -4,7 +4,7 @@ PyTorchJob and KubeRay take one, and the one list of what in it the operator own
 The operator merges the template with what it owns (`rlightning_operator._template`); the fields it owns are
 refused here (pydantic) and in the CRD (CEL rules generated from the same lists by `template_rules`), never
 silently overwritten. The runtime container is the template's container named after the role (`train` or
-`eval`): of it the template may set only `RUNTIME_CONTAINER_FIELDS`. The schema declares only the fields these
+`eval`): of it the template may set anything but `OWNED_CONTAINER_FIELDS`. The schema declares only the fields these
 rules read and keeps every other field of the pod spec and its containers as written: a full PodTemplateSpec
 schema is thousands of lines, and the API server checks the Job and StatefulSet the operator creates against the
 real one.
@@ -19,9 +19,12 @@ from pydantic import ConfigDict, Field
 from rlightning import contract
 from rlightning.config._base import SpecModel
 
-RUNTIME_CONTAINER_FIELDS = ("env", "envFrom", "volumeMounts", "securityContext")
-"""What a template may set of the runtime container (besides its `name`); the operator owns the rest (image,
-command, args, ports, probes, resources: `pod.image` and `pod.resources` set those two)."""
+OWNED_CONTAINER_FIELDS = (
+    "image", "imagePullPolicy", "command", "args", "ports", "resources", "livenessProbe", "readinessProbe",
+    "startupProbe",
+)  # fmt: skip
+"""Fields of the runtime container the operator sets (`pod.image`, `spec.imagePullPolicy`, the launch plan,
+`pod.resources`); the template may set any other (env, envFrom and volumeMounts are added to the operator's)."""
 OWNED_POD_FIELDS = ("restartPolicy", "subdomain", "hostname", "terminationGracePeriodSeconds")
 """Pod spec fields the Job, the StatefulSet and the launch plan (grace period) need as the operator sets them."""
 SHORTHAND_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
@@ -49,6 +52,7 @@ MAX_ITEMS = 64
 MAX_ENV = 256
 MAX_NAME_LENGTH = 253
 _OWNED = "Owned by the operator: refused."
+_OWNED_IN_RUNTIME = "Refused in the runtime container (named after the role), whose is the operator's; free in others."
 _SHORTHAND = "Set by the role's pod shorthand: refused here."
 
 
@@ -79,14 +83,15 @@ class Container(_Open):
     )
     env: list[EnvVar] | None = Field(default=None, max_length=MAX_ENV, description="Environment variables.")
     volume_mounts: list[VolumeMount] | None = Field(default=None, max_length=MAX_ITEMS, description="Volume mounts.")
-    image: str | None = Field(default=None, description=_OWNED)
-    command: list[str] | None = Field(default=None, description=_OWNED)
-    args: list[str] | None = Field(default=None, description=_OWNED)
-    ports: list[dict[str, Any]] | None = Field(default=None, description=_OWNED)
-    resources: dict[str, Any] | None = Field(default=None, description=_OWNED)
-    liveness_probe: dict[str, Any] | None = Field(default=None, description=_OWNED)
-    readiness_probe: dict[str, Any] | None = Field(default=None, description=_OWNED)
-    startup_probe: dict[str, Any] | None = Field(default=None, description=_OWNED)
+    image: str | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    image_pull_policy: str | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    command: list[str] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    args: list[str] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    ports: list[dict[str, Any]] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    resources: dict[str, Any] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    liveness_probe: dict[str, Any] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    readiness_probe: dict[str, Any] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
+    startup_probe: dict[str, Any] | None = Field(default=None, description=_OWNED_IN_RUNTIME)
 
 
 class Volume(_Open):
@@ -141,8 +146,9 @@ class PodTemplate(SpecModel):
         default_factory=PodSpec,
         description=(
             "A pod spec: volumes, extra containers and initContainers, imagePullSecrets, serviceAccountName, "
-            "securityContext and any other pod field; of the container named after the role only env, envFrom, "
-            "volumeMounts and securityContext. Fields the operator owns, and the pod shorthand's, are refused."
+            "securityContext and any other pod field; of the container named after the role anything but its image, "
+            "imagePullPolicy, command, args, ports, resources and probes. Fields the operator owns, and the pod "
+            "shorthand's, are refused."
         ),
     )
 
@@ -190,11 +196,11 @@ def template_problem(template: PodTemplate, role: str) -> str | None:
         if container["name"] != role:
             continue
         prefix = f"template.spec.containers.{role}"
-        extra = sorted(set(container) - {"name", *RUNTIME_CONTAINER_FIELDS})
-        if extra:
+        taken = [field for field in OWNED_CONTAINER_FIELDS if field in container]
+        if taken:
             return (
-                f"{prefix}.{extra[0]}: owned by the operator; the runtime container takes only "
-                f"{', '.join(RUNTIME_CONTAINER_FIELDS)} (image and resources: pod.image, pod.resources)"
+                f"{prefix}.{taken[0]}: owned by the operator ({', '.join(OWNED_CONTAINER_FIELDS)}; image and "
+                "resources: pod.image, pod.resources)"
             )
         for env in container.get("env", []):
             if _env_owned(env["name"]):
@@ -227,8 +233,7 @@ def template_rules(role: str) -> list[dict[str, str]]:
     env_owned = " || ".join(
         [f"e.name.startsWith('{prefix}')" for prefix in OWNED_ENV_PREFIXES] + [f"e.name in {_quoted(OWNED_ENV_NAMES)}"]
     )
-    fields = [field.alias or name for name, field in Container.model_fields.items()]
-    runtime_owned = [f"!has(c.{field})" for field in fields if field not in ("name", *RUNTIME_CONTAINER_FIELDS)]
+    runtime_owned = [f"!has(c.{field})" for field in OWNED_CONTAINER_FIELDS]
     has_metadata = "!has(self.template) || !has(self.template.metadata) || "
     rules = [
         (
@@ -270,9 +275,9 @@ def template_rules(role: str) -> list[dict[str, str]]:
             + " && ".join(runtime_owned)
             + f" && (!has(c.env) || c.env.all(e, !({env_owned})))"
             + f" && (!has(c.volumeMounts) || c.volumeMounts.all(m, !(m.mountPath in {_quoted(OWNED_MOUNT_PATHS)})))))",
-            f"template.spec.containers: of the runtime container ({role}) only {', '.join(RUNTIME_CONTAINER_FIELDS)} "
-            f"may be set, no env starting {OWNED_ENV_PREFIXES} or in {OWNED_ENV_NAMES} (NCCL settings: spec.nccl), "
-            f"no mount at {OWNED_MOUNT_PATHS}",
+            f"template.spec.containers: the runtime container ({role}) may not set "
+            f"{', '.join(OWNED_CONTAINER_FIELDS)}, no env starting {OWNED_ENV_PREFIXES} or in {OWNED_ENV_NAMES} "
+            f"(NCCL settings: spec.nccl), no mount at {OWNED_MOUNT_PATHS}",
             ".template.spec.containers",
         ),
     ]

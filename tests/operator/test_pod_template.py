@@ -25,6 +25,7 @@ TRAIN_TEMPLATE = {
                 "envFrom": [{"secretRef": {"name": "s3-credentials"}}],
                 "volumeMounts": [{"name": "assets", "mountPath": "/assets", "readOnly": True}],
                 "securityContext": {"runAsNonRoot": True},
+                "workingDir": "/data",
             },
             {"name": "log-shipper", "image": "fluent-bit", "volumeMounts": [{"name": "run", "mountPath": "/logs"}]},
         ],
@@ -62,7 +63,7 @@ def test_the_templates_fields_arrive_in_the_job_beside_the_operators():
     assert env[-1] == "DATASET" and contract.ENV_ROLE in env  # the user's after the launch plan's
     assert runtime["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
     assert runtime["volumeMounts"][-1] == {"name": "assets", "mountPath": "/assets", "readOnly": True}
-    assert runtime["securityContext"] == {"runAsNonRoot": True}
+    assert runtime["securityContext"] == {"runAsNonRoot": True} and runtime["workingDir"] == "/data"
     assert runtime["command"][2] == launch.TORCHRUN_MODULE and runtime["image"] == contract.DEFAULT_IMAGE
     # The trainers' template is theirs alone; the user's ServiceAccount may still write the status.
     assert "imagePullSecrets" not in _pod(sts)["spec"] and "team" not in _pod(sts)["metadata"]["labels"]
