@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from rlightning import contract
 from rlightning.config._base import SpecModel
@@ -51,6 +51,7 @@ OWNED_TRAINER_ANNOTATIONS = (
 MAX_ITEMS = 64
 MAX_ENV = 256
 MAX_NAME_LENGTH = 253
+_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
 _OWNED = "Owned by the operator: refused."
 _OWNED_IN_RUNTIME = "Refused in the runtime container (named after the role), whose is the operator's; free in others."
 _SHORTHAND = "Set by the role's pod shorthand: refused here."
@@ -104,14 +105,30 @@ class PodSpec(_Open):
     """A pod spec; the fields declared are the ones the operator owns or merges."""
 
     containers: list[Container] | None = Field(
-        default=None, max_length=MAX_ITEMS, description="The runtime container's additions, and sidecars."
+        default=None,
+        max_length=MAX_ITEMS,
+        json_schema_extra=_BY_NAME,
+        description="The runtime container's additions, and sidecars.",
     )
     init_containers: list[Container] | None = Field(
-        default=None, max_length=MAX_ITEMS, description="Init containers, run after the operator's."
+        default=None,
+        max_length=MAX_ITEMS,
+        json_schema_extra=_BY_NAME,
+        description="Init containers, run after the operator's.",
     )
     volumes: list[Volume] | None = Field(
-        default=None, max_length=MAX_ITEMS, description="Volumes, beside the operator's."
+        default=None, max_length=MAX_ITEMS, json_schema_extra=_BY_NAME, description="Volumes, beside the operator's."
     )
+
+    @field_validator("containers", "init_containers", "volumes")
+    @classmethod
+    def _unique_names(cls, value: list[Container] | list[Volume] | None) -> Any:
+        # Kubernetes' own schema keys these lists by name (x-kubernetes-list-type map), as the CRD does.
+        names = [item.name for item in value or []]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"names must be unique, got {', '.join(duplicates)} more than once")
+        return value
     service_account_name: str | None = Field(
         default=None, description="The pods' ServiceAccount; the operator binds its Role to it too."
     )

@@ -215,6 +215,8 @@ CASES: list[Case] = [
         **{"spec.train.template": {"spec": {"affinity": {"nodeAffinity": {}}}}}),
     bad("template metadata other than labels and annotations", "spec.eval.template.metadata.name",
         **{"spec.eval.template": {"metadata": {"name": "x"}}}),
+    bad("two template containers of one name", "spec.train.template.spec.containers",
+        **{"spec.train.template": {"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "a"}]}}}),
     bad("template container without a name", "spec.eval.template.spec.containers[0].name",
         **{"spec.eval.template": {"spec": {"containers": [{"image": "x"}]}}}),
     bad("a non-NCCL setting in nccl", "spec.nccl.GLOO_SOCKET_IFNAME", **{"spec.nccl": {"GLOO_SOCKET_IFNAME": "eth0"}}),
