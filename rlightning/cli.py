@@ -52,11 +52,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from rlightning.runtime.validate import PAUSED_FLEET_LOCAL, paused_fleet
+    from rlightning.runtime.validate import PAUSED_FLEET_LOCAL, paused_fleet, pod_only_notes
 
     manifest = _validated(args.file)
     if manifest is None:
         return EXIT_BAD_MANIFEST
+    for note in pod_only_notes(manifest):
+        print(f"note: {note}")
     if paused_fleet(manifest):
         print(f"error: {PAUSED_FLEET_LOCAL}", file=sys.stderr)
         return EXIT_BAD_MANIFEST

@@ -145,6 +145,18 @@ SPEC_FILE_NAME = "policygroup.yaml"
 DEFAULT_RUN_DIR_IN_POD = "/var/run/rlightning"
 HEALTH_FILE_IN_POD = "/tmp/rlightning-health"
 """ENV_HEALTH_FILE in every pod (the container's own /tmp)."""
+SHM_MOUNT_PATH = "/dev/shm"
+"""Where every trainer and evaluator container gets a memory-backed emptyDir (torch's shared memory, NCCL)."""
+
+# -- Names in pods that the operator owns (a pod template must not set them) -------------------------------
+RUN_DIR_VOLUME = "run"
+"""The volume of the run directory (DEFAULT_RUN_DIR_IN_POD)."""
+SPEC_VOLUME = "spec"
+"""The volume of the mounted manifest (SPEC_MOUNT_DIR)."""
+SHM_VOLUME = "dshm"
+"""The memory-backed volume at SHM_MOUNT_PATH."""
+VALIDATE_CONTAINER = "validate"
+"""The trainers' init container: `rlightning validate` of the mounted spec (structural and deep checks)."""
 
 # -- Names of children for a PolicyGroup ------------------------------------------------------------------
 MAX_GROUP_NAME_LENGTH = 40

@@ -313,6 +313,7 @@ def plan(
         contract.ENV_METRICS_PORT: str(spec.ports.metrics if site.metrics else 0),
         contract.ENV_FLEET_DATA: "1" if fleet_collects(spec) else "0",
     }
+    env.update(spec.nccl)  # before the loopback interface of a local run, which must win
     if site.bind_host is not None:
         env[contract.ENV_BIND_HOST] = site.bind_host
         if site.bind_host == contract.LOOPBACK_HOST:  # DDP's and weight sync's gloo/NCCL sockets on loopback too

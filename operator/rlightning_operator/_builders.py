@@ -21,14 +21,11 @@ from typing import Any
 import yaml
 
 from rlightning import contract, launch
-from rlightning.config import PolicyGroupManifest, PolicyGroupSpec
+from rlightning.config import EvalConfig, PolicyGroupManifest, PolicyGroupSpec, TrainConfig
+from rlightning_operator import _template
 
 SCALING_FIELDS = ("replicas", "minReplicas", "maxReplicas")
 """Fields of spec.eval that only size the evaluator fleet: excluded from every hash."""
-RUN_DIR_VOLUME = "run"
-SPEC_VOLUME = "spec"
-VALIDATE_CONTAINER = "validate"
-"""The trainers' init container: `rlightning validate` of the mounted spec (structural and deep checks)."""
 PYTHON = "python"
 """The image's interpreter."""
 NODE_RANK_FROM_JOB_INDEX = "$(JOB_COMPLETION_INDEX)"
@@ -101,7 +98,7 @@ def train_master_addr(group: str, namespace: str) -> str:
 
 def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
     """The part of the spec that the pods of `role` depend on: all of it but the scaling fields, the evaluators'
-    disruption budget and the other role's scheduling (`pod`), in wire form.
+    disruption budget and the other role's scheduling (`pod`, `template`), in wire form.
 
     Args:
         spec (PolicyGroupSpec): The validated spec.
@@ -115,6 +112,7 @@ def role_view(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
         data[contract.PolicyRole.EVAL].pop(key, None)
     other = contract.PolicyRole.EVAL if role == contract.PolicyRole.TRAIN else contract.PolicyRole.TRAIN
     data[other].pop("pod", None)
+    data[other].pop("template", None)
     return data
 
 
@@ -185,9 +183,13 @@ def _run_dir_source(spec: PolicyGroupSpec, role: str) -> dict[str, Any]:
     return {"emptyDir": {}}
 
 
+def _role_config(spec: PolicyGroupSpec, role: str) -> TrainConfig | EvalConfig:
+    return spec.train if role == contract.PolicyRole.TRAIN else spec.eval
+
+
 def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[str, Any]:
     spec, group = manifest.spec, manifest.metadata.name
-    pod = spec.train.pod if role == contract.PolicyRole.TRAIN else spec.eval.pod
+    pod = _role_config(spec, role).pod
     plan = launch.plan(manifest, role, launch_site(manifest, namespace))
     resources = pod.resources.model_dump(by_alias=True, mode="json")
     container: dict[str, Any] = {
@@ -199,8 +201,9 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(spec, role)],
         "resources": {key: dict(sorted(value.items())) for key, value in resources.items() if value},
         "volumeMounts": [
-            {"name": RUN_DIR_VOLUME, "mountPath": contract.DEFAULT_RUN_DIR_IN_POD},
-            {"name": SPEC_VOLUME, "mountPath": contract.SPEC_MOUNT_DIR, "readOnly": True},
+            {"name": contract.RUN_DIR_VOLUME, "mountPath": contract.DEFAULT_RUN_DIR_IN_POD},
+            {"name": contract.SPEC_VOLUME, "mountPath": contract.SPEC_MOUNT_DIR, "readOnly": True},
+            {"name": contract.SHM_VOLUME, "mountPath": contract.SHM_MOUNT_PATH},
         ],
     }
     if plan.probe is not None:
@@ -215,8 +218,10 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[
         "terminationGracePeriodSeconds": plan.grace_seconds,
         "containers": [container],
         "volumes": [
-            {"name": RUN_DIR_VOLUME, **_run_dir_source(spec, role)},
-            {"name": SPEC_VOLUME, "configMap": {"name": contract.config_name(group)}},
+            {"name": contract.RUN_DIR_VOLUME, **_run_dir_source(spec, role)},
+            {"name": contract.SPEC_VOLUME, "configMap": {"name": contract.config_name(group)}},
+            # Memory-backed /dev/shm: the container runtime's 64 MiB breaks NCCL and torch's shared memory.
+            {"name": contract.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size}},
         ],
     }
     if pod.node_selector:
@@ -263,10 +268,21 @@ def build_config_map(manifest: PolicyGroupManifest, namespace: str) -> dict[str,
     return _stamp(result, data)
 
 
+def _service_accounts(manifest: PolicyGroupManifest) -> list[str]:
+    """The ServiceAccounts the pods run as: the operator's, and any a role's template names instead."""
+    names = {contract.service_account_name(manifest.metadata.name)}
+    for role in contract.PolicyRole:
+        template = _role_config(manifest.spec, role).template
+        if template is not None and template.spec.service_account_name:
+            names.add(template.spec.service_account_name)
+    return sorted(names)
+
+
 def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
     """The pods' ServiceAccount, and a Role + RoleBinding that let them get and patch this PolicyGroup's status.
 
-    Trainer rank 0 writes status.training through the status subresource; nothing else is granted.
+    Trainer rank 0 writes status.training through the status subresource; nothing else is granted. A role's pod
+    template may name another ServiceAccount (object storage, say): the RoleBinding binds it too.
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
@@ -298,7 +314,10 @@ def build_rbac(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
         "kind": "RoleBinding",
         "metadata": _metadata(name, namespace, group),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account_name, "namespace": namespace}
+            for account_name in _service_accounts(manifest)
+        ],
     }
     account = _stamp(account, account["metadata"]["labels"])
     role = _stamp(role, role["rules"])
@@ -334,12 +353,12 @@ def _validate_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
     """
     main = pod_spec["containers"][0]
     return {
-        "name": VALIDATE_CONTAINER,
+        "name": contract.VALIDATE_CONTAINER,
         "image": main["image"],
         "imagePullPolicy": main["imagePullPolicy"],
         "command": [PYTHON, "-m", "rlightning.cli", "validate", f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"],
         "resources": copy.deepcopy(main["resources"]),
-        "volumeMounts": [copy.deepcopy(m) for m in main["volumeMounts"] if m["name"] == SPEC_VOLUME],
+        "volumeMounts": [copy.deepcopy(m) for m in main["volumeMounts"] if m["name"] == contract.SPEC_VOLUME],
     }
 
 
@@ -351,14 +370,16 @@ def _workload(
     spec: dict[str, Any],
     pod_spec: dict[str, Any],
 ) -> dict[str, Any]:
-    """A Job (trainers) or StatefulSet (evaluators) running `pod_spec`; its metadata and pod template carry the
-    hash of its spec and of the role's view of the PolicyGroup's spec.
+    """A Job (trainers) or StatefulSet (evaluators) running `pod_spec` merged with the role's pod template; its
+    metadata and pod template carry the hash of its spec and of the role's view of the PolicyGroup's spec.
     """
     role = contract.PolicyRole.TRAIN if kind == "Job" else contract.PolicyRole.EVAL
     group = manifest.metadata.name
-    spec["template"] = {"metadata": {"labels": labels(group, role)}, "spec": pod_spec}
+    pod_metadata: dict[str, Any] = {"labels": labels(group, role)}
     if role == contract.PolicyRole.TRAIN:
-        spec["template"]["metadata"]["annotations"] = dict(TRAINER_POD_ANNOTATIONS)
+        pod_metadata["annotations"] = dict(TRAINER_POD_ANNOTATIONS)
+    pod_spec, pod_metadata = _template.merge(pod_spec, pod_metadata, _role_config(manifest.spec, role).template, role)
+    spec["template"] = {"metadata": pod_metadata, "spec": pod_spec}
     value = digest([spec, role_view(manifest.spec, role)])
     annotations = {**spec["template"]["metadata"].get("annotations", {}), contract.ANNOTATION_SPEC_HASH: value}
     spec["template"]["metadata"]["annotations"] = dict(sorted(annotations.items()))
@@ -376,8 +397,8 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     policy fails the Job at once on exit code 2 (a manifest the runtime rejects; retrying cannot help) and
     does not count disruptions (preemption, eviction, node drain) as failures; `backoffLimit` 0 fails the Job on
     the first other failure, and the operator restarts the gang as a new attempt (`with_attempt`). An init container
-    (`VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the runtime
-    can reject fails the Job that way too (torchrun itself exits 1 on any failed worker).
+    (`contract.VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the
+    runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker).
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
@@ -402,7 +423,7 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         "podFailurePolicy": {
             "rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": container, **bad_manifest}}
-                for container in (VALIDATE_CONTAINER, str(contract.PolicyRole.TRAIN))
+                for container in (contract.VALIDATE_CONTAINER, str(contract.PolicyRole.TRAIN))
             ]
             + [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
         },

@@ -264,7 +264,7 @@ def _trainers_rejected(obs: Observation, gang: Trainers) -> tuple[bool, str, str
     detail = (gang.failed or {}).get("message") or f"a container exited with code {contract.EXIT_BAD_MANIFEST}"
     return False, "InvalidSpecInPod", (
         f"a trainer pod rejected the spec ({detail}); see `kubectl logs job/{contract.train_name(obs.name)} "
-        f"-c {builders.VALIDATE_CONTAINER}`"
+        f"-c {contract.VALIDATE_CONTAINER}`"
     )
 
 

@@ -10,6 +10,7 @@ from rlightning.config._pod import PodConfig, ResourceRequirements
 from rlightning.config._policy import EnvConfig, OptimConfig, PolicyConfig, WeightBufferConfig
 from rlightning.config._roles import CheckpointConfig, EvalConfig, TrainConfig, WeightSyncConfig
 from rlightning.config._spec import ObjectMeta, PolicyGroupManifest, PolicyGroupSpec, PortsConfig
+from rlightning.config._template import PodTemplate
 from rlightning.config._status import (
     Condition,
     EvalStatus,
@@ -29,6 +30,7 @@ __all__ = [
     "ObjectMeta",
     "OptimConfig",
     "PodConfig",
+    "PodTemplate",
     "PolicyConfig",
     "PolicyGroupManifest",
     "PolicyGroupSpec",

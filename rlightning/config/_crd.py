@@ -17,8 +17,9 @@ from pydantic import BaseModel
 
 from rlightning import contract
 from rlightning.config._pod import GPU_RESOURCE, QUANTITY_MAX_LENGTH, QUANTITY_PATTERN
-from rlightning.config._spec import NAME_PATTERN, PolicyGroupSpec
+from rlightning.config._spec import NAME_PATTERN, NCCL_NAME_PATTERN, PolicyGroupSpec
 from rlightning.config._status import PolicyGroupStatus
+from rlightning.config._template import template_rules
 
 # CEL rules per model ($defs name), each mirrored by a pydantic validator in that model.
 _GPU = GPU_RESOURCE
@@ -72,6 +73,22 @@ _CEL_RULES: dict[str, list[dict[str, str]]] = {
         },
     ],
 }
+_CEL_RULES["TrainConfig"] = [
+    *template_rules(contract.PolicyRole.TRAIN),
+    {
+        # TrainConfig._one_rank_per_gpu.
+        "rule": (
+            f"!has(self.pod.resources.limits) || !('{_GPU}' in self.pod.resources.limits) || "
+            f"!isQuantity(self.pod.resources.limits['{_GPU}']) || "
+            f"(quantity(self.pod.resources.limits['{_GPU}']).isInteger() && "
+            f"quantity(self.pod.resources.limits['{_GPU}']).asInteger() == self.procsPerNode)"
+        ),
+        "message": f"procsPerNode must equal pod.resources.limits.{_GPU} (one DDP rank per GPU)",
+        "fieldPath": ".procsPerNode",
+        "reason": "FieldValueInvalid",
+    },
+]
+_CEL_RULES["EvalConfig"] += template_rules(contract.PolicyRole.EVAL)
 _CEL_RULES["PolicyGroupSpec"] = [
     {
         # PolicyGroupSpec._trajectory_ports_free: a trainer pod binds trajectories + r for each local rank r.
@@ -101,6 +118,15 @@ _CEL_RULES["PolicyGroupSpec"] = [
         "reason": "FieldValueInvalid",
     },
 ]
+_CEL_RULES["PolicyGroupSpec"].append(
+    {
+        # PolicyGroupSpec._nccl_names.
+        "rule": f"!has(self.nccl) || self.nccl.all(name, name.matches('{NCCL_NAME_PATTERN}'))",
+        "message": f"only NCCL settings (names matching {NCCL_NAME_PATTERN}) belong in nccl",
+        "fieldPath": ".nccl",
+        "reason": "FieldValueInvalid",
+    }
+)
 _ROOT_RULES = [
     {
         "rule": f"size(self.metadata.name) <= {contract.MAX_GROUP_NAME_LENGTH}",
@@ -122,11 +148,13 @@ def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str
     if not isinstance(node, dict):
         return node
     node = dict(node)
+    if "required" in node:  # a $def inlined twice must not share its list (YAML would write an anchor)
+        node["required"] = list(node["required"])
     if "$ref" in node:  # inline, keeping the field's own description and default
         name = node.pop("$ref").rsplit("/", 1)[-1]
         inlined = _convert(defs[name], defs, keep_defaults=keep_defaults, model=name)
         inlined.update({key: value for key, value in node.items() if key not in _DROPPED_KEYS})
-        if keep_defaults and "default" not in inlined:
+        if keep_defaults and "default" not in inlined and "required" not in inlined:
             # The API server applies nested defaults only under a present parent, and checks a default
             # against the CEL rules as written: so the default is the object of its fields' defaults.
             properties = inlined.get("properties", {})

@@ -46,6 +46,9 @@ def parse_quantity(text: str) -> decimal.Decimal:
     if suffix[:1] in ("e", "E"):
         return decimal.Decimal(number) * decimal.Decimal(10) ** int(suffix[1:])
     return decimal.Decimal(number) * _SUFFIX_FACTORS[suffix]
+DEFAULT_SHM_SIZE = "1Gi"
+"""/dev/shm of every pod: NVIDIA's PyTorch containers are run with `--shm-size=1g` (NGC containers user guide,
+"Running a container"); KubeRay and Kubeflow mount a memory-backed emptyDir there for the same reason."""
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource name of NVIDIA GPUs (device plugin)."""
 
@@ -121,6 +124,15 @@ class PodConfig(SpecModel):
     )
     image: str | None = Field(
         default=None, description="Container image for this role; defaults to spec.image."
+    )
+    shm_size: str = Field(
+        default=DEFAULT_SHM_SIZE,
+        max_length=QUANTITY_MAX_LENGTH,
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "Size limit of the memory-backed emptyDir mounted at /dev/shm (a container runtime's default of 64 MiB "
+            "is too small for torch's shared memory and NCCL). Counts against the pod's memory."
+        ),
     )
     priority_class_name: str | None = Field(
         default=None,

@@ -7,12 +7,20 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, model_validator
 
 from rlightning.config._base import SpecModel
-from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN, PodConfig
+from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN, GPU_RESOURCE, PodConfig, parse_quantity
+from rlightning.config._template import PodTemplate
 
 PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 """A percentage of pods, as a PodDisruptionBudget's int-or-string fields take it: `0%` to `100%`."""
 PodCount = Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern=PERCENT_PATTERN)]
 """A number of pods or a percentage of the desired pods (Kubernetes IntOrString)."""
+TEMPLATE_DESCRIPTION = (
+    "A Kubernetes PodTemplateSpec merged into this role's pods (Kubeflow and KubeRay take one): volumes, extra "
+    "containers, env and envFrom of the runtime container (named after the role), imagePullSecrets, "
+    "serviceAccountName, labels, annotations, securityContext, ... Fields the operator owns are refused, and so are "
+    "the scheduling fields of the pod shorthand (nodeSelector, tolerations, affinity, priorityClassName: set them "
+    "there). `rlightning run` ignores it."
+)
 
 
 class CheckpointConfig(SpecModel):
@@ -103,6 +111,18 @@ class TrainConfig(SpecModel):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of trainer pods.")
+    template: PodTemplate | None = Field(default=None, description=TEMPLATE_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _one_rank_per_gpu(self) -> TrainConfig:
+        # torchrun starts procsPerNode ranks per pod and rank r takes cuda:LOCAL_RANK: one GPU each.
+        gpus = self.pod.resources.limits.get(GPU_RESOURCE)
+        if gpus is not None and parse_quantity(gpus) != self.procs_per_node:
+            raise ValueError(
+                f"procsPerNode: must equal pod.resources.limits.{GPU_RESOURCE} (one DDP rank per GPU), got "
+                f"procsPerNode={self.procs_per_node}, {GPU_RESOURCE}={gpus!r}"
+            )
+        return self
 
     @property
     def world_size(self) -> int:
@@ -168,6 +188,7 @@ class EvalConfig(SpecModel):
         ),
     )
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")
+    template: PodTemplate | None = Field(default=None, description=TEMPLATE_DESCRIPTION)
     disruption_budget: DisruptionBudgetConfig = Field(
         default_factory=lambda: DisruptionBudgetConfig(max_unavailable="100%"),
         # No default in the CRD (a null one is dropped): a stored maxUnavailable the user never wrote would stay

@@ -12,9 +12,13 @@ from rlightning.config._base import SpecModel
 from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN
 from rlightning.config._policy import EnvConfig, PolicyConfig
 from rlightning.config._roles import EvalConfig, TrainConfig, WeightSyncConfig
+from rlightning.config._template import template_problem
 
 LABEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 """The name part of a label or annotation key, and a label's value (Kubernetes' qualified name)."""
+NCCL_NAME_PATTERN = r"^NCCL_[A-Z0-9_]{1,64}$"
+"""An NCCL environment variable (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html)."""
+MAX_NCCL_SETTINGS = 64
 # RFC 1035 label: children's names and DNS names derive from it.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
@@ -63,6 +67,23 @@ class PolicyGroupSpec(SpecModel):
         default_factory=WeightSyncConfig, description="Weight sync from trainers to evaluators."
     )
     ports: PortsConfig = Field(default_factory=PortsConfig, description="Ports of trainer and evaluator processes.")
+    nccl: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_NCCL_SETTINGS,
+        description=(
+            "NCCL settings (environment variables NCCL_*, for example NCCL_SOCKET_IFNAME, NCCL_DEBUG, "
+            "NCCL_IB_DISABLE) given to every trainer and evaluator container; other names are refused. "
+            "`rlightning run` keeps NCCL_SOCKET_IFNAME on the loopback interface."
+        ),
+    )
+
+    @field_validator("nccl")
+    @classmethod
+    def _nccl_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if re.fullmatch(NCCL_NAME_PATTERN, name) is None:
+                raise ValueError(f"{name}: only NCCL settings (names matching {NCCL_NAME_PATTERN}) belong here")
+        return value
 
     @model_validator(mode="after")
     def _trajectory_ports_free(self) -> PolicyGroupSpec:
@@ -76,6 +97,15 @@ class PolicyGroupSpec(SpecModel):
                 f"train.procsPerNode={self.train.procs_per_node}) must be <= 65535 and not include torchrun, "
                 f"weightSync or metrics, got clashes {clashes}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _templates_fit(self) -> PolicyGroupSpec:
+        # Fields of a pod template the operator owns (or the pod shorthand sets) are refused, never overwritten.
+        for role, config in ((contract.PolicyRole.TRAIN, self.train), (contract.PolicyRole.EVAL, self.eval)):
+            problem = None if config.template is None else template_problem(config.template, role)
+            if problem is not None:
+                raise ValueError(f"{role}.{problem}")
         return self
 
     @model_validator(mode="after")

@@ -140,6 +140,23 @@ PAUSED_FLEET_NOTE = (
     "spec.eval.replicas: 0 evaluators with the fleet as the data source (train.dataSource: fleet): in a cluster a "
     "paused fleet, training waits until it is scaled up; `rlightning run` refuses it"
 )
+def pod_only_notes(manifest: PolicyGroupManifest) -> list[str]:
+    """What `rlightning run` ignores of a manifest: each role's pod template (its processes are no pods).
+
+    Args:
+        manifest (PolicyGroupManifest): A validated manifest.
+
+    Returns:
+        list[str]: One note per role that has a template, naming the field.
+    """
+    return [
+        f"spec.{role}.template: pods only; `rlightning run` ignores it (its volumes, containers, env, envFrom, "
+        "labels, ...: local processes inherit this shell's environment and files)"
+        for role, config in (("train", manifest.spec.train), ("eval", manifest.spec.eval))
+        if config.template is not None
+    ]
+
+
 PAUSED_FLEET_LOCAL = (
     "spec.eval.replicas: 0 evaluators with the fleet as the data source (train.dataSource: fleet): a local run "
     "would wait for data forever (nothing scales it up); set eval.replicas >= 1, or train.dataSource: trainers"

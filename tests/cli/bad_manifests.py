@@ -68,6 +68,11 @@ def _replace(old: str, new: str) -> bytes:
     return _EXAMPLE_TEXT.replace(old, new, 1).encode()
 
 
+def _runtime(role: str, **fields: Any) -> dict[str, Any]:
+    """A pod template whose runtime container (named after the role) sets `fields`."""
+    return {"spec": {"containers": [{"name": role, **fields}]}}
+
+
 _EXAMPLE_TEXT = EXAMPLE.read_text()
 _GPU = "nvidia.com/gpu"
 
@@ -169,6 +174,57 @@ CASES: list[Case] = [
     bad("rollout workers in sync mode", "spec.eval.rolloutWorkers", **{"spec.eval.rolloutWorkers": 2}),
     bad("more rollout workers than env copies", "spec.eval.rolloutWorkers",
         **{"spec.policy.rolloutMode": "async", "spec.eval.rolloutWorkers": 9}),
+    # -- pod templates: what the operator owns, GPUs, /dev/shm, NCCL settings -------------------------------------
+    bad("template sets the runtime's command", "template.spec.containers.train.command",
+        **{"spec.train.template": _runtime("train", command=["sleep", "1"])}),
+    bad("template sets the runtime's image", "template.spec.containers.eval.image",
+        **{"spec.eval.template": _runtime("eval", image="mine:1")}),
+    bad("template sets the runtime's pull policy", "template.spec.containers.train.imagePullPolicy",
+        **{"spec.train.template": _runtime("train", imagePullPolicy="Always")}),
+    bad("template sets the runtime's probe", "template.spec.containers.eval.livenessProbe",
+        **{"spec.eval.template": _runtime("eval", livenessProbe={"exec": {"command": ["true"]}})}),
+    bad("template sets the runtime's resources", "template.spec.containers.train.resources",
+        **{"spec.train.template": _runtime("train", resources={"limits": {"cpu": "1"}})}),
+    bad("template sets a runtime variable", "template.spec.containers.train.env.RLIGHTNING_ROLE",
+        **{"spec.train.template": _runtime("train", env=[{"name": "RLIGHTNING_ROLE", "value": "eval"}])}),
+    bad("template sets an NCCL variable", "spec.nccl",
+        **{"spec.eval.template": _runtime("eval", env=[{"name": "NCCL_DEBUG", "value": "INFO"}])}),
+    bad("template sets the thread count", "template.spec.containers.eval.env.OMP_NUM_THREADS",
+        **{"spec.eval.template": _runtime("eval", env=[{"name": "OMP_NUM_THREADS", "value": "8"}])}),
+    bad("template mounts over /dev/shm", "template.spec.containers.eval.volumeMounts./dev/shm",
+        **{"spec.eval.template": _runtime("eval", volumeMounts=[{"name": "x", "mountPath": "/dev/shm"}])}),
+    bad("template sets the restart policy", "template.spec.restartPolicy",
+        **{"spec.train.template": {"spec": {"restartPolicy": "Always"}}}),
+    bad("template sets the grace period", "template.spec.terminationGracePeriodSeconds",
+        **{"spec.eval.template": {"spec": {"terminationGracePeriodSeconds": 1}}}),
+    bad("template sets the subdomain", "template.spec.subdomain",
+        **{"spec.train.template": {"spec": {"subdomain": "x"}}}),
+    bad("template takes the spec volume's name", "template.spec.volumes.spec",
+        **{"spec.eval.template": {"spec": {"volumes": [{"name": "spec", "emptyDir": {}}]}}}),
+    bad("template takes the validate init container's name", "template.spec.initContainers.validate",
+        **{"spec.train.template": {"spec": {"initContainers": [{"name": "validate", "image": "x"}]}}}),
+    bad("template sets the role label", "template.metadata.labels.rlightning.io/role",
+        **{"spec.eval.template": {"metadata": {"labels": {"rlightning.io/role": "train"}}}}),
+    bad("template sets the managed-by label", "template.metadata.labels.app.kubernetes.io/managed-by",
+        **{"spec.train.template": {"metadata": {"labels": {"app.kubernetes.io/managed-by": "me"}}}}),
+    bad("trainer template turns off do-not-disrupt", "template.metadata.annotations.karpenter.sh/do-not-disrupt",
+        **{"spec.train.template": {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "false"}}}}),
+    bad("node selector in the template, not the shorthand", "template.spec.nodeSelector",
+        **{"spec.eval.template": {"spec": {"nodeSelector": {"a": "b"}}}}),
+    bad("affinity in the template, not the shorthand", "template.spec.affinity",
+        **{"spec.train.template": {"spec": {"affinity": {"nodeAffinity": {}}}}}),
+    bad("template metadata other than labels and annotations", "spec.eval.template.metadata.name",
+        **{"spec.eval.template": {"metadata": {"name": "x"}}}),
+    bad("two template containers of one name", "spec.train.template.spec.containers",
+        **{"spec.train.template": {"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "a"}]}}}),
+    bad("template container without a name", "spec.eval.template.spec.containers[0].name",
+        **{"spec.eval.template": {"spec": {"containers": [{"image": "x"}]}}}),
+    bad("a non-NCCL setting in nccl", "spec.nccl.GLOO_SOCKET_IFNAME", **{"spec.nccl": {"GLOO_SOCKET_IFNAME": "eth0"}}),
+    bad("more GPUs than ranks per trainer pod", "spec.train.procsPerNode",
+        **{"spec.train.pod.resources": {"limits": {_GPU: "4"}}}),
+    bad("fewer GPUs than ranks per trainer pod", "spec.train.procsPerNode",
+        **{"spec.train.procsPerNode": 2, "spec.train.pod.resources": {"limits": {_GPU: "1"}}}),
+    bad("shm size not a quantity", "spec.eval.pod.shmSize", **{"spec.eval.pod.shmSize": "lots"}),
     # -- metadata and the object itself ---------------------------------------------------------------------------
     bad("name not a DNS label", "metadata.name", **{"metadata.name": "Bad_Name"}),
     bad("name too long for children", "metadata.name", **{"metadata.name": "a" * 41}),
@@ -223,6 +279,20 @@ CASES: list[Case] = [
     Case("a date-like string stays a string",
          _text(_EXAMPLE_TEXT.replace("spec:\n", "spec:\n  image: 2024-01-01\n", 1)), None),
     good("a status block is ignored", status={"phase": "Running"}),
+    good("pod templates, NCCL settings, /dev/shm and GPUs", **{
+        "spec.train.template": {
+            "metadata": {"labels": {"team": "rl"}, "annotations": {"example.com/owner": "me"}},
+            "spec": {"imagePullSecrets": [{"name": "registry"}], "serviceAccountName": "s3",
+                     "volumes": [{"name": "assets", "configMap": {"name": "assets"}}],
+                     "containers": [{"name": "train", "envFrom": [{"secretRef": {"name": "s3"}}], "workingDir": "/w",
+                                     "env": [{"name": "DATA", "value": "/assets"}],
+                                     "volumeMounts": [{"name": "assets", "mountPath": "/assets"}]},
+                                    {"name": "sidecar", "image": "busybox", "command": ["sleep", "inf"]}]}},
+        "spec.eval.template": {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+                               "spec": {"runtimeClassName": "nvidia", "securityContext": {"fsGroup": 1000}}},
+        "spec.nccl": {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0"},
+        "spec.train.procsPerNode": 2, "spec.train.pod.resources": {"limits": {_GPU: "2"}},
+        "spec.eval.pod.shmSize": "2Gi"}),
     good("async rollouts with one worker per env copy", **{"spec.policy.rolloutMode": "async",
                                                            "spec.eval.rolloutWorkers": 8}),
 ]

@@ -155,3 +155,13 @@ def test_a_paused_fleet_is_valid_but_not_runnable_locally(tmp_path: Path) -> Non
     assert ran.returncode == 2 and "Traceback" not in ran.stdout + ran.stderr
     assert ran.stderr.startswith("error: spec.eval.replicas: 0 evaluators") and "wait for data forever" in ran.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_local_run_says_it_ignores_pod_templates(tmp_path: Path) -> None:
+    # Notes come before the local checks: a paused fleet ends the run before anything starts.
+    template = {"spec": {"volumes": [{"name": "assets", "configMap": {"name": "assets"}}]}}
+    path = _dump(tmp_path, yaml.safe_dump(edited(**{"spec.eval.replicas": 0, "spec.eval.template": template})))
+    ran = rlightning("run", str(path), "--run-dir", str(tmp_path / "run"))
+    assert ran.returncode == 2
+    notes = [line for line in ran.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: spec.eval.template: pods only; `rlightning run` ignores it")

@@ -219,7 +219,7 @@ SPEC_CASES = [
      and list(c["Job"]["spec"]["template"]["spec"]["nodeSelector"]) == ["a", "b"]
      and c["Job"]["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": {}}
      and "tolerations" not in c["StatefulSet"]["spec"]["template"]["spec"]),
-    ({"spec.train.pod": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}},
+    ({"spec.train.procsPerNode": 1, "spec.train.pod": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}},
      lambda c: _container(c["Job"])["resources"] == {"limits": {"nvidia.com/gpu": "1"}}),
     ({"spec.eval.replicas": 0}, lambda c: c["StatefulSet"]["spec"]["replicas"] == 0),
 ]
@@ -240,20 +240,20 @@ def _volumes(workload):
 def test_run_dir_is_an_empty_dir_by_default(example):
     children = _by_kind(build_children(example, NS))
     for kind in ("Job", "StatefulSet"):
-        assert _volumes(children[kind])[builders.RUN_DIR_VOLUME] == {"name": builders.RUN_DIR_VOLUME, "emptyDir": {}}
+        assert _volumes(children[kind])[contract.RUN_DIR_VOLUME] == {"name": contract.RUN_DIR_VOLUME, "emptyDir": {}}
 
 
 def test_checkpoint_claim_is_mounted_at_the_trainers_run_dir_only():
     document = edited(example_document(), **{"spec.train.checkpoint": {"persistentVolumeClaim": "ckpt.team-a"}})
     children = _by_kind(build_children(parse_manifest(document), NS))
     job, sts = children["Job"], children["StatefulSet"]
-    assert _volumes(job)[builders.RUN_DIR_VOLUME] == {
-        "name": builders.RUN_DIR_VOLUME, "persistentVolumeClaim": {"claimName": "ckpt.team-a"}
+    assert _volumes(job)[contract.RUN_DIR_VOLUME] == {
+        "name": contract.RUN_DIR_VOLUME, "persistentVolumeClaim": {"claimName": "ckpt.team-a"}
     }
     mounts = {m["name"]: m["mountPath"] for m in _container(job)["volumeMounts"]}
-    assert mounts[builders.RUN_DIR_VOLUME] == contract.DEFAULT_RUN_DIR_IN_POD == _env(job)[contract.ENV_RUN_DIR]
-    assert _volumes(sts)[builders.RUN_DIR_VOLUME]["emptyDir"] == {}  # evaluators keep no checkpoints
-    assert "persistentVolumeClaim" not in _volumes(sts)[builders.RUN_DIR_VOLUME]
+    assert mounts[contract.RUN_DIR_VOLUME] == contract.DEFAULT_RUN_DIR_IN_POD == _env(job)[contract.ENV_RUN_DIR]
+    assert _volumes(sts)[contract.RUN_DIR_VOLUME]["emptyDir"] == {}  # evaluators keep no checkpoints
+    assert "persistentVolumeClaim" not in _volumes(sts)[contract.RUN_DIR_VOLUME]
 
 
 @pytest.mark.parametrize("claim", ["Ckpt", "ckpt_1", "-ckpt", "ckpt-", "a..b", "", "a" * 254])
@@ -297,7 +297,7 @@ def test_trainers_validate_the_spec_before_torchrun_and_fail_the_job_on_a_bad_ma
     assert (init["image"], init["resources"]) == (_container(job)["image"], _container(job)["resources"])
     assert [m["mountPath"] for m in init["volumeMounts"]] == [contract.SPEC_MOUNT_DIR]
     fail_job = [rule["onExitCodes"] for rule in job["spec"]["podFailurePolicy"]["rules"] if rule["action"] == "FailJob"]
-    assert {r["containerName"] for r in fail_job} == {builders.VALIDATE_CONTAINER, contract.PolicyRole.TRAIN}
+    assert {r["containerName"] for r in fail_job} == {contract.VALIDATE_CONTAINER, contract.PolicyRole.TRAIN}
     assert all(r["operator"] == "In" and r["values"] == [contract.EXIT_BAD_MANIFEST] for r in fail_job)
     assert "initContainers" not in _by_kind(build_children(example, NS))["StatefulSet"]["spec"]["template"]["spec"]
 

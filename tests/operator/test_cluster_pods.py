@@ -7,7 +7,7 @@ import json
 
 from rlightning import contract
 
-from operator_cluster import apply, condition, get_json, items, small, wait_for
+from operator_cluster import apply, condition, get_json, items, pods, running, small, wait_for
 
 TINY = {"requests": {"cpu": "10m", "memory": "16Mi"}}
 
@@ -137,3 +137,48 @@ def test_a_pod_field_the_status_does_not_read_changes_nothing(crd, namespace, op
                     "lastState": {"terminated": {"exitCode": 3, "reason": "Error"}}}]}}))
     wait_for("EvaluatorsReady=False, CrashLoopBackOff",
              lambda: reason_of(crd, namespace, "EvaluatorsReady", "CrashLoopBackOff"))
+
+
+GPU = "nvidia.com/gpu"
+
+
+def test_a_gpu_group_with_pod_templates_runs_one_rank_per_gpu(crd, namespace, operator):
+    # Two trainer pods of 4 ranks and 4 GPUs each, one GPU per evaluator: the fake GPU nodes hold 8 GPUs each. The
+    # templates' fields pass the API server's own PodSpec validation in the Job and StatefulSet and reach the pods.
+    gpus = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {GPU: "4"}}
+    template = {
+        "metadata": {"labels": {"team": "rl"}},
+        "spec": {
+            "imagePullSecrets": [{"name": "registry"}],
+            "volumes": [{"name": "assets", "configMap": {"name": "sim-assets"}}],
+            "containers": [{"name": "train", "envFrom": [{"secretRef": {"name": "s3"}}],
+                            "volumeMounts": [{"name": "assets", "mountPath": "/assets"}]},
+                           {"name": "sidecar", "image": "busybox", "command": ["sleep", "infinity"]}],
+        },
+    }
+    apply(crd, namespace, small(replicas=2, **{
+        "spec.train.nodes": 2, "spec.train.procsPerNode": 4, "spec.train.pod": {"resources": gpus},
+        "spec.train.template": template, "spec.eval.pod": {"resources": {"limits": {GPU: "1"}}, "shmSize": "2Gi"},
+        "spec.eval.template": {"spec": {"imagePullSecrets": [{"name": "registry"}]}},
+        "spec.nccl": {"NCCL_DEBUG": "INFO"},
+    }))
+    wait_for("2 trainers and 2 evaluators Running", lambda: running(pods(crd, namespace, "train")) == 2
+             and running(pods(crd, namespace, "eval")) == 2)
+    capacity = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(GPU, "0")) for n in items(crd, "nodes")}
+    used: dict[str, int] = {}
+    for pod in pods(crd, namespace):
+        role = pod["metadata"]["labels"][contract.LABEL_ROLE]
+        runtime = next(c for c in pod["spec"]["containers"] if c["name"] == role)
+        env = {e["name"]: e.get("value") for e in runtime["env"]}
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert env["NCCL_DEBUG"] == "INFO" and pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+        assert volumes[contract.SHM_VOLUME]["emptyDir"] == {
+            "medium": "Memory", "sizeLimit": "2Gi" if role == "eval" else "1Gi"}
+        used[pod["spec"]["nodeName"]] = used.get(pod["spec"]["nodeName"], 0) + int(runtime["resources"]["limits"][GPU])
+        if role == "train":
+            assert "--nproc-per-node=4" in runtime["command"] and runtime["resources"]["limits"][GPU] == "4"
+            assert pod["metadata"]["labels"]["team"] == "rl" and "assets" in volumes
+            assert runtime["envFrom"] == [{"secretRef": {"name": "s3"}}]
+            assert [c["name"] for c in pod["spec"]["containers"]] == ["train", "sidecar"]
+    assert all(capacity[node] >= count for node, count in used.items()), (used, capacity)
+    assert sum(used.values()) == 2 * 4 + 2

@@ -101,7 +101,11 @@ def test_every_field_is_described(version):
 def test_free_form_maps_only_where_expected(version):
     schema = version["schema"]["openAPIV3Schema"]
     preserved = sorted(path for path, node in _walk(schema) if node.get("x-kubernetes-preserve-unknown-fields"))
-    assert preserved == [
+    # A pod template declares only what its CEL rules read and keeps the rest of a PodTemplateSpec as written.
+    templates = [path for path in preserved if ".template.spec" in path]
+    assert "$.spec.train.template.spec" in templates and "$.spec.eval.template.spec.containers[]" in templates
+    assert not any(".template.metadata" in path for path in preserved), "template metadata is labels and annotations"
+    assert [path for path in preserved if path not in templates] == [
         "$.spec.env.kwargs",
         "$.spec.eval.pod.affinity",
         "$.spec.eval.pod.tolerations[]",
@@ -139,3 +143,7 @@ def test_cel_rules_cover_cross_field_checks(version):
     assert any("size(self.metadata.name)" in rule for rule in rules["$"])
     assert "self.ports.trajectories + self.train.procsPerNode" in rules["$.spec"][0]  # the intakes' port range
     assert "self.policy.rolloutMode == 'async'" in rules["$.spec"][1] and "self.env.numEnvs" in rules["$.spec"][2]
+    assert "name.matches('^NCCL_" in rules["$.spec"][3]
+    assert any("asInteger() == self.procsPerNode" in rule for rule in rules["$.spec.train"])
+    for role in ("train", "eval"):
+        assert any(f"c.name != '{role}'" in rule and "!has(c.command)" in rule for rule in rules[f"$.spec.{role}"])
