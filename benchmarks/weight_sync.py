@@ -30,7 +30,8 @@ plain TCP stream to one receiver: the link's physical limit, with 1 receiver onl
 `--syncs` publishes after one that forms the trees; the median is reported. Every receiver's digest of the last
 version is checked against the sender's. Then it fits t = d * a + X / bw per hop (see `critical_path`) and
 projects 100, 1,000 and 10,000 evaluators. `--json` rows: topology, params, receivers, seconds (median),
-all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes, digests_ok.
+all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes, digests_ok,
+loadavg (the machine's 1-minute load when the row finished).
 
 `--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
 model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
@@ -455,6 +456,7 @@ def run_capped_sender(args: argparse.Namespace) -> None:
             following = open_sender(index + 1)  # listening before this one closes: receivers move on at once
             sender.close()
             sender = following
+        row["loadavg"] = os.getloadavg()[0]  # the machine's load: many busy receivers make hops CPU-bound
         print("ROW " + json.dumps(row), flush=True)
 
 
@@ -516,18 +518,19 @@ def run_capped(args: argparse.Namespace) -> list[dict]:
 
 def print_capped_header() -> None:
     head = (f"{'topology':>8} {'params':>7} {'recv':>4} {'MB':>6} | {'seconds':>8} {'Mbit/s':>7} | "
-            f"{'x 1 recv':>8} | {'egress':>6} | digests")
+            f"{'x 1 recv':>8} | {'egress':>6} | {'load':>5} | digests")
     print(head)
     print("-" * len(head), flush=True)
 
 
 def print_capped_row(r: dict, rows: list[dict]) -> None:
-    """One row; `x 1 recv`: its time over the same size's 1-receiver publish of `relay2` (else its own topology)."""
+    """One row; `x 1 recv`: its time over the same size's first 1-receiver publish of this run."""
     base = [b for b in rows if b["receivers"] == 1 and b["params"] == r["params"] and b["topology"] != "tcp"]
     ratio = f"{r['seconds'] / base[0]['seconds']:>8.2f}" if base and r["topology"] != "tcp" else f"{'':>8}"
     print(f"{r['topology']:>8} {r['params'] / 1e6:>6g}M {r['receivers']:>4} {r['model_bytes'] / 2**20:>6.1f} | "
           f"{r['seconds']:>8.3f} {r['model_bytes'] * 8 / r['seconds'] / 1e6:>7.1f} | {ratio} | "
-          f"{r['sender_egress_bytes'] / r['model_bytes']:>6.2f} | {r.get('digests_ok', '')}", flush=True)
+          f"{r['sender_egress_bytes'] / r['model_bytes']:>6.2f} | {r['loadavg']:>5.1f} | {r.get('digests_ok', '')}",
+          flush=True)
 
 
 def critical_path(
