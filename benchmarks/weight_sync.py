@@ -495,8 +495,10 @@ def run_capped(args: argparse.Namespace) -> list[dict]:
             common = [sys.executable, __file__, "--link-rate", args.link_rate, "--n", str(n), "--port", str(args.port),
                       "--sizes", args.sizes, "--topologies", args.topologies, "--syncs", str(args.syncs),
                       "--gap", str(args.gap), "--bucket-bytes", str(args.bucket_bytes), "--timeout", str(args.timeout)]
-            procs = [subprocess.Popen(net.exec_argv(o + 1, [*common, "--role", "capped-receiver", "--ordinal", str(o)]),
-                                      start_new_session=True) for o in range(n)]
+            procs = []  # filled one by one, so an interrupt stops every process started (net.close() kills the rest)
+            for o in range(n):
+                argv = net.exec_argv(o + 1, [*common, "--role", "capped-receiver", "--ordinal", str(o)])
+                procs.append(subprocess.Popen(argv, start_new_session=True))
             sender = subprocess.Popen(net.exec_argv(0, [*common, "--role", "capped-sender"]), stdout=subprocess.PIPE,
                                       text=True, start_new_session=True)
             procs.append(sender)

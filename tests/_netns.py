@@ -21,10 +21,13 @@ Used by ``benchmarks/weight_sync.py --link-rate`` and tests/weights/test_weight_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Sequence
 
 from devcluster import _ports as devcluster_ports
@@ -177,15 +180,31 @@ class CappedNetwork:
             raise
         return self
 
-    def close(self) -> list[str]:
-        """Delete every namespace made (with it its veths, bridge and qdiscs); idempotent.
+    def pids(self) -> list[int]:
+        """Processes running inside the namespaces made (``ip netns pids``): only what this run started there."""
+        found = []
+        for name in self._made:
+            out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+            found += [int(pid) for pid in out.split()]
+        return found
 
-        Stop the processes running inside first: a namespace lives on, unnamed, while a process holds it.
+    def close(self) -> list[str]:
+        """Kill what still runs inside, then delete every namespace made (with its veths, bridge and qdiscs).
+
+        Idempotent. A namespace lives on, unnamed and with its links, while a process holds it, so a process the
+        caller lost track of (one started just as a signal arrived) is killed here; stop yours gracefully first.
 
         Returns:
             list[str]: Errors of deletions that failed (empty when all went).
         """
         errors = []
+        deadline = time.monotonic() + 10
+        while (left := self.pids()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)  # a killed process leaves the namespace once the kernel reaped it
+        errors += [f"pid {pid} still runs in a namespace of {self.prefix}" for pid in self.pids()]
         while self._made:
             name = self._made.pop()
             done = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)

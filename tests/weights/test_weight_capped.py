@@ -22,6 +22,7 @@ import pytest
 
 from devcluster import _ports as devcluster_ports
 from tests import _netns
+from tests._polling import wait_for
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "weight_sync.py"
 MISSING = _netns.missing_requirements()
@@ -67,6 +68,8 @@ def test_an_interrupted_run_removes_its_namespaces():
         header = proc.stdout.readline()  # printed once every namespace, link and qdisc exists
         assert header.startswith("network "), header
         assert len(_netns.leftovers(prefix_of(proc))) == 4  # the switch and 3 nodes
+        started = wait_for("the sender and 2 receivers to start", lambda: children(proc.pid) if
+                           len(children(proc.pid)) == 3 else None, timeout=30)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 128 + signal.SIGTERM
     finally:
@@ -74,6 +77,22 @@ def test_an_interrupted_run_removes_its_namespaces():
             proc.kill()
             proc.wait()
     assert _netns.leftovers(prefix_of(proc)) == []
+    # what the benchmark reaped is gone; what its namespaces' cleanup killed is reaped by init once it exited
+    wait_for("the run's processes to be gone", lambda: not any(Path(f"/proc/{pid}").exists() for pid in started),
+             timeout=10)
+
+
+def children(parent: int) -> list[int]:
+    """Pids whose parent is `parent` (from /proc/PID/stat)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_without_root_the_benchmark_refuses_in_one_line():
