@@ -28,7 +28,8 @@ are. Per receiver count, for each size and topology of `--topologies`: `relayK` 
 `star` (`groupSize` 1: the sender sends every receiver its own copy, as a naive broadcast does) and `tcp` (one
 plain TCP stream to one receiver: the link's physical limit, with 1 receiver only). Each topology is timed over
 `--syncs` publishes after one that forms the trees; the median is reported. Every receiver's digest of the last
-version is checked against the sender's. Then it fits t = d * a + X / bw per hop (see `critical_path`) and
+version is checked against the sender's. `--kill-relay` kills receiver 1 half way into one more publish of the
+last phase and times the failure and the next publish. Then it fits t = d * a + X / bw per hop (see `critical_path`) and
 projects 100, 1,000 and 10,000 evaluators. `--json` rows: topology, params, receivers, seconds (median),
 all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes, digests_ok,
 loadavg (the machine's 1-minute load when the row finished).
@@ -59,7 +60,7 @@ from pathlib import Path
 import torch
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import WeightReceiver, WeightSender, tensor_digests
+from rlightning.weights import WeightReceiver, WeightSender, WeightSyncError, tensor_digests
 from rlightning.weights._buckets import TRANSFER_MAX_BYTES, BucketLayout
 from rlightning.weights._topology import relay_tree
 from rlightning.weights._transport import BroadcastGroup
@@ -291,7 +292,7 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
 
 
 # -- capped links (--link-rate) ------------------------------------------------------------------------
-FINAL_KEY, DIGEST_KEY = "bench/final", "bench/digest/{ordinal}"
+FINAL_KEY, DIGEST_KEY, PID_KEY = "bench/final", "bench/digest/{ordinal}", "bench/pid/{ordinal}"
 CAPPED_PROJECTED = (100, 1000, 10_000)
 """Fleet sizes of the projection."""
 
@@ -342,6 +343,8 @@ def run_capped_receiver(args: argparse.Namespace) -> None:
         while not receiver.sender_closed:
             got = receiver.receive(timeout=1.0)
             store = receiver._store  # benchmark only: its keys share the sender's store
+            if got is not None and store is not None:
+                store.set(PID_KEY.format(ordinal=args.ordinal), str(os.getpid()))  # for --kill-relay
             final = got is not None and store is not None and store.check([FINAL_KEY])
             if final and int(store.get(FINAL_KEY)) == got[0]:  # type: ignore[union-attr,index]
                 store.set(DIGEST_KEY.format(ordinal=args.ordinal), state_digest(got[1]))  # type: ignore[union-attr,index]
@@ -397,11 +400,7 @@ def capped_publish_phase(
     args: argparse.Namespace, sender: WeightSender, n: int, state: Mapping[str, torch.Tensor]
 ) -> dict:
     """One publish that forms the tree, then `--syncs` timed ones; digests of the last checked."""
-    deadline = time.monotonic() + 300
-    while len(sender.members) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{n - len(sender.members)} receivers did not register")
-        time.sleep(0.1)
+    wait_members(sender, n)
     sender.publish(state)
     store = sender._store  # benchmark only
     times, egress, wire = [], [], []
@@ -422,6 +421,50 @@ def capped_publish_phase(
     return {
         "seconds": statistics.median(times), "all_seconds": times, "sender_egress_bytes": max(egress),
         "sender_wire_bytes": max(wire), "digests_ok": all(store.get(k).decode() == expected for k in keys),
+    }
+
+
+def wait_members(sender: WeightSender, count: int, bound: float = 300.0) -> None:
+    deadline = time.monotonic() + bound
+    while len(sender.members) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count - len(sender.members)} receivers did not register")
+        time.sleep(0.05)
+
+
+def kill_relay_phase(
+    args: argparse.Namespace, sender: WeightSender, n: int, state: Mapping[str, torch.Tensor], seconds: float
+) -> dict:
+    """SIGKILL receiver 1 (a relay once the fleet exceeds fan-out + 1) half way into a publish of about `seconds`.
+
+    Times the publish that fails (its subtree is reported lost), the orphans' registering again, and the next
+    publish to the n - 1 left, which re-forms the tree.
+    """
+    victim = int(sender._store.get(PID_KEY.format(ordinal=1)))  # benchmark only
+    failed: dict = {}
+
+    def publish() -> None:
+        t0 = time.perf_counter()
+        try:
+            sender.publish(state)
+            failed["error"] = None
+        except WeightSyncError as exc:
+            failed["error"] = str(exc)
+        failed["seconds"] = time.perf_counter() - t0
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    time.sleep(seconds / 2)  # mid-publish
+    os.kill(victim, signal.SIGKILL)
+    thread.join()
+    t0 = time.perf_counter()
+    wait_members(sender, n - 1)
+    rejoin = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stats = sender.publish(state)
+    return {
+        "kill_failed_seconds": failed["seconds"], "kill_error": failed["error"], "kill_rejoin_seconds": rejoin,
+        "kill_next_seconds": time.perf_counter() - t0, "kill_next_acked": len(stats.receivers_acked),
     }
 
 
@@ -453,6 +496,8 @@ def run_capped_sender(args: argparse.Namespace) -> None:
             sender = open_sender(index + 1)
         else:
             row.update(capped_publish_phase(args, sender, args.n, state))
+            if args.kill_relay and index == len(phases) - 1:
+                row.update(kill_relay_phase(args, sender, args.n, state, row["seconds"]))
             following = open_sender(index + 1)  # listening before this one closes: receivers move on at once
             sender.close()
             sender = following
@@ -494,7 +539,8 @@ def run_capped(args: argparse.Namespace) -> list[dict]:
         for n in counts:
             common = [sys.executable, __file__, "--link-rate", args.link_rate, "--n", str(n), "--port", str(args.port),
                       "--sizes", args.sizes, "--topologies", args.topologies, "--syncs", str(args.syncs),
-                      "--gap", str(args.gap), "--bucket-bytes", str(args.bucket_bytes), "--timeout", str(args.timeout)]
+                      "--gap", str(args.gap), "--bucket-bytes", str(args.bucket_bytes), "--timeout", str(args.timeout),
+                      *(["--kill-relay"] if args.kill_relay else [])]
             procs = []  # filled one by one, so an interrupt stops every process started (net.close() kills the rest)
             for o in range(n):
                 argv = net.exec_argv(o + 1, [*common, "--role", "capped-receiver", "--ordinal", str(o)])
@@ -533,6 +579,13 @@ def print_capped_row(r: dict, rows: list[dict]) -> None:
           f"{r['seconds']:>8.3f} {r['model_bytes'] * 8 / r['seconds'] / 1e6:>7.1f} | {ratio} | "
           f"{r['sender_egress_bytes'] / r['model_bytes']:>6.2f} | {r['loadavg']:>5.1f} | {r.get('digests_ok', '')}",
           flush=True)
+    if "kill_failed_seconds" in r:
+        lost = re.search(r"ordinals \[[^\]]*\]", r["kill_error"] or "")  # the whole error is in the JSON row
+        print(f"  receiver 1 killed mid-publish: that publish failed after {r['kill_failed_seconds']:.3f} s "
+              f"({lost.group(0) if lost else r['kill_error']} missed it); the orphans registered again "
+              f"{r['kill_rejoin_seconds']:.3f} s later; the next publish (tree re-formed) took "
+              f"{r['kill_next_seconds']:.3f} s to {r['kill_next_acked']} receivers",
+              flush=True)
 
 
 def critical_path(
@@ -712,6 +765,11 @@ def main() -> None:
     parser.add_argument(
         "--topologies", default="relay1,relay2,relay4,star,tcp",
         help="with --link-rate: relayK (one relay tree of fan-out K), star (the sender sends each receiver), tcp",
+    )
+    parser.add_argument(
+        "--kill-relay", action="store_true",
+        help="with --link-rate: in the last phase, SIGKILL receiver 1 half way into one more publish and time the "
+             "failure, the orphans' return and the next publish (receiver 1 is then gone: use one relay topology)",
     )
     parser.add_argument(
         "--role", default="sender", choices=["sender", "case", "receiver", "capped-sender", "capped-receiver"],
