@@ -20,6 +20,19 @@ Usage:
     python benchmarks/weight_sync.py                                   # 1M,10M x 1,2,4,8,16 receivers
     python benchmarks/weight_sync.py --sizes 10M,100M --receivers 1,8 --json rows.json
     python benchmarks/weight_sync.py --sizes 100M --receivers 1,4 --in-place    # receivers as bufferStrategy none
+    python benchmarks/weight_sync.py --link-rate 200mbit --bucket-bytes 1048576 --json rows.json  # capped links
+
+`--link-rate RATE` (root): the sender and every receiver each in a network namespace of its own, joined by veth
+pairs to one bridge, every link capped both ways at RATE with tbf (tests/_netns.py), as pods behind capped links
+are. Per receiver count, for each size and topology of `--topologies`: `relayK` (one relay tree of fan-out K),
+`star` (`groupSize` 1: the sender sends every receiver its own copy, as a naive broadcast does) and `tcp` (one
+plain TCP stream to one receiver: the link's physical limit, with 1 receiver only). Each topology is timed over
+`--syncs` publishes after one that forms the trees; the median is reported. Every receiver's digest of the last
+version is checked against the sender's. `--kill-relay` kills receiver 1 half way into one more publish of the
+last phase and times the failure and the next publish. Then it fits t = d * a + X / bw per hop (see `critical_path`) and
+projects 100, 1,000 and 10,000 evaluators. `--json` rows: topology, params, receivers, seconds (median),
+all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes, digests_ok,
+loadavg (the machine's 1-minute load when the row finished).
 
 `--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
 model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
@@ -30,10 +43,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import re
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -44,12 +60,13 @@ from pathlib import Path
 import torch
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import WeightReceiver, WeightSender
+from rlightning.weights import WeightReceiver, WeightSender, WeightSyncError, tensor_digests
 from rlightning.weights._buckets import TRANSFER_MAX_BYTES, BucketLayout
 from rlightning.weights._topology import relay_tree
 from rlightning.weights._transport import BroadcastGroup
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
+from tests import _netns
 from tests._ports import BENCH_WEIGHT_SYNC
 from tests.weights.wsync_helpers import peak_tensor_bytes
 
@@ -274,6 +291,393 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
     return row
 
 
+# -- capped links (--link-rate) ------------------------------------------------------------------------
+FINAL_KEY, DIGEST_KEY, PID_KEY = "bench/final", "bench/digest/{ordinal}", "bench/pid/{ordinal}"
+CAPPED_PROJECTED = (100, 1000, 10_000)
+"""Fleet sizes of the projection."""
+
+
+def topology_fanout(topology: str) -> int | None:
+    """The relay fan-out of `relayK`; None for `star` and `tcp`.
+
+    Raises:
+        ValueError: on another name.
+    """
+    if topology in ("star", "tcp"):
+        return None
+    if topology.startswith("relay") and topology[5:].isdigit() and int(topology[5:]) >= 1:
+        return int(topology[5:])
+    raise ValueError(f"--topologies: {topology!r} is not relayK (K >= 1), star or tcp")
+
+
+def capped_config(args: argparse.Namespace, topology: str, receivers: int) -> WeightSyncConfig:
+    """`relayK`: one tree of fan-out K; `star`: groups of one, so the sender sends every receiver its copy."""
+    fanout = topology_fanout(topology)
+    return WeightSyncConfig(
+        backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=receivers if fanout else 1,
+        relay_fanout=fanout or WeightSyncConfig().relay_fanout, timeout_seconds=args.timeout,
+    )
+
+
+def state_digest(state: Mapping[str, torch.Tensor]) -> str:
+    """One sha256 over every tensor's digest (bytes, dtype, shape), in name order."""
+    return hashlib.sha256(json.dumps(sorted(tensor_digests(state).items())).encode()).hexdigest()
+
+
+def capped_phases(args: argparse.Namespace, receivers: int) -> list[tuple[str, str]]:
+    """(topology, size) in the order run for one receiver count; `tcp` only with one receiver."""
+    return [(t, size) for size in args.sizes.split(",") for t in args.topologies.split(",")
+            if t != "tcp" or receivers == 1]
+
+
+def run_capped_receiver(args: argparse.Namespace) -> None:
+    """One receiver through every phase: a `WeightReceiver` per phase on its port, until that sender closes."""
+    torch.set_num_threads(1)
+    sender_ip = _netns.CappedNetwork.address(0)
+    for index, (topology, size) in enumerate(capped_phases(args, args.n)):
+        port = args.port + index
+        if topology == "tcp":
+            receive_tcp_stream(sender_ip, port, parse_size(size) * 4)
+            continue
+        receiver = WeightReceiver(capped_config(args, topology, args.n), sender_ip, port, args.ordinal)
+        while not receiver.sender_closed:
+            got = receiver.receive(timeout=1.0)
+            store = receiver._store  # benchmark only: its keys share the sender's store
+            if got is not None and store is not None:
+                store.set(PID_KEY.format(ordinal=args.ordinal), str(os.getpid()))  # for --kill-relay
+            final = got is not None and store is not None and store.check([FINAL_KEY])
+            if final and int(store.get(FINAL_KEY)) == got[0]:  # type: ignore[union-attr,index]
+                store.set(DIGEST_KEY.format(ordinal=args.ordinal), state_digest(got[1]))  # type: ignore[union-attr,index]
+        receiver.close()
+
+
+def receive_tcp_stream(host: str, port: int, nbytes: int) -> None:
+    """Receive rounds of `nbytes` on one connection to (host, port), answering each with one byte, until EOF."""
+    deadline = time.monotonic() + 60
+    while True:  # the sender listens once its previous phase closed
+        try:
+            conn = socket.create_connection((host, port))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    view = buf.numpy().data
+    with conn:
+        while True:
+            got = 0
+            while got < nbytes:
+                step = conn.recv_into(view[got:], nbytes - got)
+                if step == 0:
+                    return
+                got += step
+            conn.sendall(b"k")
+
+
+def wire_tx_bytes() -> int:
+    """Bytes this namespace's eth0 sent, headers included (the link's counter)."""
+    return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
+
+
+def capped_tcp_phase(args: argparse.Namespace, port: int, state: Mapping[str, torch.Tensor]) -> dict:
+    """One plain TCP stream of the model's bytes to receiver 0, `--syncs` times: the link's limit."""
+    payload = torch.cat([t.reshape(-1) for t in state.values()]).view(torch.uint8).numpy().data
+    times = []
+    with socket.create_server((_netns.CappedNetwork.address(0), port)) as server:
+        conn = server.accept()[0]
+        with conn:
+            for _ in range(args.syncs):
+                time.sleep(args.gap)
+                t0 = time.perf_counter()
+                conn.sendall(payload)
+                assert conn.recv(1) == b"k"
+                times.append(time.perf_counter() - t0)
+    return {"seconds": statistics.median(times), "all_seconds": times, "sender_egress_bytes": len(payload)}
+
+
+def capped_publish_phase(
+    args: argparse.Namespace, sender: WeightSender, n: int, state: Mapping[str, torch.Tensor]
+) -> dict:
+    """One publish that forms the tree, then `--syncs` timed ones; digests of the last checked."""
+    wait_members(sender, n)
+    sender.publish(state)
+    store = sender._store  # benchmark only
+    times, egress, wire = [], [], []
+    for i in range(args.syncs):
+        if i == args.syncs - 1:
+            store.set(FINAL_KEY, str(sender.version + 1))
+        time.sleep(args.gap)
+        before, wire_before = tcp_bytes_acked(os.getpid()), wire_tx_bytes()
+        t0 = time.perf_counter()
+        sender.publish(state)
+        times.append(time.perf_counter() - t0)
+        time.sleep(0.05)  # the last bytes' TCP acknowledgements
+        egress.append(tcp_bytes_acked(os.getpid()) - before)
+        wire.append(wire_tx_bytes() - wire_before)
+    keys = [DIGEST_KEY.format(ordinal=o) for o in range(n)]
+    store.wait(keys, datetime.timedelta(seconds=args.timeout))
+    expected = state_digest(state)
+    return {
+        "seconds": statistics.median(times), "all_seconds": times, "sender_egress_bytes": max(egress),
+        "sender_wire_bytes": max(wire), "digests_ok": all(store.get(k).decode() == expected for k in keys),
+    }
+
+
+def wait_members(sender: WeightSender, count: int, bound: float = 300.0) -> None:
+    deadline = time.monotonic() + bound
+    while len(sender.members) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count - len(sender.members)} receivers did not register")
+        time.sleep(0.05)
+
+
+def kill_relay_phase(
+    args: argparse.Namespace, sender: WeightSender, n: int, state: Mapping[str, torch.Tensor], seconds: float
+) -> dict:
+    """SIGKILL receiver 1 (a relay once the fleet exceeds fan-out + 1) half way into a publish of about `seconds`.
+
+    Times the publish that fails (its subtree is reported lost), the orphans' registering again, and the next
+    publish to the n - 1 left, which re-forms the tree.
+    """
+    victim = int(sender._store.get(PID_KEY.format(ordinal=1)))  # benchmark only
+    failed: dict = {}
+
+    def publish() -> None:
+        t0 = time.perf_counter()
+        try:
+            sender.publish(state)
+            failed["error"] = None
+        except WeightSyncError as exc:
+            failed["error"] = str(exc)
+        failed["seconds"] = time.perf_counter() - t0
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    time.sleep(seconds / 2)  # mid-publish
+    os.kill(victim, signal.SIGKILL)
+    thread.join()
+    t0 = time.perf_counter()
+    wait_members(sender, n - 1)
+    rejoin = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stats = sender.publish(state)
+    return {
+        "kill_failed_seconds": failed["seconds"], "kill_error": failed["error"], "kill_rejoin_seconds": rejoin,
+        "kill_next_seconds": time.perf_counter() - t0, "kill_next_acked": len(stats.receivers_acked),
+    }
+
+
+def run_capped_sender(args: argparse.Namespace) -> None:
+    """Every phase of one receiver count, in order; prints one `ROW {json}` line per phase."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    host = _netns.CappedNetwork.address(0)
+    phases = capped_phases(args, args.n)
+    states = {size: make_state(parse_size(size)) for size in args.sizes.split(",")}
+
+    def open_sender(index: int) -> WeightSender | None:
+        if index >= len(phases) or phases[index][0] == "tcp":
+            return None
+        return WeightSender(capped_config(args, phases[index][0], args.n), host, args.port + index)
+
+    sender = open_sender(0)
+    for index, (topology, size) in enumerate(phases):
+        state = states[size]
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        layout = BucketLayout.from_state(state, args.bucket_bytes)
+        row = {
+            "topology": topology, "params": parse_size(size), "receivers": args.n, "link_rate_bps": args.rate_bps,
+            "model_bytes": nbytes, "bucket_bytes": args.bucket_bytes, "transfers": len(layout.segments),
+            "transfer_bytes": max(s.numel * layout.buckets[s.bucket].dtype.itemsize for s in layout.segments),
+        }
+        if sender is None:
+            row.update(capped_tcp_phase(args, args.port + index, state))
+            sender = open_sender(index + 1)
+        else:
+            row.update(capped_publish_phase(args, sender, args.n, state))
+            if args.kill_relay and index == len(phases) - 1:
+                row.update(kill_relay_phase(args, sender, args.n, state, row["seconds"]))
+            following = open_sender(index + 1)  # listening before this one closes: receivers move on at once
+            sender.close()
+            sender = following
+        row["loadavg"] = os.getloadavg()[0]  # the machine's load: many busy receivers make hops CPU-bound
+        print("ROW " + json.dumps(row), flush=True)
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Terminate, then kill, every process still running (they run inside the namespaces about to go)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_capped(args: argparse.Namespace) -> list[dict]:
+    """Make the capped network, run every receiver count, delete the network (also on error or signal)."""
+    counts = [int(x) for x in args.receivers.split(",")]
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_exit)  # so the finally below removes the namespaces
+    net = _netns.CappedNetwork(max(counts) + 1, args.rate_bps)
+    procs: list[subprocess.Popen] = []
+    rows: list[dict] = []
+    try:
+        net.start()
+        print(f"network {net.prefix}-*: {net.nodes} namespaces, links capped at {args.rate_bps / 1e6:g} Mbit/s "
+              f"each way (tbf, burst {_netns.tbf_burst_bytes(args.rate_bps)} B); bucket bound "
+              f"{args.bucket_bytes} B; median of {args.syncs} publishes", flush=True)
+        print_capped_header()
+        for n in counts:
+            common = [sys.executable, __file__, "--link-rate", args.link_rate, "--n", str(n), "--port", str(args.port),
+                      "--sizes", args.sizes, "--topologies", args.topologies, "--syncs", str(args.syncs),
+                      "--gap", str(args.gap), "--bucket-bytes", str(args.bucket_bytes), "--timeout", str(args.timeout),
+                      *(["--kill-relay"] if args.kill_relay else [])]
+            procs = []  # filled one by one, so an interrupt stops every process started (net.close() kills the rest)
+            for o in range(n):
+                argv = net.exec_argv(o + 1, [*common, "--role", "capped-receiver", "--ordinal", str(o)])
+                procs.append(subprocess.Popen(argv, start_new_session=True))
+            sender = subprocess.Popen(net.exec_argv(0, [*common, "--role", "capped-sender"]), stdout=subprocess.PIPE,
+                                      text=True, start_new_session=True)
+            procs.append(sender)
+            assert sender.stdout is not None
+            for line in sender.stdout:
+                if line.startswith("ROW "):
+                    rows.append(json.loads(line[4:]))
+                    print_capped_row(rows[-1], rows)
+            if sender.wait() != 0:
+                raise RuntimeError(f"the sender of {n} receivers exited with {sender.returncode}")
+            for p in procs:
+                p.wait(60)
+    finally:
+        stop_processes(procs)
+        for error in net.close():
+            print(error, file=sys.stderr)
+    return rows
+
+
+def print_capped_header() -> None:
+    head = (f"{'topology':>8} {'params':>7} {'recv':>4} {'MB':>6} | {'seconds':>8} {'Mbit/s':>7} | "
+            f"{'x 1 recv':>8} | {'egress':>6} | {'load':>5} | digests")
+    print(head)
+    print("-" * len(head), flush=True)
+
+
+def print_capped_row(r: dict, rows: list[dict]) -> None:
+    """One row; `x 1 recv`: its time over the same size's first 1-receiver publish of this run."""
+    base = [b for b in rows if b["receivers"] == 1 and b["params"] == r["params"] and b["topology"] != "tcp"]
+    ratio = f"{r['seconds'] / base[0]['seconds']:>8.2f}" if base and r["topology"] != "tcp" else f"{'':>8}"
+    print(f"{r['topology']:>8} {r['params'] / 1e6:>6g}M {r['receivers']:>4} {r['model_bytes'] / 2**20:>6.1f} | "
+          f"{r['seconds']:>8.3f} {r['model_bytes'] * 8 / r['seconds'] / 1e6:>7.1f} | {ratio} | "
+          f"{r['sender_egress_bytes'] / r['model_bytes']:>6.2f} | {r['loadavg']:>5.1f} | {r.get('digests_ok', '')}",
+          flush=True)
+    if "kill_failed_seconds" in r:
+        lost = re.search(r"ordinals \[[^\]]*\]", r["kill_error"] or "")  # the whole error is in the JSON row
+        print(f"  receiver 1 killed mid-publish: that publish failed after {r['kill_failed_seconds']:.3f} s "
+              f"({lost.group(0) if lost else r['kill_error']} missed it); the orphans registered again "
+              f"{r['kill_rejoin_seconds']:.3f} s later; the next publish (tree re-formed) took "
+              f"{r['kill_next_seconds']:.3f} s to {r['kill_next_acked']} receivers",
+              flush=True)
+
+
+def critical_path(
+    fanout: int | None, receivers: int, model_bytes: int, transfer_bytes: int, group_size: int | None = None
+) -> tuple[int, int]:
+    """Hops and link bytes on the path to the receiver that a capped-link publish reaches last.
+
+    Every link carries `bw` bytes/s each way; a node that feeds c peers (the sender: one per group; a relay: its
+    children) gives each bw / c. Transfers of T bytes are stored and forwarded hop by hop (`_relay`), so along a
+    path of hops h = 1..d whose senders feed c_h peers the last byte arrives after
+    X / bw = (T * sum(c_h) + (M - T) * max(c_h)) / bw, the pipeline's fill plus the model at its slowest hop,
+    and each hop adds a fixed cost a: t = d * a + X / bw (`fit_capped`). A star is one hop feeding every
+    receiver: X = n * M.
+
+    Args:
+        fanout (int | None): relay fan-out; None: the star (groups of one).
+        receivers (int): fleet size n.
+        model_bytes (int): M.
+        transfer_bytes (int): T, the largest transfer (`BucketLayout.segments`).
+        group_size (int | None, optional): receivers per tree (`groupSize`); None: one tree. Defaults to None.
+
+    Returns:
+        tuple[int, int]: (d, X) of the receiver with the largest X (then the deepest).
+    """
+    if fanout is None:
+        return 1, receivers * model_bytes
+    group = min(group_size or receivers, receivers)
+    groups = -(-receivers // group)
+    tree = relay_tree(list(range(group)), fanout)  # a full group is the slowest
+    worst = (0, 0)
+    for place in tree.values():
+        feeds, up = [groups], place
+        while up.parent is not None:
+            up = tree[up.parent]
+            feeds.append(len(up.children))
+        x = transfer_bytes * sum(feeds) + (model_bytes - transfer_bytes) * max(feeds)
+        worst = max(worst, (x, place.depth))
+    return worst[1], worst[0]
+
+
+def row_path(r: dict) -> tuple[int, int]:
+    return critical_path(topology_fanout(r["topology"]), r["receivers"], r["model_bytes"], r["transfer_bytes"])
+
+
+def fit_capped(rows: list[dict]) -> tuple[float, float]:
+    """Least squares of t = d * a + X / bw over `rows` in relative error (each row weighted by 1 / t).
+
+    Returns:
+        tuple[float, float]: a (seconds per hop), bw (bytes per second).
+    """
+    sdd = sdx = sxx = sd = sx = 0.0
+    for r in rows:
+        d, x = row_path(r)
+        d, x = d / r["seconds"], x / r["seconds"]  # weighted: residuals relative to t
+        sdd, sdx, sxx, sd, sx = sdd + d * d, sdx + d * x, sxx + x * x, sd + d, sx + x
+    det = sdd * sxx - sdx * sdx
+    a, inv_bw = (sd * sxx - sx * sdx) / det, (sdd * sx - sdx * sd) / det
+    return a, 1 / inv_bw
+
+
+def predicted(a: float, bw: float, path: tuple[int, int]) -> float:
+    return path[0] * a + path[1] / bw
+
+
+def print_capped_model(rows: list[dict]) -> None:
+    """Fit on the rows below the largest receiver count, check every row, project 100 to 10,000 evaluators."""
+    timed = [r for r in rows if r["topology"] != "tcp"]
+    largest = max(r["receivers"] for r in timed)
+    train = [r for r in timed if r["receivers"] < largest] or timed
+    if len({row_path(r) for r in train}) < 2:
+        print("model: needs rows of two different paths")
+        return
+    a, bw = fit_capped(train)
+    print(f"\nper hop: a = {a * 1e3:.1f} ms, bw = {bw * 8 / 1e6:.1f} Mbit/s of payload (fit to the rows with fewer "
+          f"than {largest} receivers; the {largest}-receiver rows are predicted, not fitted)")
+    print(f"{'topology':>8} {'params':>7} {'recv':>4} | {'measured':>8} {'model':>8} {'error':>7}")
+    for r in rows:
+        fanout = topology_fanout(r["topology"])
+        path = (1, r["model_bytes"]) if r["topology"] == "tcp" else row_path(r)
+        guess = predicted(a, bw, path) if fanout is not None or r["topology"] == "star" else path[1] / bw
+        print(f"{r['topology']:>8} {r['params'] / 1e6:>6g}M {r['receivers']:>4} | {r['seconds']:>8.3f} "
+              f"{guess:>8.3f} {(guess - r['seconds']) / r['seconds']:>+7.1%}")
+    transfer = max(r["transfer_bytes"] for r in timed)
+    print(f"\nprojected publish, seconds (transfers of {transfer} B; groups of at most 1024, the largest groupSize)")
+    plans = [("relay1", 1, 1024), ("relay2", 2, 1024), ("relay4", 4, 1024), ("relay2 g16", 2, 16), ("star", None, 1)]
+    print(f"{'params':>7} {'evaluators':>10} | " + " ".join(f"{name:>10}" for name, _, _ in plans))
+    for nbytes, params in sorted({(r["model_bytes"], r["params"]) for r in timed}):
+        for n in CAPPED_PROJECTED:
+            cells = [predicted(a, bw, critical_path(k, n, nbytes, min(transfer, nbytes), g)) for _, k, g in plans]
+            print(f"{params / 1e6:>6g}M {n:>10} | " + " ".join(f"{c:>10.1f}" for c in cells))
+
+
 def print_header(args: argparse.Namespace) -> None:
     receive = "in place" if args.in_place else "staged"
     print(f"bucket bound {args.bucket_bytes / 2**20:.0f} MiB, relay fan-out {args.fanout}, receivers {receive}; "
@@ -353,10 +757,53 @@ def main() -> None:
         "--port", type=int, default=BENCH_WEIGHT_SYNC.first,
         help="first port; each case uses two from here on (default: block BENCH_WEIGHT_SYNC of tests/_ports.py)",
     )
-    parser.add_argument("--role", default="sender", choices=["sender", "case", "receiver"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--link-rate", default=None,
+        help="cap every link at this rate both ways (tc units, e.g. 200mbit), each process in a network namespace "
+             "of its own (root); see the module docstring",
+    )
+    parser.add_argument(
+        "--topologies", default="relay1,relay2,relay4,star,tcp",
+        help="with --link-rate: relayK (one relay tree of fan-out K), star (the sender sends each receiver), tcp",
+    )
+    parser.add_argument(
+        "--kill-relay", action="store_true",
+        help="with --link-rate: in the last phase, SIGKILL receiver 1 half way into one more publish and time the "
+             "failure, the orphans' return and the next publish (receiver 1 is then gone: use one relay topology)",
+    )
+    parser.add_argument(
+        "--role", default="sender", choices=["sender", "case", "receiver", "capped-sender", "capped-receiver"],
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--ordinal", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.link_rate is not None:
+        try:
+            args.rate_bps = _netns.parse_rate(args.link_rate)
+            for topology in args.topologies.split(","):
+                topology_fanout(topology)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.role == "capped-receiver":
+            run_capped_receiver(args)
+            return
+        if args.role == "capped-sender":
+            run_capped_sender(args)
+            return
+        reason = _netns.missing_requirements()
+        if reason is not None:
+            print(f"weight_sync.py --link-rate: {reason}", file=sys.stderr)
+            sys.exit(2)
+        try:
+            rows = run_capped(args)
+        except KeyboardInterrupt:  # the namespaces are gone (run_capped's finally)
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+        print_capped_model(rows)
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        return
     if args.role == "receiver":
         run_receiver(args)
         return

@@ -1,0 +1,103 @@
+"""Weight sync where the link is the limit: real network namespaces, every link capped both ways with tbf.
+
+Runs `benchmarks/weight_sync.py --link-rate` (the sender and 4 receivers each in a namespace of their own,
+tests/_netns.py) and checks what the topology buys: a star (the sender sends every receiver its copy) needs
+n * M / bw, a relay tree of fan-out k at least k * M / bw, a chain (fan-out 1) M / bw plus its pipeline's fill
+(docs/weight-sync.md, "Capped links"). So at 4 receivers only the chain can be 2x faster than the star; fan-out 2
+is bounded by 2x and must show most of it. Every receiver must hold the exact digest, and the run must leave no
+namespace (its links and qdiscs live only inside them), also when it is interrupted.
+
+Needs root, `ip` and `tc` (skipped otherwise, marker `netns`). Ports: none on the host (all inside the namespaces).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devcluster import _ports as devcluster_ports
+from tests import _netns
+from tests._polling import wait_for
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "weight_sync.py"
+MISSING = _netns.missing_requirements()
+pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+
+
+def prefix_of(proc: subprocess.Popen) -> str:
+    """The namespace prefix of a benchmark run (`_netns.default_prefix` of its process)."""
+    return f"rlw{devcluster_ports.slot_from_env()}p{proc.pid}"
+
+
+def bench(*args: str, stdout=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(BENCH), "--link-rate", "200mbit", *args], stdout=stdout, text=True)
+
+
+def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
+    rows_file = tmp_path / "rows.json"
+    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s
+    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", "relay1,relay2,star", "--syncs", "3",
+                 "--gap", "0.2", "--bucket-bytes", str(1 << 20), "--json", str(rows_file))
+    try:
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the benchmark removes its namespaces on SIGTERM
+            proc.wait(30)
+    assert _netns.leftovers(prefix_of(proc)) == []
+    rows = {r["topology"]: r for r in json.loads(rows_file.read_text())}
+    assert all(r["digests_ok"] for r in rows.values()), rows
+    star, chain, tree = rows["star"], rows["relay1"], rows["relay2"]
+    model = star["model_bytes"]
+    assert star["seconds"] >= 2.0 * chain["seconds"], rows
+    assert star["seconds"] >= 1.5 * tree["seconds"], rows
+    assert chain["sender_egress_bytes"] <= 1.05 * model and tree["sender_egress_bytes"] <= 1.05 * model, rows
+    assert star["sender_egress_bytes"] >= 3.9 * model, rows
+
+
+def test_an_interrupted_run_removes_its_namespaces():
+    proc = bench("--sizes", "10M", "--receivers", "2", "--topologies", "star", "--syncs", "3",
+                 "--bucket-bytes", str(1 << 20), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        header = proc.stdout.readline()  # printed once every namespace, link and qdisc exists
+        assert header.startswith("network "), header
+        assert len(_netns.leftovers(prefix_of(proc))) == 4  # the switch and 3 nodes
+        started = wait_for("the sender and 2 receivers to start", lambda: children(proc.pid) if
+                           len(children(proc.pid)) == 3 else None, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _netns.leftovers(prefix_of(proc)) == []
+    # what the benchmark reaped is gone; what its namespaces' cleanup killed is reaped by init once it exited
+    wait_for("the run's processes to be gone", lambda: not any(Path(f"/proc/{pid}").exists() for pid in started),
+             timeout=10)
+
+
+def children(parent: int) -> list[int]:
+    """Pids whose parent is `parent` (from /proc/PID/stat)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_without_root_the_benchmark_refuses_in_one_line():
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(BENCH),
+                           "--link-rate", "200mbit"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "weight_sync.py --link-rate: capped links need root (network namespaces, veth " \
+                                  "pairs and tc qdiscs)"
