@@ -5,13 +5,14 @@ hyperparams/ppo.yml): 256 samples per update (8 envs x 32 steps), one minibatch 
 GAE lambda 0.8, no entropy bonus, learning rate 1e-3 and (SB3) clip range 0.2 both annealed linearly over 1e5 steps,
 64x64 tanh MLPs. rlightning's PPO clips the value loss and does not anneal its clip range (CleanRL's choices).
 
-"Solved" is the same rule on both sides: the mean of `EPISODES` deterministic evaluation episodes of the current
-weights reaches `TARGET`; an evaluation runs once the last `EPISODES` training episodes reach the target (at most
-every second) and every 10 s otherwise (rlightning's evaluators: `rlightning/runtime/eval.py`; SB3: a callback after
-each rollout). Wall is measured from the process launch (interpreter start and imports count) to the moment the
-target is confirmed: for rlightning, when summary.json appears (written once rank 0 confirmed the target on the final
-weights); for SB3, when its worker process prints that an evaluation reached it. Env steps are those trained on
-(rlightning: summary.json `env_steps`; SB3: `num_timesteps`).
+"Solved" is the same rule on both sides: the mean of `EPISODES` deterministic evaluation episodes of the current weights
+reaches `TARGET`; an evaluation runs once the last `EPISODES` training episodes reach the target (at most every second)
+and, on CartPole, every 10 s otherwise (rlightning's evaluators: `rlightning/runtime/eval.py`; SB3: a callback after
+each rollout). Behind the slow env an evaluation costs up to 12.5 s (5 x 500 steps x 5 ms), so there only the first rule
+evaluates (`SLOW_EVALUATION_INTERVAL_SECONDS`), on both sides. Wall is measured from the process launch (interpreter
+start and imports count) to the moment the target is confirmed: for rlightning, when summary.json appears (written once
+rank 0 confirmed the target on the final weights); for SB3, when its worker process prints that an evaluation reached
+it. Env steps are those trained on (rlightning: summary.json `env_steps`; SB3: `num_timesteps`).
 
 Cases, seeds interleaved (SB3 then rlightning for each seed):
 
@@ -57,6 +58,7 @@ TOTAL_STEPS = 100_000
 """The Zoo's `n_timesteps`: the learning rate anneals over it, and a run that has not solved by then failed."""
 SAMPLES_PER_UPDATE = 256
 EVALUATION_INTERVAL_SECONDS = 10.0
+SLOW_EVALUATION_INTERVAL_SECONDS = 3600.0
 TARGET_CHECK_SECONDS = 1.0
 PORTS_PER_RUN = 4
 SLOW_ENV_ID = "benchmarks.slow_env:SlowCartPole-v1"
@@ -98,7 +100,7 @@ def slow_manifest(evaluators: int, seed: int, index: int, latency_ms: float, lag
     spec["env"] = {"id": SLOW_ENV_ID, "numEnvs": 1, "kwargs": {"step_latency_ms": latency_ms}}
     spec["train"].update(procsPerNode=1, rolloutSteps=SAMPLES_PER_UPDATE // evaluators, batchesPerUpdate=evaluators,
                          maxPolicyLag=lag)  # fmt: skip
-    spec["eval"]["replicas"] = evaluators
+    spec["eval"].update(replicas=evaluators, evaluationIntervalSeconds=SLOW_EVALUATION_INTERVAL_SECONDS)
     return doc
 
 
@@ -183,7 +185,8 @@ def sb3_worker(config: dict[str, Any]) -> int:
         def __init__(self) -> None:
             super().__init__()
             self.solved = False
-            self.next_interval = time.monotonic() + EVALUATION_INTERVAL_SECONDS
+            self.interval = config.get("evaluation_interval", EVALUATION_INTERVAL_SECONDS)
+            self.next_interval = time.monotonic() + self.interval
             self.next_target_check = time.monotonic()
 
         def _on_rollout_end(self) -> None:
@@ -196,7 +199,7 @@ def sb3_worker(config: dict[str, Any]) -> int:
                 self.model, eval_env, n_eval_episodes=EPISODES, deterministic=True, return_episode_rewards=True
             )
             mean = statistics.fmean(returns if isinstance(returns, list) else [returns])
-            self.next_interval = time.monotonic() + EVALUATION_INTERVAL_SECONDS
+            self.next_interval = time.monotonic() + self.interval
             self.next_target_check = time.monotonic() + TARGET_CHECK_SECONDS
             if mean >= TARGET:
                 self.solved = True
@@ -283,7 +286,8 @@ def main() -> int:
     if "slow" in cases:
         for count in (int(c) for c in args.evaluators.split(",")):
             config = {"env_id": SLOW_ENV_ID, "n_envs": count, "subproc": True,
-                      "env_kwargs": {"step_latency_ms": args.step_latency_ms}}  # fmt: skip
+                      "env_kwargs": {"step_latency_ms": args.step_latency_ms},
+                      "evaluation_interval": SLOW_EVALUATION_INTERVAL_SECONDS}  # fmt: skip
             plan.append((f"slow-{count}", config, lambda seed, index, n=count: slow_manifest(
                 n, seed, index, args.step_latency_ms, args.slow_lag)))  # fmt: skip
     outcomes: list[Outcome] = []
