@@ -158,6 +158,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
     reason: _stop.StopReason | None = None
     row: dict = {}
     last_return: float | None = None
+    recent_returns = _stop.RecentReturns(spec.eval.episodes_per_report)
     last_shortfall: int | None = None
     try:
         while reason is None:
@@ -181,6 +182,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
             (lag_max,) = all_reduce([max(dataset.lags, default=0)], dist.ReduceOp.MAX)
             if count:
                 last_return = total / count
+            recent_returns.add(total, int(count))
             elapsed = max(time.monotonic() - started, 1e-9)
             data = _records.DataFigures(
                 env_steps_per_second=dataset.batch.numel() * world / elapsed,
@@ -193,7 +195,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
             local = _stop.StopReason.INTERRUPTED if stop.requested else None
             if fleet is not None and recorder is not None:
                 local, row, last_shortfall = after_iteration(
-                    spec, settings, fleet, recorder, policy, last_return, stats, data, stop.requested, last_shortfall
+                    spec, settings, fleet, recorder, policy, (last_return, recent_returns.mean()), stats, data,
+                    stop.requested, last_shortfall,
                 )
                 startup.mark("first_iteration")
                 if local is None and policy.iteration % spec.train.checkpoint.interval_iterations == 0:
@@ -309,7 +312,7 @@ def after_iteration(
     fleet: _fleet.Fleet,
     recorder: _records.Recorder,
     policy: BasePolicy,
-    train_return: float | None,
+    train_returns: tuple[float | None, float | None],
     train_stats: dict[str, float],
     data: _records.DataFigures,
     interrupted: bool,
@@ -318,11 +321,15 @@ def after_iteration(
     """Rank 0 after an iteration: publish when due (after every update when the fleet produces the data), check
     the evaluators, decide the stop, record a row.
 
+    `train_returns` holds the mean return of the latest iteration's training episodes (recorded) and that of the
+    latest `eval.episodesPerReport` or more (`_stop.RecentReturns`, for the stop decision).
+
     Returns:
         tuple[StopReason | None, dict, int | None]: This rank's stop reason (None to go on), the metrics row,
             and the iteration of the last target confirmation that fell short.
     """
     iteration = policy.iteration
+    train_return, recent_return = train_returns
     if settings.fleet_data or iteration % spec.weight_sync.interval_iterations == 0:
         recorder.publish(fleet.publish(iteration))
     reports = fleet.live_reports()
@@ -334,13 +341,14 @@ def after_iteration(
         fleet_return=_fleet.fleet_return(reports),
         last_shortfall=last_shortfall,
         interrupted=interrupted,
+        train_return=recent_return,
     )
     exact = False  # fingerprints every iteration; digests where the newest weights are confirmed
     if _stop.confirmation_due(inputs):
         if fleet.published_iteration != iteration:
             recorder.publish(fleet.publish(iteration))
-        log.info("eval return %.1f reached the target %.1f; confirming on version %d",
-                 inputs.fleet_return, inputs.target_eval_return, fleet.version)
+        log.info("eval return %s, recent training return %s: the target %.1f is reached; confirming on version %d",
+                 inputs.fleet_return, recent_return, inputs.target_eval_return, fleet.version)
         confirmed = fleet.wait_for_newest(spec.weight_sync.timeout_seconds)
         inputs = dataclasses.replace(inputs, confirmed_return=confirmed)
         if _stop.decide(inputs) is None:
