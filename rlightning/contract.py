@@ -136,6 +136,9 @@ torchrun's rendezvous): `127.0.0.1` under `rlightning run`, so nothing on the ne
 pods, which bind all interfaces (their peers are other pods)."""
 LOOPBACK_HOST = "127.0.0.1"
 """The bind and master address of a local run."""
+ENV_LAUNCH_TIME = "RLIGHTNING_LAUNCH_TIME"
+"""Epoch seconds when `rlightning run` started, set for its children: trainer rank 0 measures its start-up phases
+from it (summary.json `startup_seconds`); unset in pods, which measure from rank 0's own process start."""
 ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
 """Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
 

@@ -40,6 +40,7 @@ RUNTIME_ENV = (
     contract.ENV_FLEET_DATA,
     contract.ENV_GROUP_NAME,
     contract.ENV_HEALTH_FILE,
+    contract.ENV_LAUNCH_TIME,
     contract.ENV_METRICS_PORT,
     contract.ENV_NAMESPACE,
     contract.ENV_POD_NAME,

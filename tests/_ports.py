@@ -25,6 +25,8 @@ OPERATOR                27600-27619  tests/operator/operator_cluster.py: health,
 BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (3)
 TRAJECTORIES            27800-27819  tests/trajectories/ (one or two per test, numbered in each file)
 BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
+BENCH_PEERS             27930-27969  benchmarks/peers.py: torchrun, weightSync, 2 trajectory intakes per run, reused
+                                     every 10 runs
 (devcluster)            28700-28899  devcluster/_ports.py: 20 per ``RLIGHTNING_DEVCLUSTER_SLOT`` 0..9
 (defaults)              29500 29600  rlightning.contract torchrun, weight sync, trajectory intakes (29700,
                         29700 29701  29701): ``examples/cartpole.yaml`` as run unchanged by
@@ -127,10 +129,12 @@ OPERATOR = PortBlock("OPERATOR", 27600, 2 * (devcluster_ports.MAX_SLOT + 1))
 BENCH_NCCL = PortBlock("BENCH_NCCL", 27700, 10)
 TRAJECTORIES = PortBlock("TRAJECTORIES", 27800, 20)
 BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
+BENCH_PEERS = PortBlock("BENCH_PEERS", 27930, 40)
 
 BLOCKS = (
     RUNTIME_RUNS, RUNTIME_METRICS, AUTOSCALING_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR,
     WEIGHTS_IN_PLACE, WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
+    BENCH_PEERS,
 )
 """Every block of the table above."""
 

@@ -1,15 +1,16 @@
 """When training stops: a pure decision over a few numbers (no I/O, no clock), tested as a table of cases.
 
-Training stops when any rank is interrupted, when `train.totalEnvSteps` is reached, or when the evaluators'
-return reaches `train.targetEvalReturn` on the newest weights. The last is confirmed, not read off the fleet's
-recent mean (played with whatever weights each evaluator held): when that mean reaches the target, rank 0 holds
-training until every live evaluator reports a full batch on the newest version (`confirmation_due`), and stops
-only if that batch's mean reaches the target; after a shortfall it asks again `RETRY_TARGET_AFTER_ITERATIONS`
-iterations later.
+Training stops when any rank is interrupted, when `train.totalEnvSteps` is reached, or when the evaluators' return
+reaches `train.targetEvalReturn` on the newest weights. The last is confirmed, not read off the fleet's recent mean
+(played with whatever weights each evaluator held): when that mean, or the mean return of the latest training episodes
+(`RecentReturns`: the fleet's data, at least `eval.episodesPerReport` episodes), reaches the target, rank 0 holds
+training until every live evaluator reports a full batch on the newest version (`confirmation_due`), and stops only if
+that batch's mean reaches the target; after a shortfall it asks again `RETRY_TARGET_AFTER_ITERATIONS` iterations later.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 
@@ -48,6 +49,8 @@ class StopInputs:
         last_shortfall (int | None, optional): The iteration of the last confirmation that fell short of the
             target, or None. Defaults to None.
         interrupted (bool, optional): A signal asked this rank to stop. Defaults to False.
+        train_return (float | None, optional): Mean return of the latest training episodes (`RecentReturns`), or
+            None before enough finished; reaching the target also asks for a confirmation. Defaults to None.
     """
 
     iteration: int
@@ -58,6 +61,7 @@ class StopInputs:
     confirmed_return: float | None = None
     last_shortfall: int | None = None
     interrupted: bool = False
+    train_return: float | None = None
 
 
 def confirmation_due(inputs: StopInputs) -> bool:
@@ -67,7 +71,8 @@ def confirmation_due(inputs: StopInputs) -> bool:
         inputs (StopInputs): This iteration's inputs (`confirmed_return` is ignored).
 
     Returns:
-        bool: True when nothing else stops the run, the fleet's recent return reached the target and no
+        bool: True when nothing else stops the run, the fleet's recent evaluation or training return reached the
+            target and no
             shortfall happened within the last `RETRY_TARGET_AFTER_ITERATIONS` iterations.
     """
     target = inputs.target_eval_return
@@ -75,8 +80,7 @@ def confirmation_due(inputs: StopInputs) -> bool:
         not inputs.interrupted
         and inputs.env_steps < inputs.total_env_steps
         and target is not None
-        and inputs.fleet_return is not None
-        and inputs.fleet_return >= target
+        and max(r if r is not None else float("-inf") for r in (inputs.fleet_return, inputs.train_return)) >= target
         and (inputs.last_shortfall is None or inputs.iteration >= inputs.last_shortfall + RETRY_TARGET_AFTER_ITERATIONS)
     )
 
@@ -103,3 +107,37 @@ def decide(inputs: StopInputs) -> StopReason | None:
     if target is not None and inputs.confirmed_return is not None and inputs.confirmed_return >= target:
         return StopReason.TARGET_EVAL_RETURN
     return None
+
+
+class RecentReturns:
+    """Mean return of the most recent training episodes, over at least `episodes` of them.
+
+    Fed per iteration with the sum and count of the episodes that finished in it (all ranks), it keeps the fewest
+    latest iterations that hold `episodes` episodes.
+
+    Args:
+        episodes (int): Episodes the mean needs (`eval.episodesPerReport`, as an evaluation report).
+
+    Examples:
+        >>> recent = RecentReturns(5)
+        >>> recent.add(1500.0, 3); recent.mean() is None
+        True
+        >>> recent.add(1000.0, 2); recent.mean()
+        500.0
+    """
+
+    def __init__(self, episodes: int) -> None:
+        self.episodes = episodes
+        self._sums: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, total: float, count: int) -> None:
+        """Count one iteration's finished episodes: their summed return `total` and their number `count`."""
+        if count:
+            self._sums.append((total, count))
+        while len(self._sums) > 1 and sum(n for _, n in self._sums) - self._sums[0][1] >= self.episodes:
+            self._sums.popleft()
+
+    def mean(self) -> float | None:
+        """The mean return, or None while fewer than `episodes` episodes finished."""
+        count = sum(n for _, n in self._sums)
+        return sum(total for total, _ in self._sums) / count if count >= self.episodes else None

@@ -16,18 +16,23 @@ to the trainer ranks (`rlightning.trajectories.TrajectorySender`, at most `BATCH
 stamped with the version applied at its first step, the ordinal and the episodes that finished in it. Under
 `train.maxPolicyLag: 0` a batch during which a new version was applied is not sent (it could not be trained on),
 and none is collected while every trainer rank holds enough of the version it has
-(`TrajectorySender.wanted`): it waits for the next version. A restarted trainer gang without a checkpoint pulls the
-weights this evaluator holds over the same connection (`held_weights`, docs/trajectories.md).
+(`TrajectorySender.wanted`): it waits for the next version; a second batch of one version waits twice as long as
+the first took (`PEER_BATCH_SLACK_SECONDS`), so the ranks get one batch per evaluator, not extras they must drop. A
+restarted trainer gang without a checkpoint pulls the weights this evaluator holds over the same connection
+(`held_weights`, docs/trajectories.md).
 Between batches it plays deterministic evaluation episodes of the version it holds when
-`eval.evaluationIntervalSeconds` passed since its last complete evaluation, or when it has had no credit (the
-trainers take no data) for `IDLE_EVALUATION_SECONDS`. Otherwise it only plays evaluation episodes, without pause.
+`eval.evaluationIntervalSeconds` passed since its last complete evaluation, when it has had no credit (the
+trainers take no data) for `IDLE_EVALUATION_SECONDS`, or when its recent training episodes reach
+`train.targetEvalReturn` (`TARGET_EVALUATION_SECONDS`), so a target reached is confirmed soon. Otherwise it only
+plays evaluation episodes, without pause.
 
 After every `eval.episodesPerReport` evaluation episodes it reports:
 
 - `eval_return`: mean return of the last `episodesPerReport` episodes (whatever weights played them);
 - `return_version` and `version_return`: when the last `episodesPerReport` episodes were each played
   entirely with the version now applied, that version and their mean (what the trainer's target check uses);
-- `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent.
+- `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent;
+  `cut_batches`: on-policy batches it collected and did not send, because a new version was applied meanwhile.
 
 With `policy.weightBuffer.bufferStrategy: none` a version is received in place (`WeightReceiver.receive(into=...)`,
 `rlightning.weights._inplace`): rollouts pause from its first transfer to its commit and it lands in the policy's
@@ -82,6 +87,14 @@ IDLE_EVALUATION_SECONDS = 0.5
 """An evaluator without credit for this long (the trainers take no data: training, or confirming the target on
 the newest version) plays evaluation episodes meanwhile."""
 CREDIT_POLL_SECONDS = 0.05
+TARGET_EVALUATION_SECONDS = 1.0
+"""Once the returns of an evaluator's last `eval.episodesPerReport` training episodes reach `train.targetEvalReturn`,
+it evaluates the version it holds at most this often (besides `eval.evaluationIntervalSeconds`)."""
+PEER_BATCH_SLACK_SECONDS = 0.1
+"""On-policy, an evaluator collects a second batch of one version only once twice as long as its first batch took,
+plus this, has passed since it sent the first: time for the other evaluators' batches of that version to reach the ranks
+and their `full` notices to come back, so that it does not collect a batch the ranks will not take. With fewer live
+evaluators than batches per version, the ranks wait this long for each further batch."""
 PULL_APPLY_WAIT_SECONDS = 1.0
 """Bound on waiting, when a trainer pulls the weights, for a version staged but not yet applied; past it the pull is
 answered with version 0 (the trainer asks another evaluator)."""
@@ -159,6 +172,7 @@ class Evaluator:
         )
         self.record = EvaluationRecord(spec.eval.episodes_per_report)
         self._env_steps = 0
+        self._cut_batches = 0  # on-policy batches not sent: a new version was applied while they were collected
         self._lock = threading.Lock()
         self._weights_lock = threading.Lock()  # held while a received version is applied, and while it is copied
         self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
@@ -258,7 +272,8 @@ class Evaluator:
 
     def _post(self) -> None:
         with self._lock:
-            record, report = self._applied_record, dict(self._report)
+            record = self._applied_record
+            report = {**self._report, "env_steps": float(self._env_steps), "cut_batches": float(self._cut_batches)}
         if record is not None:
             self.receiver.report(record, report)
 
@@ -320,7 +335,6 @@ class Evaluator:
         self.metrics.episodes.inc()
         report = self.record.add(ret, before, self.policy.weight_version)
         if report is not None:
-            report["env_steps"] = float(self._env_steps)
             with self._lock:
                 self._report = report
             self.metrics.eval_return.set(report["eval_return"])
@@ -333,8 +347,12 @@ class Evaluator:
             spec, [self.policy], seed=spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + TRAINING_SEED_OFFSET
         )
         next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
+        next_target_check = time.monotonic()
+        target = spec.train.target_eval_return
+        train_returns: collections.deque[float] = collections.deque(maxlen=spec.eval.episodes_per_report)
         idle_since: float | None = None
         sequence = 0
+        sent_version, sent_at, grace = -1, 0.0, 0.0
         try:
             while not self.stop.requested:
                 self._wait_for_weights()
@@ -343,15 +361,26 @@ class Evaluator:
                 if version == 0:  # torn after the wait: wait again
                     continue
                 # On-policy, a batch of a version every rank already holds enough of is waste: wait for the next.
-                wanted = spec.train.max_policy_lag > 0 or sender.wanted(version)
+                # A second batch of one version waits `grace` (twice as long as its first took), so the other
+                # evaluators' batches of it arrive and the ranks' `full` notices come first.
+                wanted = spec.train.max_policy_lag > 0 or (
+                    sender.wanted(version) and (version != sent_version or time.monotonic() - sent_at >= grace)
+                )
                 credit = sender.wait_for_credit(0.0) and wanted
                 now = time.monotonic()
                 idle_since = None if credit else (idle_since or now)
                 idle = idle_since is not None and now - idle_since >= IDLE_EVALUATION_SECONDS
-                if not self.record.complete(version) and (idle or now >= next_evaluation):
+                # The training episodes' returns reach the target: evaluate now (at most every
+                # TARGET_EVALUATION_SECONDS), so the trainers see the target reached without waiting for the interval.
+                near_target = (
+                    target is not None and len(train_returns) == train_returns.maxlen
+                    and sum(train_returns) / len(train_returns) >= target and now >= next_target_check
+                )  # fmt: skip
+                if not self.record.complete(version) and (idle or now >= next_evaluation or near_target):
                     self._evaluate_one()
                     if self.record.complete(self.policy.weight_version):
                         next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
+                        next_target_check = time.monotonic() + TARGET_EVALUATION_SECONDS
                     continue
                 if not credit:
                     if wanted:
@@ -360,15 +389,18 @@ class Evaluator:
                         self._new_version.wait(CREDIT_POLL_SECONDS)
                         self._new_version.clear()
                     continue
-                finished = rollouts.episodes_finished
+                finished, collect_started = rollouts.episodes_finished, time.monotonic()
                 batch = rollouts.collect(spec.train.rollout_steps)
                 if self.stop.requested:
                     break  # the batch may be cut short by the signal's episode end; never sent
                 if self._torn != torn:
                     continue  # collected partly with no whole version
                 if self.policy.weight_version != version and spec.train.max_policy_lag == 0:
-                    continue  # a new version came mid-batch: too old on arrival
+                    with self._lock:  # a new version came mid-batch: too old on arrival, so not sent
+                        self._cut_batches += 1
+                    continue
                 new = rollouts.finished_since(finished)
+                train_returns.extend(new.returns)
                 sequence += 1
                 stamp = trajectories.BatchStamp(
                     version=version,
@@ -379,9 +411,10 @@ class Evaluator:
                     episode_lengths=new.lengths,
                 )
                 sender.send(batch, stamp)
-                self._env_steps += stamp.env_steps
+                sent_version, sent_at = version, time.monotonic()
+                grace = 2 * (sent_at - collect_started) + PEER_BATCH_SLACK_SECONDS
                 with self._lock:  # posted with the next acknowledgement of a version
-                    self._report = {**self._report, "env_steps": float(self._env_steps)}
+                    self._env_steps += stamp.env_steps
                 self.metrics.env_steps.inc(stamp.env_steps)
                 self.metrics.batches.inc()
         finally:

@@ -34,7 +34,7 @@ from typing import IO
 
 from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest
-from rlightning.runtime import _tensorboard
+from rlightning.runtime import _startup, _tensorboard
 from rlightning.runtime import progress as progress_mod
 from rlightning.runtime.report import plot_returns
 from rlightning.runtime.rundir import JsonlTail, RunDir, read_jsonl
@@ -165,6 +165,8 @@ class LocalRun:
         self.python = python
         self._interrupts = 0
         self._started_at = 0.0
+        # The launch: this process's start (its imports and checks count), the children measure from it.
+        self.launched_at = _startup.process_start_time() or time.time()
 
     # -- what the children are --------------------------------------------------------------------------
     def launch_site(self) -> launch.LaunchSite:
@@ -193,10 +195,11 @@ class LocalRun:
 
         Returns:
             dict[str, str]: The environment; OMP_NUM_THREADS defaults to 1 (the children share this machine's
-                cores) and output is unbuffered (the logs follow the run).
+                cores), output is unbuffered (the logs follow the run), and `ENV_LAUNCH_TIME` is this launch's.
         """
         env = {name: value for name, value in os.environ.items() if name not in launch.RUNTIME_ENV}
         env.update(plan.env)
+        env[contract.ENV_LAUNCH_TIME] = f"{self.launched_at:.3f}"
         env.setdefault(launch.THREADS_ENV, "1")
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -322,6 +325,15 @@ class LocalRun:
                 f"{sync.get('count', 0)} syncs, {sync.get('bytes', 0)} bytes, {sync.get('seconds', 0.0):.2f} s",
                 file=out,
             )
+            phases = summary.get("startup_seconds") or {}
+            if phases:  # summary.json's keys are sorted by name: show them in the order they were reached
+                ordered = sorted(phases.items(), key=lambda item: item[1])
+                marks = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in ordered)
+                print(f"start-up, seconds from launch: {marks}", file=out)
+            dropped = summary.get("dropped")
+            if dropped:
+                reasons = ", ".join(f"{reason} {count}" for reason, count in dropped["reasons"].items())
+                print(f"dropped {dropped['share']:.1%} of the fleet's batches: {reasons}", file=out)
         print(f"run directory: {self.run_dir.root}", file=out)
         if self.run_dir.tensorboard_dir.is_dir():
             print(_tensorboard.logdir_hint(self.run_dir.tensorboard_dir), file=out)

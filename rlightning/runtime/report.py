@@ -68,6 +68,11 @@ class RunSummary:
         dropped_batches (int): Evaluator batches dropped (older than train.maxPolicyLag, or invalid).
         policy_lag_mean (float | None): Mean policy lag of the batches trained on, in weight versions.
         policy_lag_max (int | None): Largest policy lag trained on.
+        dropped (dict[str, Any] | None): Why evaluator batches were not trained on (`reasons`: batches per reason)
+            and their `share` of those produced (`rlightning.runtime.train.dropped_summary`); None when the
+            trainers collected their own data.
+        startup_seconds (dict[str, float]): Seconds from the launch to the end of each start-up phase of trainer
+            rank 0 (`rlightning.runtime._startup.PHASES`).
     """
 
     name: str
@@ -90,6 +95,8 @@ class RunSummary:
     dropped_batches: int = 0
     policy_lag_mean: float | None = None
     policy_lag_max: int | None = None
+    dropped: dict[str, Any] | None = None
+    startup_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (sync statistics nested under `sync`)."""

@@ -81,6 +81,7 @@ class ProcessSettings:
         attempt (int): The trainer gang's attempt (`ENV_TRAIN_ATTEMPT`); 0 outside the operator's pods.
         bind_host (str | None): The address the process's listening ports bind (`ENV_BIND_HOST`): 127.0.0.1 in
             a local run; None (unset, pods): all interfaces.
+        launch_time (float | None): Epoch seconds when `rlightning run` started (`ENV_LAUNCH_TIME`); None in pods.
     """
 
     group_name: str
@@ -98,6 +99,7 @@ class ProcessSettings:
     health_file: Path | None = None
     attempt: int = 0
     bind_host: str | None = None
+    launch_time: float | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -127,6 +129,11 @@ class ProcessSettings:
             raise SettingsError(
                 f"{contract.ENV_TRAJECTORY_ENDPOINTS}: expected comma-separated host:port, got {malformed}"
             )
+        launch_time = environ.get(contract.ENV_LAUNCH_TIME, "")
+        try:
+            launched_at = float(launch_time) if launch_time else None
+        except ValueError:
+            raise SettingsError(f"{contract.ENV_LAUNCH_TIME}: expected epoch seconds, got {launch_time!r}") from None
         spec_path = environ.get(contract.ENV_SPEC_PATH, "")
         if not spec_path:
             raise SettingsError(f"{contract.ENV_SPEC_PATH}: required environment variable is not set")
@@ -146,6 +153,7 @@ class ProcessSettings:
             health_file=Path(environ[contract.ENV_HEALTH_FILE]) if environ.get(contract.ENV_HEALTH_FILE) else None,
             attempt=_int(environ, contract.ENV_TRAIN_ATTEMPT, 0),
             bind_host=environ.get(contract.ENV_BIND_HOST) or None,
+            launch_time=launched_at,
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:

@@ -40,6 +40,7 @@ import os
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ import torch.distributed as dist
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
-from rlightning.runtime import _datasets, _fleet, _health, _records, _resume, _signals, _stop
+from rlightning.runtime import _datasets, _fleet, _health, _records, _resume, _signals, _startup, _stop
 from rlightning.runtime._collective import all_reduce
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
@@ -70,17 +71,20 @@ def _device_backend(policy_device: torch.device) -> str:
     return "nccl" if policy_device.type == "cuda" else "gloo"
 
 
-def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
+def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.StartupClock | None = None) -> int:
     """Run this rank's training loop until the ranks agree to stop.
 
     Args:
         settings (ProcessSettings): The process environment (ENV_* variables).
         spec (PolicyGroupSpec): The validated spec.
+        startup (_startup.StartupClock | None, optional): The start-up phases marked so far (rank 0 writes them
+            into summary.json). Defaults to None: a clock started now.
 
     Returns:
         int: The exit code (0; 1 when rank 0 cannot host the weight-sync store).
     """
     rank = int(os.environ.get("RANK", "0"))
+    startup = startup or _startup.StartupClock(settings.launch_time)
     stop = _signals.StopRequest()
     run_dir = RunDir(settings.run_dir)
     policy_class = load_policy_class(spec.policy.policy_class)
@@ -89,6 +93,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         torch.cuda.set_device(policy.device)  # nccl collectives run on this rank's own GPU
     dist.init_process_group(_device_backend(policy.device), timeout=DDP_TIMEOUT)
     world = dist.get_world_size()
+    startup.mark("rendezvous")
     if rank == 0:
         run_dir.create()
     env_meta = EnvMeta.from_env_config(spec.env)
@@ -100,6 +105,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         log.info("attempt %d of the trainer gang: %s, weight version %d",
                  settings.attempt, f"resumed from {resumed_from}" if resumed_from
                  else "no checkpoint to resume from", policy.weight_version)
+    startup.mark("policy")
     source: _datasets.OwnExperience | _datasets.FleetExperience
     if settings.fleet_data:
         port = spec.ports.trajectories + int(os.environ.get("LOCAL_RANK", "0"))
@@ -126,6 +132,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
         fleet = _fleet.Fleet(PolicyGroup(policy, sender=sender), settings.expected_evaluators)
         recorder = _records.Recorder(settings, run_dir)
         fleet.await_rejoin()
+        startup.mark("registration")
     if resumed_from is None:  # a gang restarted without its run directory continues from the fleet's weights
         _resume.restart_from_fleet(policy, None if fleet is None else lambda: pull_from_fleet(fleet, source, policy))
         if fleet is not None:  # it holds the fleet's version now, not its own 0: publish above it without a warning
@@ -135,6 +142,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     if fleet is not None and recorder is not None and settings.fleet_data:
         # the evaluators need weights before they can produce the first data
         recorder.publish(fleet.publish(policy.iteration))
+        startup.mark("first_publish")
 
     # In a pod, local rank 0 keeps the file of the pod's liveness probe fresh while the loop moves.
     heartbeat = settings.health_file if os.environ.get("LOCAL_RANK", "0") == "0" else None
@@ -150,6 +158,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
     reason: _stop.StopReason | None = None
     row: dict = {}
     last_return: float | None = None
+    recent_returns = _stop.RecentReturns(spec.eval.episodes_per_report)
     last_shortfall: int | None = None
     try:
         while reason is None:
@@ -160,6 +169,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
                 reason = _stop.StopReason.INTERRUPTED
                 break
             policy.weight_version = dataset.version
+            startup.mark("first_batch")
             update_started = time.monotonic()
             policy.update_dataset(dataset.batch)
             stats = policy.train()
@@ -172,6 +182,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
             (lag_max,) = all_reduce([max(dataset.lags, default=0)], dist.ReduceOp.MAX)
             if count:
                 last_return = total / count
+            recent_returns.add(total, int(count))
             elapsed = max(time.monotonic() - started, 1e-9)
             data = _records.DataFigures(
                 env_steps_per_second=dataset.batch.numel() * world / elapsed,
@@ -184,8 +195,10 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
             local = _stop.StopReason.INTERRUPTED if stop.requested else None
             if fleet is not None and recorder is not None:
                 local, row, last_shortfall = after_iteration(
-                    spec, settings, fleet, recorder, policy, last_return, stats, data, stop.requested, last_shortfall
+                    spec, settings, fleet, recorder, policy, (last_return, recent_returns.mean()), stats, data,
+                    stop.requested, last_shortfall,
                 )
+                startup.mark("first_iteration")
                 if local is None and policy.iteration % spec.train.checkpoint.interval_iterations == 0:
                     save_checkpoint(policy, run_dir, spec)
             # one MAX all-reduce: the most urgent stop reason of any rank, and rank 0's weight version for all
@@ -193,9 +206,9 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec) -> int:
             reason, policy.weight_version = (_stop.StopReason(int(code)) if code else None), int(version)
         if reason is _stop.StopReason.INTERRUPTED:
             log.info("stopping on %s", stop.signal_name or "a signal to another rank")
-        fleet_steps = _fleet_env_steps(source)
+        fleet_totals = _fleet_totals(source)
         if fleet is not None and recorder is not None:
-            finish(spec, fleet, recorder, policy, run_dir, reason, row, resumed_from, fleet_steps)
+            finish(spec, fleet, recorder, policy, run_dir, reason, row, resumed_from, fleet_totals, startup.seconds())
     finally:
         if fleet is not None:
             fleet.close()
@@ -234,21 +247,63 @@ def pull_from_fleet(
     return held
 
 
-def _fleet_env_steps(
-    source: _datasets.OwnExperience | _datasets.FleetExperience,
-) -> tuple[dict[int, int], list[int]] | None:
-    """Env steps trained on per evaluator ordinal (summed over ranks) and per rank, gathered from every rank (each
-    calls it); None when the trainers collected their own data.
+@dataclasses.dataclass
+class FleetTotals:
+    """What the ranks' intakes took from the fleet over the run, summed over ranks.
+
+    Attributes:
+        by_evaluator (dict[int, int]): Env steps trained on per evaluator ordinal.
+        by_rank (list[int]): Env steps trained on per rank.
+        accepted (int): Batches trained on.
+        stale (int): Batches dropped as older than `train.maxPolicyLag`.
+        invalid (int): Batches dropped as malformed or not of the policy's layout.
     """
+
+    by_evaluator: dict[int, int]
+    by_rank: list[int]
+    accepted: int
+    stale: int
+    invalid: int
+
+
+def _fleet_totals(source: _datasets.OwnExperience | _datasets.FleetExperience) -> FleetTotals | None:
+    """The fleet's totals gathered from every rank (each calls it); None when the trainers collected their own data."""
     if not isinstance(source, _datasets.FleetExperience):
         return None
-    gathered: list[dict[int, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, source.env_steps_by_evaluator())
+    stats = source.intake.stats
+    gathered: list[tuple[dict[int, int], int, int, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (source.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid))
+    ranks = [rank for rank in gathered if rank is not None]
     by_evaluator: dict[int, int] = {}
-    for steps in gathered:
-        for ordinal, count in (steps or {}).items():
+    for steps, *_ in ranks:
+        for ordinal, count in steps.items():
             by_evaluator[ordinal] = by_evaluator.get(ordinal, 0) + count
-    return dict(sorted(by_evaluator.items())), [sum((steps or {}).values()) for steps in gathered]
+    return FleetTotals(
+        by_evaluator=dict(sorted(by_evaluator.items())),
+        by_rank=[sum(steps.values()) for steps, *_ in ranks],
+        accepted=sum(rank[1] for rank in ranks),
+        stale=sum(rank[2] for rank in ranks),
+        invalid=sum(rank[3] for rank in ranks),
+    )
+
+
+def dropped_summary(totals: FleetTotals, reports: dict[int, weights.ReceiverReport]) -> dict[str, Any]:
+    """Why fleet batches were not trained on, and their share of the batches the evaluators completed.
+
+    Args:
+        totals (FleetTotals): The intakes' totals.
+        reports (dict[int, weights.ReceiverReport]): The evaluators' last reports (their `cut_batches`).
+
+    Returns:
+        dict[str, Any]: `reasons` (batches per reason: `stale`, older than `train.maxPolicyLag` on arrival or while
+            held; `invalid`, not of the policy's layout; `cut_by_new_version`, collected on-policy while a new version
+            was applied, so never sent) and `share` (dropped / (trained on + dropped), 0.0 when none was produced).
+    """
+    cut = sum(int(report.metrics.get("cut_batches", 0)) for report in reports.values())
+    reasons = {"stale": totals.stale, "invalid": totals.invalid, "cut_by_new_version": cut}
+    dropped = sum(reasons.values())
+    produced = totals.accepted + dropped
+    return {"reasons": reasons, "share": round(dropped / produced, 4) if produced else 0.0}
 
 
 def after_iteration(
@@ -257,7 +312,7 @@ def after_iteration(
     fleet: _fleet.Fleet,
     recorder: _records.Recorder,
     policy: BasePolicy,
-    train_return: float | None,
+    train_returns: tuple[float | None, float | None],
     train_stats: dict[str, float],
     data: _records.DataFigures,
     interrupted: bool,
@@ -266,11 +321,15 @@ def after_iteration(
     """Rank 0 after an iteration: publish when due (after every update when the fleet produces the data), check
     the evaluators, decide the stop, record a row.
 
+    `train_returns` holds the mean return of the latest iteration's training episodes (recorded) and that of the
+    latest `eval.episodesPerReport` or more (`_stop.RecentReturns`, for the stop decision).
+
     Returns:
         tuple[StopReason | None, dict, int | None]: This rank's stop reason (None to go on), the metrics row,
             and the iteration of the last target confirmation that fell short.
     """
     iteration = policy.iteration
+    train_return, recent_return = train_returns
     if settings.fleet_data or iteration % spec.weight_sync.interval_iterations == 0:
         recorder.publish(fleet.publish(iteration))
     reports = fleet.live_reports()
@@ -282,13 +341,14 @@ def after_iteration(
         fleet_return=_fleet.fleet_return(reports),
         last_shortfall=last_shortfall,
         interrupted=interrupted,
+        train_return=recent_return,
     )
     exact = False  # fingerprints every iteration; digests where the newest weights are confirmed
     if _stop.confirmation_due(inputs):
         if fleet.published_iteration != iteration:
             recorder.publish(fleet.publish(iteration))
-        log.info("eval return %.1f reached the target %.1f; confirming on version %d",
-                 inputs.fleet_return, inputs.target_eval_return, fleet.version)
+        log.info("eval return %s, recent training return %s: the target %.1f is reached; confirming on version %d",
+                 inputs.fleet_return, recent_return, inputs.target_eval_return, fleet.version)
         confirmed = fleet.wait_for_newest(spec.weight_sync.timeout_seconds)
         inputs = dataclasses.replace(inputs, confirmed_return=confirmed)
         if _stop.decide(inputs) is None:
@@ -321,12 +381,13 @@ def finish(
     reason: _stop.StopReason,
     last_row: dict,
     resumed_from: str | None,
-    fleet_steps: tuple[dict[int, int], list[int]] | None,
+    fleet_totals: FleetTotals | None,
+    startup_seconds: dict[str, float],
 ) -> None:
     """Rank 0 at the end: give the evaluators the final weights, check them bit for bit, checkpoint, summarise.
 
-    `fleet_steps` (env steps trained on per evaluator ordinal and per rank; None when the trainers collected their
-    own data) goes into summary.json.
+    `fleet_totals` (what the intakes took and dropped; None when the trainers collected their own data) and
+    `startup_seconds` (`_startup.StartupClock.seconds`) go into summary.json.
     """
     iteration = policy.iteration
     final_return, final_version = last_row.get("eval_return"), last_row.get("eval_version")
@@ -362,8 +423,12 @@ def finish(
             str(o): {"applied_version": r.applied.version, **r.metrics} for o, r in sorted(reports.items())
         },
         resumed_from=resumed_from,
-        env_steps_by_evaluator=None if fleet_steps is None else {str(o): n for o, n in fleet_steps[0].items()},
-        env_steps_by_rank=None if fleet_steps is None else fleet_steps[1],
+        env_steps_by_evaluator=None if fleet_totals is None else {
+            str(o): n for o, n in fleet_totals.by_evaluator.items()
+        },
+        env_steps_by_rank=None if fleet_totals is None else fleet_totals.by_rank,
+        dropped=None if fleet_totals is None else dropped_summary(fleet_totals, reports),
+        startup_seconds=startup_seconds,
     )
 
 
@@ -383,12 +448,14 @@ def main() -> int:
     try:
         settings = ProcessSettings.from_env()
         settings.require_role(contract.PolicyRole.TRAIN)
+        startup = _startup.StartupClock(settings.launch_time)
+        startup.mark("imports")
         spec = validate_file(settings.spec_path).spec
     except (SettingsError, ManifestError) as error:
         for line in str(error).splitlines():
             log.error("%s", line)
         return contract.EXIT_BAD_MANIFEST
-    return train(settings, spec)
+    return train(settings, spec, startup)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """The evaluator's side: one zmq DEALER per trainer rank, routed by the room each rank reports, with credits.
 
-Every acknowledgement carries the rank's room (how many more batches its current `fill` wants), and each batch goes
-to the connected rank expected to want the most (`_expected_room`), ties rotating with ordinal and sequence so
-evaluators spread over the ranks. A DEALER per rank, rather than one DEALER round-robining among all, is what lets
-the sender choose. `IMMEDIATE` keeps a rank that is not connected unwritable, so it gets no batches; a rank that
-answers no heartbeat for `ack_timeout` seconds is disconnected, so a silent one (a lost node) stops taking batches;
-a rank that disconnects is forgotten (what it reported no longer holds once it restarts). At most `credits` batches
-are in flight (sent, not yet acknowledged); an acknowledgement returns a credit, and so does a batch with no
-acknowledgement after `ack_timeout` seconds or whose rank disconnected, counted lost (its rank died holding it: a
-restarted trainer gang cannot acknowledge it). `wanted(version)` tells an evaluator whether any rank may still take
-a batch of that version. A restarted trainer's pull (`[b"pull"]`) is answered with `held_weights()` whenever the
-sender reads its sockets (every call but `close`). Host names are resolved by libzmq when it
-(re)connects, in its I/O thread, so a rank whose name does not resolve yet (a pod not yet created) is retried from
-`RECONNECT_SECONDS` on and never fails the sender. Use a sender from one thread.
+Every acknowledgement carries the rank's room (how many more batches its current `fill` wants), and each batch goes to
+the connected rank expected to want the most (`_expected_room`), ties rotating with the ordinal, the stamp's version and
+the batches already sent of that version, so evaluators spread over the ranks: on-policy, where each sends one batch per
+version, the evaluators' batches of a version go to different ranks rather than two to one rank (whose second would wait
+unread and be stale by the next fill). A DEALER per rank, rather than one DEALER round-robining among all, is what lets
+the sender choose. `IMMEDIATE` keeps a rank that is not connected unwritable, so it gets no batches; a rank that answers
+no heartbeat for `ack_timeout` seconds is disconnected, so a silent one (a lost node) stops taking batches; a rank that
+disconnects is forgotten (what it reported no longer holds once it restarts). At most `credits` batches are in flight
+(sent, not yet acknowledged); an acknowledgement returns a credit, and so does a batch with no acknowledgement after
+`ack_timeout` seconds or whose rank disconnected, counted lost (its rank died holding it: a restarted trainer gang
+cannot acknowledge it). `wanted(version)` tells an evaluator whether any rank may still take a batch of that version. A
+restarted trainer's pull (`[b"pull"]`) is answered with `held_weights()` whenever the sender reads its sockets (every
+call but `close`). Host names are resolved by libzmq when it (re)connects, in its I/O thread, so a rank whose name does
+not resolve yet (a pod not yet created) is retried from `RECONNECT_SECONDS` on and never fails the sender. Use a sender
+from one thread.
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class TrajectorySender:
         self.counts = SenderCounts()
         self._held_weights = held_weights
         self._in_flight: dict[int, _InFlight] = {}  # sequence -> its batch, oldest first
+        self._sent_of_version = (0, 0)  # the newest stamp version sent, and how many batches of it were sent
         self._context = zmq.Context()  # its own, so close() ends every connection before returning
         self._ranks: list[_Rank] = []
         self._poller = zmq.Poller()
@@ -238,6 +241,8 @@ class TrajectorySender:
                 continue  # it disconnected since it was found writable: the next choice
             self._in_flight[stamp.sequence] = _InFlight(time.monotonic(), rank, stamp.version)
             self.counts.sent += 1
+            version, sent = self._sent_of_version
+            self._sent_of_version = (stamp.version, sent + 1 if version == stamp.version else 1)
             return
         self.counts.lost += 1
         log.warning("trajectory sender %d: no trainer rank connected, batch %d dropped", self.ordinal, stamp.sequence)
@@ -269,11 +274,14 @@ class TrajectorySender:
         self._context.term()
 
     def _route(self, stamp: BatchStamp) -> list[_Rank]:
-        """The writable ranks, best first: most expected room, ties rotated by ordinal + sequence."""
+        """The writable ranks, best first: most expected room, ties rotated by ordinal + version + the batches of
+        that version already sent.
+        """
         writable = [rank for rank in self._ranks if self._writable(rank)]
         if not writable:
             return []
-        shift = (self.ordinal + stamp.sequence) % len(writable)
+        version, sent = self._sent_of_version
+        shift = (self.ordinal + stamp.version + (sent if version == stamp.version else 0)) % len(writable)
         rotated = writable[shift:] + writable[:shift]
         return sorted(rotated, key=lambda rank: -self._expected_room(rank, stamp.version))  # stable: keeps rotation
 

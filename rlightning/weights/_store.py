@@ -128,11 +128,14 @@ def host_store(port: int, timeout: float, ipv6: bool = False, bind_host: str | N
 class Backoff:
     """Exponential backoff of store connection attempts: 0.1 s doubling to 5 s between attempts, reset on success.
 
-    A receiver keeps one across its short `receive` calls, so waiting for an absent sender makes (and logs) one
-    attempt per backoff step rather than starting again at 0.1 s on every call.
+    A refused connection (the host answers, nothing listens on the port yet: a sender still starting) is retried
+    at most `REFUSED_CAP` apart, since such an attempt costs one round trip and an evaluator that started before
+    its trainer would otherwise find the store up to 5 s late. A receiver keeps one backoff across its short
+    `receive` calls, so waiting for an absent sender makes (and logs) one attempt per backoff step rather than
+    starting again at 0.1 s on every call.
     """
 
-    FIRST, CAP = 0.1, 5.0
+    FIRST, CAP, REFUSED_CAP = 0.1, 5.0, 0.5
 
     def __init__(self) -> None:
         self.delay = self.FIRST
@@ -147,7 +150,7 @@ class Backoff:
         Returns:
             float: seconds until the next attempt.
         """
-        delay = self.delay
+        delay = min(self.delay, self.REFUSED_CAP) if isinstance(error, ConnectionRefusedError) else self.delay
         self.attempt += 1
         self.last_error = error
         self.not_before = time.monotonic() + delay

@@ -109,7 +109,7 @@ CASES: list[Case] = [
     bad("target return as a word", "spec.train.targetEvalReturn", **{"spec.train.targetEvalReturn": "high"}),
     bad("env as a string", "spec.env", **{"spec.env": "CartPole-v1"}),
     bad("train as a list", "spec.train", **{"spec.train": []}),
-    Case("a bare y is a boolean, not a string", _replace("numEnvs: 8", "numEnvs: 8\n  image: y"),
+    Case("a bare y is a boolean, not a string", _replace("numEnvs: 4", "numEnvs: 4\n  image: y"),
          "spec.image"),
     Case("1e3 is a number, not a string", _replace("id: CartPole-v1", "id: 1e3"), "spec.env.id"),
     Case("an infinite number", _replace("gamma: 0.98", "gamma: .inf"), "spec.policy.policyKwargs.gamma"),
@@ -233,7 +233,7 @@ CASES: list[Case] = [
     bad("label value not a string", "metadata.labels.tier", **{"metadata.labels": {"tier": 1}}),
     bad("missing name", "metadata.name", **{"metadata.name": None}),
     bad("missing env", "spec.env", **{"spec.env": None}),
-    Case("null env", _replace("  env:\n    id: CartPole-v1\n    numEnvs: 8\n", "  env: null\n"), "spec.env"),
+    Case("null env", _replace("  env:\n    id: CartPole-v1\n    numEnvs: 4\n", "  env: null\n"), "spec.env"),
     bad("missing env id", "spec.env.id", **{"spec.env.id": None}),
     bad("wrong apiVersion", "apiVersion", apiVersion="rlightning.io/v1"),
     bad("wrong kind", "kind", kind="PolicyGroups"),
@@ -268,9 +268,9 @@ CASES: list[Case] = [
     # -- good manifests: both accept --------------------------------------------------------------------------------
     good("the example as it is"),
     good("an integer for a number field", **{"spec.policy.optim.lr": 1, "spec.weightSync.timeoutSeconds": 30}),
-    Case("a null for a defaulted field (pruned, then defaulted)", _replace("numEnvs: 8", "numEnvs: ~"), None),
+    Case("a null for a defaulted field (pruned, then defaulted)", _replace("numEnvs: 4", "numEnvs: ~"), None),
     Case("a null for a nullable field", _replace("targetEvalReturn: 475", "targetEvalReturn: null"), None),
-    Case("an integer written as 2.0, 1e1 or 0o10", _replace("numEnvs: 8", "numEnvs: 2.0")
+    Case("an integer written as 2.0, 1e1 or 0o10", _replace("numEnvs: 4", "numEnvs: 2.0")
          .replace(b"rolloutSteps: 32", b"rolloutSteps: 1e1").replace(b"procsPerNode: 2", b"procsPerNode: 0o2"), None),
     good("a percentage disruption budget", **{"spec.eval.disruptionBudget": {"maxUnavailable": "50%"}}),
     good("a numeric disruption budget", **{"spec.eval.disruptionBudget": {"minAvailable": 1}}),
@@ -294,7 +294,7 @@ CASES: list[Case] = [
         "spec.train.procsPerNode": 2, "spec.train.pod.resources": {"limits": {_GPU: "2"}},
         "spec.eval.pod.shmSize": "2Gi"}),
     good("async rollouts with one worker per env copy", **{"spec.policy.rolloutMode": "async",
-                                                           "spec.eval.rolloutWorkers": 8}),
+                                                           "spec.eval.rolloutWorkers": 4}),
 ]
 """The corpus: at least 50 broken manifests, a few good ones."""
 

@@ -30,12 +30,12 @@ def _run(tmp_path: Path, write_manifest, run_helpers, **spec) -> tuple[dict, lis
 def test_on_policy_every_sample_comes_from_the_version_before_the_update(
     tmp_path: Path, write_manifest, run_helpers
 ) -> None:
-    summary, rows, _ = _run(tmp_path, write_manifest, run_helpers, total_env_steps=4000, eval={"replicas": 3})
+    summary, rows, _ = _run(tmp_path, write_manifest, run_helpers, total_env_steps=6000)
     assert summary["consistent"] is True, summary
     # Every sample trained on came from the fleet, in whole batches, from several evaluators and into each rank
     # (an evaluator whose process starts late on a loaded machine may join after the 4,000 steps are done).
     by_evaluator = summary["env_steps_by_evaluator"]
-    assert set(by_evaluator) <= {"0", "1", "2"} and len(by_evaluator) >= 2, by_evaluator
+    assert set(by_evaluator) == {"0", "1"}, by_evaluator
     assert all(n > 0 for n in by_evaluator.values()), by_evaluator
     assert all(n % BATCH_STEPS == 0 for n in by_evaluator.values()), by_evaluator
     assert sum(by_evaluator.values()) == summary["env_steps"]
@@ -44,8 +44,15 @@ def test_on_policy_every_sample_comes_from_the_version_before_the_update(
     # maxPolicyLag 0: no batch older than the version published just before its update.
     assert all(r["policy_lag_max"] == 0 and r["policy_lag_mean"] == 0 for r in rows), rows
     assert summary["policy_lag_max"] == 0
-    # Three evaluators feed two batches per update: what was collected on a superseded version was dropped.
-    assert summary["dropped_batches"] > 0 and rows[-1]["dropped_batches"] == summary["dropped_batches"]
+    # Two evaluators feed the two ranks' batch of each version, paced to the versions: (nearly) nothing they
+    # produce is dropped, and the summary says why for what is. A few of the ~24 batches may be: while one evaluator
+    # plays an evaluation episode (or is descheduled on a loaded machine) the other supplies the version's second
+    # batch, racing the first's (the example's longer runs drop about 1%, benchmarks/peers.py).
+    dropped = summary["dropped"]
+    assert sum(dropped["reasons"].values()) <= 4, dropped
+    assert set(dropped["reasons"]) == {"stale", "invalid", "cut_by_new_version"}, dropped
+    assert dropped["reasons"]["stale"] + dropped["reasons"]["invalid"] == summary["dropped_batches"], dropped
+    assert rows[-1]["dropped_batches"] == summary["dropped_batches"]
     assert all(r["env_steps_per_second"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1 for r in rows)
     assert sum(e.get("env_steps", 0) > 0 for e in summary["evaluators"].values()) >= 2, summary["evaluators"]
 

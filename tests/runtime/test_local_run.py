@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from rlightning.runtime import _startup
 from rlightning.runtime._tensorboard import TAGS, logdir_hint
 from rlightning.runtime.rundir import RunDir, read_jsonl
 from tests._tensorboard_events import read_scalars
@@ -28,6 +30,11 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     assert summary["sync"]["count"] > 0 and summary["sync"]["bytes"] > 0
     assert summary["final_eval_version"] == summary["weight_version"]
     assert set(summary["evaluators"]) == {"0", "1"}
+    # Start-up measured phase by phase from the launch, each reached after the one before, and shown.
+    phases = summary["startup_seconds"]
+    assert set(phases) == set(_startup.PHASES), phases
+    assert all(0 <= phases[a] <= phases[b] for a, b in itertools.pairwise(_startup.PHASES)), phases
+    assert "start-up, seconds from launch: process" in out
     rows = read_jsonl(run.metrics_path)
     assert len(rows) == summary["iterations"]
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))

@@ -8,6 +8,7 @@ import pytest
 
 from rlightning.runtime._stop import (
     RETRY_TARGET_AFTER_ITERATIONS,
+    RecentReturns,
     StopInputs,
     StopReason,
     confirmation_due,
@@ -27,6 +28,9 @@ def case(**changes: object) -> StopInputs:
         (BASE, False, None),  # no report yet
         (case(fleet_return=400.0), False, None),  # below the target
         (case(fleet_return=475.0), True, None),  # reached: confirm on the newest weights first
+        (case(train_return=480.0), True, None),  # the training episodes reached it: confirm too
+        (case(fleet_return=400.0, train_return=470.0), False, None),  # neither reached it
+        (case(train_return=500.0, confirmed_return=470.0), True, None),  # training return alone never stops the run
         (case(fleet_return=475.0, confirmed_return=500.0), True, StopReason.TARGET_EVAL_RETURN),
         (case(fleet_return=475.0, confirmed_return=470.0), True, None),  # fell short on the newest weights
         (case(fleet_return=500.0, last_shortfall=10 - RETRY_TARGET_AFTER_ITERATIONS + 1), False, None),  # too soon
@@ -46,3 +50,14 @@ def test_stop_decision(inputs: StopInputs, due: bool, reason: StopReason | None)
 def test_the_more_urgent_reason_wins_the_max_all_reduce_and_keeps_its_summary_label() -> None:
     assert StopReason.INTERRUPTED > StopReason.TARGET_EVAL_RETURN > StopReason.TOTAL_ENV_STEPS > 0
     assert [r.label for r in StopReason] == ["total_env_steps", "target_eval_return", "interrupted"]
+
+
+def test_recent_returns_mean_the_latest_iterations_holding_enough_episodes():
+    recent = RecentReturns(5)
+    recent.add(900.0, 3)
+    assert recent.mean() is None  # fewer than 5 episodes so far
+    recent.add(0.0, 0)  # an iteration where no episode finished changes nothing
+    recent.add(1000.0, 2)
+    assert recent.mean() == 380.0
+    recent.add(2500.0, 5)  # alone enough: the older iterations drop out
+    assert recent.mean() == 500.0
