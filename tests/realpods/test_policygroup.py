@@ -1,6 +1,6 @@
-"""Behaviours 1, 2 and 7 of issue 8 on the real node: a PolicyGroup trains to Succeeded in real pods (with pod
-templates and a sized /dev/shm, issue 24), also with two trainer pods of one rank each, and deleting it removes
-every pod and leaves nothing of them on the host."""
+"""Behaviours 1, 2 and 7 of issue 8 on the real node: a PolicyGroup trains to Succeeded in real pods, its two
+trainer pods of one rank each training together (with pod templates and a sized /dev/shm, issue 24; one run proves
+both), and deleting it removes every pod and leaves nothing of them on the host."""
 
 from __future__ import annotations
 
@@ -67,13 +67,18 @@ def _seen_inside(cluster, namespace: str) -> dict[str, dict]:
     return seen
 
 
-def test_cartpole_trains_to_succeeded_in_real_pods(cluster, real_namespace, real_operator, record_property):
+def test_cartpole_trains_to_succeeded_in_real_pods_across_two_trainer_pods(
+    cluster, real_namespace, real_operator, record_property
+):
+    # DDP across pods: node rank from the Job's completion index, rank 0 at pod 0's headless DNS name. Each
+    # single-rank pod runs torch with its own CPU's threads (launch.threads_per_process), not the node's cores.
     # With a pod template per role (a ConfigMap volume, a Secret as env) and a sized /dev/shm: both reach the
     # running containers, and training still succeeds.
     cluster.kubectl("create", "configmap", "assets", "-n", real_namespace, "--from-literal=greeting=hello")
     cluster.kubectl("create", "secret", "generic", "s3", "-n", real_namespace, "--from-literal=RL_SECRET_TOKEN=t0k")
     pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS, "shmSize": SHM_SIZE}
-    group = real_cartpole("cartpole", **{"spec.train.pod": pod, "spec.eval.pod": pod,
+    group = real_cartpole("cartpole", **{"spec.train.nodes": 2, "spec.train.procsPerNode": 1,
+                                         "spec.train.pod": pod, "spec.eval.pod": pod,
                                          "spec.train.template": _templated("train"),
                                          "spec.eval.template": _templated("eval")})
     seen: dict[str, dict] = {}
@@ -92,25 +97,17 @@ def test_cartpole_trains_to_succeeded_in_real_pods(cluster, real_namespace, real
     assert training["evalReturn"] >= 475  # the example's targetEvalReturn ends training
     pods = get_json(cluster, "pods", "-n", real_namespace)["items"]
     assert pods and all(p["spec"]["nodeName"] == devcluster.NODE_NAME for p in pods)
+    trainers = [p for p in pods if p["metadata"]["labels"].get(contract.LABEL_ROLE) == contract.PolicyRole.TRAIN]
+    assert len(trainers) == 2
+    for trainer in trainers:
+        runtime = next(c for c in trainer["spec"]["containers"] if c["name"] == contract.PolicyRole.TRAIN)
+        env = {item["name"]: item.get("value") for item in runtime["env"]}
+        assert env["OMP_NUM_THREADS"] == "1"
     table = cluster.kubectl("get", "pg", "cartpole", "-n", real_namespace).stdout
     header, row = table.splitlines()[:2]
     assert header.split()[:7] == ["NAME", "PHASE", "TRAINERS", "EVALUATORS", "RESTARTS", "WEIGHTS", "CONSISTENT"]
     assert row.split()[1] == "Succeeded" and row.split()[5] == str(training["weightVersion"])
     assert row.split()[4] == "0" and row.split()[6] == "true"
-
-
-def test_two_trainer_pods_with_one_rank_each_train_together(cluster, real_namespace, real_operator, record_property):
-    # DDP across pods: node rank from the Job's completion index, rank 0 at pod 0's headless DNS name. Each
-    # single-rank pod runs torch with its own CPU's threads (launch.threads_per_process), not the node's cores.
-    group = real_cartpole("two-pods", **{"spec.train.nodes": 2, "spec.train.procsPerNode": 1})
-    status = _train_to_succeeded(cluster, real_namespace, group, record_property)
-    assert status["training"]["consistent"] is True and status["training"]["evalReturn"] >= 475
-    selector = f"{contract.LABEL_GROUP}=two-pods,{contract.LABEL_ROLE}={contract.PolicyRole.TRAIN}"
-    pods = get_json(cluster, "pods", "-n", real_namespace, "-l", selector)["items"]
-    assert len(pods) == 2
-    for pod in pods:
-        env = {item["name"]: item.get("value") for item in pod["spec"]["containers"][0]["env"]}
-        assert env["OMP_NUM_THREADS"] == "1"
 
 
 def test_deleting_the_policygroup_removes_its_pods_and_their_host_state(
