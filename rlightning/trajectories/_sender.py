@@ -289,13 +289,14 @@ class TrajectorySender:
         """How many more batches `rank` is expected to want.
 
         Its reported room less this sender's batches sent to it since (acknowledgements come back in order). A rank
-        that has not reported wants without limit while nothing is pending to it, and at least one more while its
-        answer is on the way. A room of 0 reported for a batch older than `version` counts as 1: that fill is over or
-        ending, and the rank will want newer data.
+        that has not reported wants without limit while nothing is pending to it; while its answer is on the way it
+        may be full already, so it ranks after every rank known to want one more (0.5: a tie with a known room of 1
+        could send a full rank a batch it never reads while another rank waits for it). A room of 0 reported for a
+        batch older than `version` counts as 1: that fill is over or ending, and the rank will want newer data.
         """
         pending = sum(1 for batch in self._in_flight.values() if batch.rank is rank)
         if rank.room is None:
-            return math.inf if pending == 0 else 1
+            return math.inf if pending == 0 else 0.5
         room = 1 if rank.room == 0 and rank.room_version < version else rank.room
         return room - pending
 

@@ -14,9 +14,9 @@ import json
 from realpods_helpers import CLAIM, WAIT_SECONDS, real_cartpole, wait_for, wait_until_succeeded
 from tests.operator.operator_cluster import apply, get_json
 
-FIRST_ENV_STEPS = 2048
-"""Step budget of the first run: 4 iterations (2 ranks x 8 envs x 32 steps = 512 env steps each)."""
-SECOND_ENV_STEPS = 4096
+FIRST_ENV_STEPS = 1024
+"""Step budget of the first run: 4 iterations (2 ranks x one evaluator's 4 envs x 32 steps = 256 env steps each)."""
+SECOND_ENV_STEPS = 2048
 """Step budget when applied again: 4 more iterations if it resumes (8 from scratch would also reach it)."""
 
 

@@ -76,6 +76,30 @@ def test_wanted_turns_false_once_every_rank_holds_enough_of_the_version(intakes)
         sender.close()
 
 
+def test_a_rank_whose_answer_is_on_the_way_ranks_after_one_known_to_want_more(intakes):
+    # Rank 0 has answered "room 1"; rank 1 has not read its batch yet and may be full with it. A full rank reads
+    # nothing more, so the next batch must go to rank 0 even where the rotation (version 1) would put rank 1 first.
+    ports = TRAJECTORIES.port(18), TRAJECTORIES.port(19)  # reused: the tests above closed theirs
+    ranks = [TrajectoryIntake(port, bind_host="127.0.0.1") for port in ports]
+    intakes.extend(ranks)
+    sender = TrajectorySender([f"127.0.0.1:{port}" for port in ports], ordinal=0, credits=3, ack_timeout=30.0)
+    try:
+        wait_until(lambda: sender.connected == 2, "both ranks connected", sender)
+        for sequence in (1, 2):  # nothing pending to a rank that has not answered: one to each
+            assert sender.wait_for_credit(EVENT_SECONDS)
+            send_next(sender, sequence, version=0)
+        assert not ranks[0].fill(2, version=0, max_policy_lag=1, timeout=1.0)  # holds one, answers room 1
+        wait_until(lambda: sender.in_flight == 1, "rank 0's acknowledgement", sender)
+        assert sender.wait_for_credit(EVENT_SECONDS)
+        send_next(sender, 3, version=1)
+        assert ranks[0].fill(2, version=1, max_policy_lag=1, timeout=EVENT_SECONDS)
+        assert ranks[1].fill(1, version=1, max_policy_lag=1, timeout=EVENT_SECONDS)
+        wait_until(lambda: sender.in_flight == 0, "every acknowledgement", sender)
+        assert 3 in [stamp.sequence for _, stamp in ranks[0].drain()]
+    finally:
+        sender.close()
+
+
 def test_a_full_rank_tells_the_other_evaluators_unasked(intakes):
     # Evaluator A's batch leaves room for one more; B's fills the rank, whose notice tells A without A sending again.
     port = TRAJECTORIES.port(18)  # reused: the test above closed its intakes
