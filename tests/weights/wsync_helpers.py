@@ -97,8 +97,9 @@ def wait_reports(sender, predicate, timeout: float = 30.0) -> dict:
     return reports
 
 
-def wait_members(sender, ordinals: set[int], timeout: float = 60.0) -> None:
-    """Wait until exactly `ordinals` are registered with `sender` (receivers connect asynchronously)."""
+def wait_members(sender, ordinals: set[int], timeout: float = 120.0) -> None:
+    """Wait until exactly `ordinals` are registered with `sender` (receivers connect asynchronously, after their
+    torch import: several at once took over 60 s on a loaded 2-core machine)."""
     end = time.monotonic() + timeout
     while set(sender.members) != ordinals:
         if time.monotonic() > end:
