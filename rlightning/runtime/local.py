@@ -318,10 +318,12 @@ class LocalRun:
         if summary_path.exists() and summary_path.stat().st_mtime >= self._started_at:  # not a previous run's
             summary = json.loads(summary_path.read_text())
             sync = summary.get("sync", {})
+            reason = summary.get("consistent_reason")
             print(
                 f"{'finished' if code == 0 else 'stopped'} in {seconds:.0f} s ({summary.get('stop_reason')}): "
                 f"eval return {summary.get('final_eval_return')} on version {summary.get('final_eval_version')}, "
-                f"weight version {summary.get('weight_version')}, consistent {summary.get('consistent')}, "
+                f"weight version {summary.get('weight_version')}, consistent {summary.get('consistent')}"
+                f"{f' ({reason})' if reason else ''}, "
                 f"{sync.get('count', 0)} syncs, {sync.get('bytes', 0)} bytes, {sync.get('seconds', 0.0):.2f} s",
                 file=out,
             )
