@@ -398,7 +398,9 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     does not count disruptions (preemption, eviction, node drain) as failures; `backoffLimit` 0 fails the Job on
     the first other failure, and the operator restarts the gang as a new attempt (`with_attempt`). An init container
     (`contract.VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the
-    runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker).
+    runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker). The train
+    container's termination message is the first failing rank's own exception (`contract.TERMINATION_LOG_IN_POD`,
+    `FallbackToLogsOnError`), which the PolicyGroup's conditions show.
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
@@ -411,6 +413,11 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     name = contract.train_name(group)
     pod_spec = _pod_spec(manifest, namespace, contract.PolicyRole.TRAIN)
     pod_spec.update({"restartPolicy": "Never", "subdomain": name, "initContainers": [_validate_container(pod_spec)]})
+    # The first failing rank writes its own exception there (`rlightning.runtime._errors`); when none did (a
+    # signal, a crash outside Python), the kubelet takes the log's tail instead.
+    pod_spec["containers"][0].update(
+        terminationMessagePath=contract.TERMINATION_LOG_IN_POD, terminationMessagePolicy="FallbackToLogsOnError"
+    )
     bad_manifest = {"operator": "In", "values": [contract.EXIT_BAD_MANIFEST]}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",

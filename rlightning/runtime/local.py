@@ -230,6 +230,7 @@ class LocalRun:
         """
         self.run_dir.create()
         self.run_dir.spec_path.write_text(self.manifest_text)
+        self.run_dir.error_path.unlink(missing_ok=True)  # a previous run's: the trainer's ranks write the first one
         spec = self.manifest.spec
         children = self.children()
         trainer = children[-1]
@@ -301,8 +302,18 @@ class LocalRun:
 
     def _report_failure(self, view: progress_mod.View, child: Child, code: int) -> None:
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        own = self._rank_error() if child.name == TRAINER else ""
+        if own:  # the failing rank's own exception first, not torchrun's banner at the end of the log
+            view.message(f"error: {child.name} failed with {how}: {own}")
         view.message(f"error: {child.name} failed with {how}; stopping the others. Last lines of {child.log_path}:")
         view.message(log_tail(child.log_path) or "(empty log)")
+
+    def _rank_error(self) -> str:
+        """What the first failing trainer rank wrote (`rlightning.runtime._errors`); "" when none did."""
+        try:
+            return self.run_dir.error_path.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return ""
 
     def _stop_all(self, trainer: Child, evals: list[Child]) -> None:
         kill_now = self._interrupts > 1

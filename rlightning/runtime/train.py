@@ -48,7 +48,7 @@ import torch.distributed as dist
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
-from rlightning.runtime import _datasets, _fleet, _health, _records, _resume, _signals, _startup, _stop
+from rlightning.runtime import _datasets, _errors, _fleet, _health, _records, _resume, _signals, _startup, _stop
 from rlightning.runtime._collective import all_reduce
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
@@ -431,6 +431,7 @@ def finish(
     )
 
 
+@_errors.record
 def main() -> int:
     """Entry point: read the environment and the manifest, train.
 
