@@ -125,7 +125,7 @@ def test_every_evaluator_serves_the_new_version_right_after_sync_returns(group: 
 
     def serve(policy) -> None:  # rollouts keep running: each apply waits for one to finish
         while not stop.is_set():
-            policy.rollout_step({**observation, "sleep": 0.002})
+            policy.rollout_step({**observation, "sleep": 0.01})  # a rollout in flight delays each apply
 
     servers = [threading.Thread(target=serve, args=(p,), daemon=True) for p in group.eval_policies]
     for server in servers:
