@@ -58,6 +58,9 @@ class PolicyGroup:
         self.sender = sender
         self.last_sync_stats: weights.SyncStats | None = None
         self.ledger = VersionLedger()
+        # In-process evaluator index -> what its last sync handed it, where that was cast to its own dtypes (a
+        # bfloat16 evaluator): the reference it is checked against. Evaluators in the trainer's dtypes have none.
+        self._cast_sent: dict[int, weights.WeightRecord] = {}
 
     @property
     def weight_version(self) -> int:
@@ -117,8 +120,11 @@ class PolicyGroup:
         They keep what they are given, so each gets a copy, not the trainer's tensors; evaluators with the same
         dtypes share one.
         """
+        trainer_dtypes = tuple(t.dtype for t in state.values())
         copies: dict[tuple[torch.dtype, ...], dict[str, torch.Tensor]] = {}
-        for policy in self.eval_policies:
+        cast_records: dict[tuple[torch.dtype, ...], weights.WeightRecord] = {}
+        self._cast_sent.clear()
+        for index, policy in enumerate(self.eval_policies):
             own = weights.named_state(policy)
             dtypes = tuple(own[name].dtype if name in own else t.dtype for name, t in state.items())
             copy = copies.get(dtypes)
@@ -126,6 +132,10 @@ class PolicyGroup:
                 copy = copies[dtypes] = {
                     name: t.to(dtype=dtype, copy=True) for (name, t), dtype in zip(state.items(), dtypes, strict=True)
                 }
+                if dtypes != trainer_dtypes:  # one fingerprint and digest pass per cast copy, none otherwise
+                    cast_records[dtypes] = weights.WeightRecord.of(version, copy)
+            if dtypes in cast_records:
+                self._cast_sent[index] = cast_records[dtypes]
             policy.push_weights(version, copy)
 
     def _wait_for_evaluators(self, version: int, timeout: float | None) -> None:
@@ -188,7 +198,8 @@ class PolicyGroup:
         In-process evaluators are named `local-<index>`, remote ones `eval-<ordinal>`: every receiver
         registered with the sender, checked against its newest report (a member that has not reported yet is
         a problem; reports of receivers that left are ignored). Digests are compared while the trainer still
-        holds the weights of the last sync (`VersionLedger.reference`), fingerprints always.
+        holds the weights of the last sync (`VersionLedger.reference`), fingerprints always. An in-process
+        evaluator in other dtypes than the trainer's (bfloat16) is compared with the cast copy it was handed.
 
         Args:
             rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to `DEFAULT_RTOL`.
@@ -211,10 +222,13 @@ class PolicyGroup:
                 else:
                     found[f"eval-{ordinal}"] = report.applied
         for name, record in found.items():
+            expected = ref
+            if name.startswith("local-"):  # one handed a cast copy compares with that copy
+                expected = self._cast_sent.get(int(name.removeprefix("local-")), ref)
             issues = []
-            if record.version != ref.version:
-                issues.append(f"weight version {record.version}, expected {ref.version}")
-            bad = ref.mismatches(record, rtol)
+            if record.version != expected.version:
+                issues.append(f"weight version {record.version}, expected {expected.version}")
+            bad = expected.mismatches(record, rtol)
             if bad:
                 issues.append(f"fingerprint or digest differs for {bad}")
             if issues:

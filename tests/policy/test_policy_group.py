@@ -159,6 +159,10 @@ def test_a_bfloat16_evaluator_gets_the_weights_cast_to_bfloat16() -> None:
         assert {t.dtype for t in held.values() if t.is_floating_point()} == {torch.bfloat16}
         assert all(torch.equal(held[n], t.to(held[n].dtype)) for n, t in trainer.items())
         assert full.get_param_digests() == group.train_policy.get_param_digests()  # its own dtypes: float32
+        assert group.verify_eval_weight_consistency()  # each compared with what it was handed
+        with torch.no_grad():
+            low.scale.add_(1.0)
+        assert list(group.eval_weight_mismatches()) == ["local-0"]
     finally:
         low.close()
         full.close()
