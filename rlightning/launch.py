@@ -37,6 +37,7 @@ RUNTIME_ENV = (
     contract.ENV_BIND_HOST,
     contract.ENV_EVAL_ORDINAL,
     contract.ENV_EXPECTED_EVALUATORS,
+    contract.ENV_ERROR_FILE,
     contract.ENV_FLEET_DATA,
     contract.ENV_GROUP_NAME,
     contract.ENV_HEALTH_FILE,
@@ -325,6 +326,9 @@ def plan(
         env[contract.ENV_TRAJECTORY_ENDPOINTS] = ",".join(trajectory_endpoints(spec, site))
     if role == contract.PolicyRole.TRAIN and site.expected_evaluators is not None:
         env[contract.ENV_EXPECTED_EVALUATORS] = str(site.expected_evaluators)
+    if role == contract.PolicyRole.TRAIN:
+        in_run_dir = f"{site.run_dir.rstrip('/')}/{contract.ERROR_FILE_NAME}"
+        env[contract.ENV_ERROR_FILE] = contract.TERMINATION_LOG_IN_POD if site.in_pod else in_run_dir
     if role == contract.PolicyRole.TRAIN and site.in_pod:
         env[contract.ENV_REPORT_STATUS] = "1"
     if site.in_pod:

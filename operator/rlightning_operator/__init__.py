@@ -1,5 +1,5 @@
-"""The PolicyGroup operator (kopf): PolicyGroup -> ConfigMap, RBAC, disruption budgets, trainer Job, evaluator
-StatefulSet, status.
+"""The PolicyGroup operator (kopf): PolicyGroup -> ConfigMap, RBAC, disruption budgets, the trainers'
+NetworkPolicy, trainer Job, evaluator StatefulSet, status.
 
 What belongs here: pure builders (`_builders`), the pure planner (`_planner`) and status function
 (`_status`, with the pods' diagnosis `_pods`), the one module that calls the API (`_kube`), the reconcile
@@ -36,6 +36,9 @@ batch jobs                              get, list, watch, create, patch, delete 
 apps statefulsets                       get, list, watch, create, patch             evaluators
 policy poddisruptionbudgets             get, create, patch                          trainers' and evaluators'
                                                                                     disruption budgets
+networking.k8s.io networkpolicies      get, create, patch                          the trainers' NetworkPolicy
+                                                                                    (only with the setting
+                                                                                    network_policy on)
 "" pods                                 get, list, watch                            status: crash loops,
                                                                                     unschedulable pods, stuck
                                                                                     rollouts, trainers lost (read

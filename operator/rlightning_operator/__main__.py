@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--leader-elect", action="store_true", default=None, dest="leader_election", help=(
         "act only while holding the leader-election Lease; env RLIGHTNING_OPERATOR_LEADER_ELECTION=true"))
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0 disables)")
+    parser.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=None, help=(
+        "give each PolicyGroup's trainers a NetworkPolicy (default on); env RLIGHTNING_OPERATOR_NETWORK_POLICY"))
     return parser
 
 
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "health_port": args.health_port,
         "metrics_port": args.metrics_port,
         "leader_election": args.leader_election,
+        "network_policy": args.network_policy,
     }
     if args.namespaces:
         overrides["all_namespaces"] = False
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(settings)
     # kopf's handler threads and the refresher's threads share the client: one connection for each.
     client = kube.KubeClient(kube.load_api_client(pool_size=2 * settings.workers), settings.api_timeout_seconds)
-    context = handlers.Context(settings=settings, reconciler=reconcile.Reconciler(client, handlers.post_event))
+    reconciler = reconcile.Reconciler(client, handlers.post_event, settings.network_policy_options)
+    context = handlers.Context(settings=settings, reconciler=reconciler)
     elector = None
     if settings.leader_election:
         identity = f"{os.environ.get('POD_ID') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"

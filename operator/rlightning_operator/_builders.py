@@ -13,6 +13,7 @@ labelled with a Kueue queue gets a suspended trainer Job (`queued`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -398,7 +399,9 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     does not count disruptions (preemption, eviction, node drain) as failures; `backoffLimit` 0 fails the Job on
     the first other failure, and the operator restarts the gang as a new attempt (`with_attempt`). An init container
     (`contract.VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the
-    runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker).
+    runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker). The train
+    container's termination message is the first failing rank's own exception (`contract.TERMINATION_LOG_IN_POD`,
+    `FallbackToLogsOnError`), which the PolicyGroup's conditions show.
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
@@ -411,6 +414,11 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     name = contract.train_name(group)
     pod_spec = _pod_spec(manifest, namespace, contract.PolicyRole.TRAIN)
     pod_spec.update({"restartPolicy": "Never", "subdomain": name, "initContainers": [_validate_container(pod_spec)]})
+    # The first failing rank writes its own exception there (`rlightning.runtime._errors`); when none did (a
+    # signal, a crash outside Python), the kubelet takes the log's tail instead.
+    pod_spec["containers"][0].update(
+        terminationMessagePath=contract.TERMINATION_LOG_IN_POD, terminationMessagePolicy="FallbackToLogsOnError"
+    )
     bad_manifest = {"operator": "In", "values": [contract.EXIT_BAD_MANIFEST]}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
@@ -535,6 +543,61 @@ def build_disruption_budgets(manifest: PolicyGroupManifest, namespace: str) -> l
     return result
 
 
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server puts on every namespace, with its name (Kubernetes 1.21 and later)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicyOptions:
+    """What the per-group NetworkPolicy admits beside the group's own pods (`OperatorSettings.network_policy_*`).
+
+    Attributes:
+        metrics_namespace (str): The namespace whose pods may scrape the trainers' metrics port (a Prometheus in
+            `monitoring`); "" admits every pod of the PolicyGroup's own namespace. Defaults to "".
+    """
+
+    metrics_namespace: str = ""
+
+
+def build_network_policy(
+    manifest: PolicyGroupManifest, namespace: str, options: NetworkPolicyOptions
+) -> dict[str, Any]:
+    """The trainers' NetworkPolicy (networking.k8s.io/v1, Ingress only): nothing reaches a trainer pod but the
+    PolicyGroup's own pods, and the scrapers of `options` its metrics port.
+
+    The group's pods are admitted on every port, not only the spec's (torchrun's rendezvous, the weight-sync store,
+    the trajectory intakes): gloo and NCCL connect the DDP ranks and the weight-sync groups over ports each process
+    binds at random (ephemeral ports). Egress is left alone (trainers reach the API server and the evaluators).
+    The operator itself never connects to a pod; kubelet probes are exec probes.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+        options (NetworkPolicyOptions): Who may scrape the metrics port.
+
+    Returns:
+        dict[str, Any]: The NetworkPolicy `<name>-train`, hashed on its spec.
+    """
+    group, metrics = manifest.metadata.name, manifest.spec.ports.metrics
+    scrapers = ({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: options.metrics_namespace}}}
+                if options.metrics_namespace else {"podSelector": {}})
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": {contract.LABEL_GROUP: group}}}]}]
+    if metrics:
+        ingress.append({"from": [scrapers], "ports": [{"protocol": "TCP", "port": metrics}]})
+    spec = {
+        "podSelector": {"matchLabels": selector(group, contract.PolicyRole.TRAIN)},
+        "policyTypes": ["Ingress"],
+        "ingress": ingress,
+    }
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(contract.train_name(group), namespace, group, contract.PolicyRole.TRAIN),
+        "spec": spec,
+    }
+    return _stamp(policy, spec)
+
+
 def queued(manifest: PolicyGroupManifest, job: dict[str, Any]) -> dict[str, Any]:
     """The trainer Job as Kueue admits it when the PolicyGroup carries `contract.LABEL_KUEUE_QUEUE`: with that
     label and created suspended, so that no trainer pod exists until Kueue admits the whole gang (its quota for
@@ -564,23 +627,29 @@ def queued(manifest: PolicyGroupManifest, job: dict[str, Any]) -> dict[str, Any]
     return result
 
 
-def build_children(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+def build_children(
+    manifest: PolicyGroupManifest, namespace: str, network_policy: NetworkPolicyOptions | None = None
+) -> list[dict[str, Any]]:
     """Every child of a PolicyGroup, in creation order: what pods mount and use first, then workloads.
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
         namespace (str): Its namespace.
+        network_policy (NetworkPolicyOptions | None, optional): Build the trainers' NetworkPolicy with these
+            options; None builds none (a cluster without NetworkPolicy support). Defaults to None.
 
     Returns:
         list[dict[str, Any]]: ConfigMap, ServiceAccount, Role, RoleBinding, trainer and evaluator
-            PodDisruptionBudgets (before any pod, so that no pod is ever unprotected), trainer Service, Job
-            (`queued`), evaluator Service, StatefulSet.
+            PodDisruptionBudgets and the trainers' NetworkPolicy (before any pod, so that no pod is ever
+            unprotected), trainer Service, Job (`queued`), evaluator Service, StatefulSet.
     """
     service, job = build_train(manifest, namespace)
+    policies = [] if network_policy is None else [build_network_policy(manifest, namespace, network_policy)]
     return [
         build_config_map(manifest, namespace),
         *build_rbac(manifest, namespace),
         *build_disruption_budgets(manifest, namespace),
+        *policies,
         service,
         queued(manifest, job),
         *build_eval(manifest, namespace),

@@ -35,6 +35,7 @@ KINDS: dict[str, Kind] = {
     "ConfigMap": Kind("/api/v1", "configmaps"),
     "Job": Kind("/apis/batch/v1", "jobs"),
     "Lease": Kind("/apis/coordination.k8s.io/v1", "leases"),
+    "NetworkPolicy": Kind("/apis/networking.k8s.io/v1", "networkpolicies"),
     contract.KIND: Kind(f"/apis/{contract.GROUP_VERSION}", contract.PLURAL),
     "Pod": Kind("/api/v1", "pods"),
     "PodDisruptionBudget": Kind("/apis/policy/v1", "poddisruptionbudgets"),

@@ -41,6 +41,7 @@ _PATCHED_FIELDS: dict[str, tuple[str, ...]] = {
     "Service": ("spec",),
     "StatefulSet": ("spec",),
     "PodDisruptionBudget": ("spec",),  # all of it mutable since Kubernetes 1.15
+    "NetworkPolicy": ("spec",),
 }
 _STATEFULSET_SPEC_FIELDS = ("replicas", "template", "updateStrategy")
 # Patched fields that only this operator writes: their patch also removes what the desired manifest no longer has
@@ -51,6 +52,7 @@ _OWNED_FIELDS: dict[str, tuple[str, ...]] = {
     "ConfigMap": ("data",),
     "StatefulSet": ("spec",),
     "PodDisruptionBudget": ("spec",),
+    "NetworkPolicy": ("spec",),  # a metrics port set to 0 drops its rule
 }
 
 

@@ -12,6 +12,9 @@
   or that was disrupted (condition `DisruptionTarget`: preempted, evicted, its node tainted or gone) or deleted.
   The operator restarts the whole gang as a new attempt on either (`_planner.plan_restart`).
 
+Each message ends with what the failed container said (`said`: its termination message, which for a trainer is the
+first failing rank's own exception, `rlightning.runtime._errors`).
+
 The operator keeps no list of pods: the pod watch feeds the reconciler `trim`med pods, and only those whose state
 a check here may read (`settled` tells which it may drop), so memory grows with the pods not ready, not with all.
 """
@@ -34,6 +37,9 @@ REVISION_LABEL = "controller-revision-hash"
 """Label the StatefulSet controller puts on each pod: the revision it was made from."""
 _FORCED_ROLLBACK = "after fixing the spec, delete pod {pod}: a StatefulSet does not replace it by itself"
 """Kubernetes docs, StatefulSets, "Forced rollback": a pod stuck on a broken revision stays until deleted."""
+MESSAGE_CHARS = 1024
+"""The most of a container's termination message (on one line) a condition shows: the exception and where it was
+raised fit; a whole traceback does not belong in a condition (`kubectl logs` has it)."""
 ROLLOUT_PROGRESS_DEADLINE_SECONDS = 600.0
 """How long a pod of a new revision may stay unready before the rollout counts as stuck: the default
 `progressDeadlineSeconds` of a Deployment (StatefulSets have no such field)."""
@@ -108,6 +114,22 @@ def _exit(terminated: Mapping[str, Any]) -> str:
     return detail + (f" ({terminated['reason']})" if terminated.get("reason") else "")
 
 
+def said(terminated: Mapping[str, Any]) -> str:
+    """What a terminated container said (its termination message: a trainer's failing rank's own exception, or
+    the log's tail), on one line, at most `MESSAGE_CHARS` characters, as `: <message>`; "" when it said nothing.
+
+    Args:
+        terminated (Mapping[str, Any]): `state.terminated` or `lastState.terminated` of a container status.
+
+    Returns:
+        str: The suffix for a condition's message.
+    """
+    message = " ".join(str(terminated.get("message") or "").split())
+    if len(message) > MESSAGE_CHARS:
+        message = message[: MESSAGE_CHARS - 3] + "..."
+    return f": {message}" if message else ""
+
+
 def _crash_loop(pod: Mapping[str, Any]) -> PodProblem | None:
     for container in _statuses(pod):
         waiting = (container.get("state") or {}).get("waiting") or {}
@@ -117,7 +139,7 @@ def _crash_loop(pod: Mapping[str, Any]) -> PodProblem | None:
         if waiting.get("reason") == CRASH_LOOP or crashed:
             last_exit = _exit(last) if last else "no exit code recorded"
             return PodProblem(CRASH_LOOP, f"pod {_name(pod)}: container {container.get('name')} is crash-looping: "
-                                          f"last {last_exit}, {restarts} restarts", _name(pod))
+                                          f"last {last_exit}, {restarts} restarts{said(last)}", _name(pod))
     return None
 
 
@@ -128,7 +150,8 @@ def _failed(pod: Mapping[str, Any], failures: int) -> PodProblem | None:
         terminated = (container.get("state") or {}).get("terminated") or {}
         if terminated.get("exitCode") not in (None, 0):
             return PodProblem(CRASH_LOOP, f"pod {_name(pod)}: container {container.get('name')} failed with "
-                                          f"{_exit(terminated)}; {failures} failed pods so far", _name(pod))
+                                          f"{_exit(terminated)}; {failures} failed pods so far{said(terminated)}",
+                              _name(pod))
     return None
 
 
@@ -267,7 +290,8 @@ def _failure(pod: Mapping[str, Any]) -> TrainerLoss | None:
             continue
         cause: LossCause = "rejected" if code == contract.EXIT_BAD_MANIFEST else "failure"
         return TrainerLoss(cause, POD_FAILED, _name(pod),
-                           f"pod {_name(pod)}: container {container.get('name')} failed with {_exit(terminated)}",
+                           f"pod {_name(pod)}: container {container.get('name')} failed with {_exit(terminated)}"
+                           f"{said(terminated)}",
                            _time(terminated.get("finishedAt")))
     if (pod.get("status") or {}).get("phase") == "Failed":
         reason = (pod.get("status") or {}).get("reason") or "no exit code recorded"

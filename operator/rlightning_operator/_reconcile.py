@@ -115,11 +115,18 @@ class Reconciler:
     Args:
         client (kube.KubeClient): The API.
         post_event (EventPoster): Posts Events about a PolicyGroup.
+        network_policy (builders.NetworkPolicyOptions | None, optional): Give each PolicyGroup's trainers a
+            NetworkPolicy with these options (`builders.build_network_policy`); None: none (a cluster without
+            NetworkPolicy support). Defaults to None.
     """
 
-    def __init__(self, client: kube.KubeClient, post_event: EventPoster) -> None:
+    def __init__(
+        self, client: kube.KubeClient, post_event: EventPoster,
+        network_policy: builders.NetworkPolicyOptions | None = None,
+    ) -> None:
         self._client = client
         self._post_event = post_event
+        self._network_policy = network_policy
         # Weak values: a lock lives while a reconcile holds it or a thread waits for it, and goes after, so
         # memory stays bounded without ever dropping a lock in use (a PolicyGroup deleted and created again
         # under the same name while a reconcile runs still gets the same lock).
@@ -551,16 +558,15 @@ class Reconciler:
         return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked,
                             current=current, restarts=restarts)
 
-    @staticmethod
     def _desired(
-        body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
+        self, body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
         current: planner.Restarts,
     ) -> list[dict[str, Any]]:
         """The children as they should be: built, the Job under the current attempt, the evaluators scaled to zero
         once training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup.
         """
         desired = []
-        for child in builders.build_children(manifest, namespace):
+        for child in builders.build_children(manifest, namespace, self._network_policy):
             if child["kind"] == "Job":
                 child = builders.with_attempt(child, current.attempt)
             elif child["kind"] == "StatefulSet" and _stop_evaluators(manifest, job, current):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlightning import contract
+from rlightning_operator._builders import NetworkPolicyOptions
 
 ENV_PREFIX = "RLIGHTNING_OPERATOR_"
 RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -147,6 +148,29 @@ class OperatorSettings(BaseModel):
         description="Period of renewals and of a standby's attempts (client-go's default, 2 s).",
     )
 
+    network_policy: bool = Field(
+        default=True,
+        description=(
+            "Give each PolicyGroup's trainers a NetworkPolicy that admits only the group's own pods (and the "
+            "metrics scrapers to the metrics port); turn off on clusters without NetworkPolicy support."
+        ),
+    )
+    network_policy_metrics_namespace: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$",
+        description=(
+            "Namespace whose pods may scrape the trainers' metrics port (a Prometheus in `monitoring`); empty: "
+            "every pod of the PolicyGroup's own namespace."
+        ),
+    )
+
+    @property
+    def network_policy_options(self) -> NetworkPolicyOptions | None:
+        """The reconciler's NetworkPolicy options; None when `network_policy` is off."""
+        if not self.network_policy:
+            return None
+        return NetworkPolicyOptions(metrics_namespace=self.network_policy_metrics_namespace)
+
     @model_validator(mode="after")
     def _scope(self) -> OperatorSettings:
         if self.all_namespaces and self.namespaces:
@@ -189,7 +213,7 @@ class OperatorSettings(BaseModel):
                 continue
             if name == "namespaces":
                 values[name] = [item.strip() for item in raw.split(",") if item.strip()]
-            elif name in ("all_namespaces", "leader_election"):
+            elif name in ("all_namespaces", "leader_election", "network_policy"):
                 values[name] = raw.strip().lower() in ("1", "true", "yes")
             else:
                 values[name] = raw.strip()

@@ -85,7 +85,15 @@ class TrainingStatus(StrictModel):
     train_return: float | None = Field(default=None, description="Mean return of recent training episodes.")
     eval_return: float | None = Field(default=None, description="Mean return reported by the evaluators.")
     consistent: bool | None = Field(
-        default=None, description="Whether every evaluator's weights match the trainer's (digest and fingerprint)."
+        default=None,
+        description=(
+            "Whether every evaluator's weights match the trainer's (digest and fingerprint); null when no evaluator's "
+            "report was compared."
+        ),
+    )
+    consistent_reason: str | None = Field(
+        default=None,
+        description="Why consistent is null (no evaluator's report compared) or, in the final report, false.",
     )
     last_sync_seconds: float | None = Field(default=None, ge=0, description="Duration of the last sync in seconds.")
     last_sync_bytes: int | None = Field(default=None, ge=0, description="Bytes sent by the last sync.")

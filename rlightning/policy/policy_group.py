@@ -13,9 +13,15 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
+
 from rlightning import weights
 from rlightning.policy import base_policy
 from rlightning.policy._consistency import DEFAULT_RTOL, Consistency, VersionLedger
+
+EVAL_APPLY_TIMEOUT_SECONDS = 60.0
+"""How long `PolicyGroup.sync_weights` waits at most for each in-process evaluator to apply a version: its running
+rollout finishes first, then the copy is loaded."""
 
 
 class PolicyGroup:
@@ -52,6 +58,9 @@ class PolicyGroup:
         self.sender = sender
         self.last_sync_stats: weights.SyncStats | None = None
         self.ledger = VersionLedger()
+        # In-process evaluator index -> what its last sync handed it, where that was cast to its own dtypes (a
+        # bfloat16 evaluator): the reference it is checked against. Evaluators in the trainer's dtypes have none.
+        self._cast_sent: dict[int, weights.WeightRecord] = {}
 
     @property
     def weight_version(self) -> int:
@@ -60,14 +69,22 @@ class PolicyGroup:
         """
         return self.train_policy.weight_version
 
-    def sync_weights(self) -> int:
+    def sync_weights(self, eval_timeout: float | None = EVAL_APPLY_TIMEOUT_SECONDS) -> int:
         """Send the trainer's current weights (`get_eval_weights()`) to every evaluator under a new weight version.
 
         The remote fleet gets them through `sender.publish`, which assigns the version (above the trainer's
         and above the newest one any evaluator holds); the trainer's `weight_version` becomes it. In-process
-        evaluators then get one private copy staged and their update thread notified (or applied at once with
-        buffer strategy `none`). Nothing is copied or digested for the sender (it sends from the trainer's
-        tensors); the ledger takes the fingerprint now and the digests when a check asks (`VersionLedger`).
+        evaluators then get a private copy in their own dtypes (one copy per distinct set of dtypes: a bfloat16
+        evaluator gets the weights cast to bfloat16), staged with their update thread notified (or applied at
+        once with buffer strategy `none`), and this returns once every one of them has applied the version, so
+        the next rollout of any of them uses it. Nothing is copied or digested for the sender (it sends from the
+        trainer's tensors); the ledger takes the fingerprint now and the digests when a check asks
+        (`VersionLedger`).
+
+        Args:
+            eval_timeout (float | None, optional): Seconds to wait for each in-process evaluator to apply the
+                version (its running rollout finishes first); None waits as long as it takes. Defaults to
+                `EVAL_APPLY_TIMEOUT_SECONDS`.
 
         Returns:
             int: The new weight version.
@@ -75,6 +92,8 @@ class PolicyGroup:
         Raises:
             weights.WeightSyncError: When the remote publish did not reach every receiver (the version still
                 counts as sent: in-process evaluators get it, and `last_sync_stats` holds the outcome).
+            TimeoutError: When an in-process evaluator did not apply the version within `eval_timeout`.
+            RuntimeError: When an in-process evaluator failed to apply it (its `weight_update_error` chained).
         """
         state = self.train_policy.get_eval_weights()
         failure: weights.WeightSyncError | None = None
@@ -86,16 +105,52 @@ class PolicyGroup:
             version = self.last_sync_stats.version
         else:
             version = self.train_policy.weight_version + 1
-        if self.eval_policies:  # they keep what they are given: one copy, not the trainer's tensors
-            copy = {name: tensor.clone() for name, tensor in state.items()}
-            for policy in self.eval_policies:
-                policy.push_weights(version, copy)
+        self._push_to_evaluators(version, state)
         # remote evaluators hold floating tensors in `weightSync.dtype`: compare in it
         self.ledger.record(version, state, self.sender.config.dtype if self.sender is not None else None)
         self.train_policy.weight_version = version
+        self._wait_for_evaluators(version, eval_timeout)
         if failure is not None:
             raise failure
         return version
+
+    def _push_to_evaluators(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Stage `state` as `version` in every in-process evaluator, copied into the evaluator's own dtypes.
+
+        They keep what they are given, so each gets a copy, not the trainer's tensors; evaluators with the same
+        dtypes share one.
+        """
+        trainer_dtypes = tuple(t.dtype for t in state.values())
+        copies: dict[tuple[torch.dtype, ...], dict[str, torch.Tensor]] = {}
+        cast_records: dict[tuple[torch.dtype, ...], weights.WeightRecord] = {}
+        self._cast_sent.clear()
+        for index, policy in enumerate(self.eval_policies):
+            own = weights.named_state(policy)
+            dtypes = tuple(own[name].dtype if name in own else t.dtype for name, t in state.items())
+            copy = copies.get(dtypes)
+            if copy is None:
+                copy = copies[dtypes] = {
+                    name: t.to(dtype=dtype, copy=True) for (name, t), dtype in zip(state.items(), dtypes, strict=True)
+                }
+                if dtypes != trainer_dtypes:  # one fingerprint and digest pass per cast copy, none otherwise
+                    cast_records[dtypes] = weights.WeightRecord.of(version, copy)
+            if dtypes in cast_records:
+                self._cast_sent[index] = cast_records[dtypes]
+            policy.push_weights(version, copy)
+
+    def _wait_for_evaluators(self, version: int, timeout: float | None) -> None:
+        """Return once every in-process evaluator holds `version` (or newer); raise naming those that do not."""
+        for index, policy in enumerate(self.eval_policies):
+            applied = policy.wait_for_weight_update_done(timeout)
+            if policy.weight_update_error is not None:
+                raise RuntimeError(
+                    f"in-process evaluator local-{index} failed to apply weight version {version}"
+                ) from policy.weight_update_error
+            if not applied or policy.weight_version < version:
+                raise TimeoutError(
+                    f"in-process evaluator local-{index} did not apply weight version {version} within {timeout} s "
+                    f"(it holds version {policy.weight_version})"
+                )
 
     def check_reports(
         self,
@@ -143,7 +198,8 @@ class PolicyGroup:
         In-process evaluators are named `local-<index>`, remote ones `eval-<ordinal>`: every receiver
         registered with the sender, checked against its newest report (a member that has not reported yet is
         a problem; reports of receivers that left are ignored). Digests are compared while the trainer still
-        holds the weights of the last sync (`VersionLedger.reference`), fingerprints always.
+        holds the weights of the last sync (`VersionLedger.reference`), fingerprints always. An in-process
+        evaluator in other dtypes than the trainer's (bfloat16) is compared with the cast copy it was handed.
 
         Args:
             rtol (float, optional): Relative tolerance of the L2 fingerprints. Defaults to `DEFAULT_RTOL`.
@@ -166,10 +222,13 @@ class PolicyGroup:
                 else:
                     found[f"eval-{ordinal}"] = report.applied
         for name, record in found.items():
+            expected = ref
+            if name.startswith("local-"):  # one handed a cast copy compares with that copy
+                expected = self._cast_sent.get(int(name.removeprefix("local-")), ref)
             issues = []
-            if record.version != ref.version:
-                issues.append(f"weight version {record.version}, expected {ref.version}")
-            bad = ref.mismatches(record, rtol)
+            if record.version != expected.version:
+                issues.append(f"weight version {record.version}, expected {expected.version}")
+            bad = expected.mismatches(record, rtol)
             if bad:
                 issues.append(f"fingerprint or digest differs for {bad}")
             if issues:

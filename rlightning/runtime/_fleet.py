@@ -15,6 +15,7 @@ import time
 from rlightning import weights
 from rlightning.policy import PolicyGroup
 from rlightning.policy._consistency import Consistency
+from rlightning.runtime import report
 
 log = logging.getLogger("rlightning.train")
 
@@ -33,6 +34,28 @@ evaluators that registered after the newest publish (they produce nothing until 
 MEMBERSHIP_SETTLE_SECONDS = 2.0
 """In pods (no `ENV_EXPECTED_EVALUATORS`), the evaluators registered with the sender count as the fleet once
 the membership has not changed for this long (`Fleet.settle`)."""
+
+
+def final_consistency(consistency: Consistency, expected: int) -> tuple[bool | None, str | None]:
+    """The run's final verdict: whether the expected evaluators hold the final version, bit for bit, and why not.
+
+    Args:
+        consistency (Consistency): The exact check of the live evaluators' reports (`Fleet.check`).
+        expected (int): Evaluators that must hold the final version (`Fleet.expected_count`).
+
+    Returns:
+        tuple[bool | None, str | None]: (`consistent`, `consistent_reason`): None and `report.NOT_COMPARED` when no
+            report was checked (no evaluator, or none on a remembered version); False and the reason when a
+            report differs or fewer than `expected` evaluators hold the newest version; True and None otherwise.
+    """
+    if not consistency.checked:
+        return None, report.NOT_COMPARED
+    if consistency.mismatched:
+        differ = {o: len(names) for o, names in sorted(consistency.mismatched.items())}
+        return False, f"evaluators differ from the trainer (ordinal: tensors) {differ}"
+    if len(consistency.on_latest) < expected:
+        return False, f"{len(consistency.on_latest)} of {expected} evaluators hold the final version"
+    return True, None
 
 
 def mean(values: list[float]) -> float | None:

@@ -55,7 +55,13 @@ class TrainerMetrics(_Metrics):
         self.train_return = self._gauge("rlightning_train_return", "Mean return of recent training episodes.")
         self.eval_return = self._gauge("rlightning_eval_return", "Mean return reported by the evaluators.")
         self.weight_version = self._gauge("rlightning_weight_version", "Newest published weight version.")
-        self.consistent = self._gauge("rlightning_eval_consistent", "1 when evaluators match the trainer.")
+        self.consistent = self._gauge(
+            "rlightning_eval_consistent",
+            "1 when evaluators match the trainer; holds its last verdict while rlightning_eval_compared is 0.",
+        )
+        self.compared = self._gauge(
+            "rlightning_eval_compared", "1 when the last check compared an evaluator's weights; 0: nothing compared."
+        )
         self.sync_seconds = self._counter("rlightning_weight_sync_seconds", "Seconds spent publishing.")
         self.sync_bytes = self._counter("rlightning_weight_sync_bytes", "Bytes published.")
         self.sync_failures = self._counter("rlightning_weight_sync_failures", "Publishes that failed.")

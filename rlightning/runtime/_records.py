@@ -26,6 +26,7 @@ from rlightning.config import TrainingStatus
 from rlightning.runtime._prometheus import TrainerMetrics
 from rlightning.runtime._status_reporter import StatusReporter
 from rlightning.runtime._tensorboard import TensorBoardWriter
+from rlightning.runtime import report
 from rlightning.runtime.report import RunSummary, SyncTotals
 from rlightning.runtime.rundir import RunDir, append_jsonl, write_json_atomic
 from rlightning.runtime.settings import ProcessSettings
@@ -245,7 +246,9 @@ class Recorder:
             self._tensorboard.close()
             self._tensorboard = None
         final = {**(self._last_row or {}), **last_row}  # `last_row` is {} when no iteration ran
-        self._export({**final, "weight_version": summary.weight_version, "consistent": summary.consistent}, True)
+        final.update(weight_version=summary.weight_version, consistent=summary.consistent,
+                     consistent_reason=summary.consistent_reason)
+        self._export(final, True)
         log.info("summary: %s", summary.to_dict())
         return summary
 
@@ -269,7 +272,9 @@ class Recorder:
         for gauge, key in ((m.train_return, "train_return"), (m.eval_return, "eval_return")):
             if row.get(key) is not None:
                 gauge.set(row[key])
-        if row.get("consistent") is not None:
+        compared = row.get("consistent") is not None
+        m.compared.set(1 if compared else 0)
+        if compared:
             m.consistent.set(1 if row["consistent"] else 0)
         for gauge, key in (
             (m.env_steps_per_second, "env_steps_per_second"),
@@ -292,6 +297,7 @@ class Recorder:
                     train_return=row.get("train_return"),
                     eval_return=row.get("eval_return"),
                     consistent=row.get("consistent"),
+                    consistent_reason=row.get("consistent_reason", None if compared else report.NOT_COMPARED),
                     last_sync_seconds=self.sync.last_seconds,
                     last_sync_bytes=self.sync.last_bytes,
                     env_steps_per_second=_rounded(row.get("env_steps_per_second")),

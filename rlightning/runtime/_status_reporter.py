@@ -77,8 +77,11 @@ class StatusReporter:
             return False
         self._last = now
         training = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        # A merge patch keeps what it omits: an explicit null ends the wait once data flows again.
+        # A merge patch keeps what it omits: an explicit null ends the wait once data flows again, and clears a
+        # verdict once nothing is compared any more (no evaluator left).
         training["waitingForDataSeconds"] = status.waiting_for_data_seconds
+        training["consistent"] = status.consistent
+        training["consistentReason"] = status.consistent_reason
         body = {"status": {"training": training}}
         try:
             self._client().patch_namespaced_custom_object_status(

@@ -230,6 +230,7 @@ class LocalRun:
         """
         self.run_dir.create()
         self.run_dir.spec_path.write_text(self.manifest_text)
+        self.run_dir.error_path.unlink(missing_ok=True)  # a previous run's: the trainer's ranks write the first one
         spec = self.manifest.spec
         children = self.children()
         trainer = children[-1]
@@ -301,8 +302,18 @@ class LocalRun:
 
     def _report_failure(self, view: progress_mod.View, child: Child, code: int) -> None:
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        own = self._rank_error() if child.name == TRAINER else ""
+        if own:  # the failing rank's own exception first, not torchrun's banner at the end of the log
+            view.message(f"error: {child.name} failed with {how}: {own}")
         view.message(f"error: {child.name} failed with {how}; stopping the others. Last lines of {child.log_path}:")
         view.message(log_tail(child.log_path) or "(empty log)")
+
+    def _rank_error(self) -> str:
+        """What the first failing trainer rank wrote (`rlightning.runtime._errors`); "" when none did."""
+        try:
+            return self.run_dir.error_path.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return ""
 
     def _stop_all(self, trainer: Child, evals: list[Child]) -> None:
         kill_now = self._interrupts > 1
@@ -318,10 +329,12 @@ class LocalRun:
         if summary_path.exists() and summary_path.stat().st_mtime >= self._started_at:  # not a previous run's
             summary = json.loads(summary_path.read_text())
             sync = summary.get("sync", {})
+            reason = summary.get("consistent_reason")
             print(
                 f"{'finished' if code == 0 else 'stopped'} in {seconds:.0f} s ({summary.get('stop_reason')}): "
                 f"eval return {summary.get('final_eval_return')} on version {summary.get('final_eval_version')}, "
-                f"weight version {summary.get('weight_version')}, consistent {summary.get('consistent')}, "
+                f"weight version {summary.get('weight_version')}, consistent {summary.get('consistent')}"
+                f"{f' ({reason})' if reason else ''}, "
                 f"{sync.get('count', 0)} syncs, {sync.get('bytes', 0)} bytes, {sync.get('seconds', 0.0):.2f} s",
                 file=out,
             )

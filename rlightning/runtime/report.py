@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+NOT_COMPARED = "no evaluator reported weights that could be checked"
+"""`consistent_reason` when nothing was compared: `consistent` is then null (unknown), never true."""
+
 
 @dataclass
 class SyncTotals:
@@ -55,10 +58,12 @@ class RunSummary:
         final_train_return (float | None): Mean return of recent training episodes.
         target_eval_return (float | None): spec.train.targetEvalReturn.
         reached_target (bool): Whether final_eval_return >= target_eval_return.
-        consistent (bool): Whether the expected evaluators (the local launcher's count, else every one
+        consistent (bool | None): Whether the expected evaluators (the local launcher's count, else every one
             registered) hold the final version and every report matches what the trainer published (exact
-            digest and L2 fingerprint).
+            digest and L2 fingerprint); None when no report was compared (no evaluator).
         evaluators (dict[str, dict[str, Any]]): Last report per evaluator ordinal.
+        consistent_reason (str | None): Why `consistent` is not true (`NOT_COMPARED` when it is None); None
+            when it is true.
         sync (SyncTotals): Weight-sync statistics.
         resumed_from (str | None): The checkpoint this run resumed from.
         env_steps_by_evaluator (dict[str, int] | None): Env steps trained on per evaluator ordinal when the
@@ -86,8 +91,9 @@ class RunSummary:
     final_train_return: float | None
     target_eval_return: float | None
     reached_target: bool
-    consistent: bool
+    consistent: bool | None
     evaluators: dict[str, dict[str, Any]] = field(default_factory=dict)
+    consistent_reason: str | None = None
     sync: SyncTotals = field(default_factory=SyncTotals)
     resumed_from: str | None = None
     env_steps_by_evaluator: dict[str, int] | None = None

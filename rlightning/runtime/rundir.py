@@ -70,6 +70,11 @@ class RunDir:
         return self.root / "summary.json"
 
     @property
+    def error_path(self) -> Path:
+        """The first failing trainer rank's own exception (`contract.ENV_ERROR_FILE`, `rlightning.runtime._errors`)."""
+        return self.root / contract.ERROR_FILE_NAME
+
+    @property
     def plot_path(self) -> Path:
         """The PNG plot of train and eval return against env steps."""
         return self.root / "returns.png"

@@ -48,7 +48,7 @@ import torch.distributed as dist
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import BasePolicy, EnvMeta, PolicyGroup, PolicyRole, load_policy_class
-from rlightning.runtime import _datasets, _fleet, _health, _records, _resume, _signals, _startup, _stop
+from rlightning.runtime import _datasets, _errors, _fleet, _health, _records, _resume, _signals, _startup, _stop
 from rlightning.runtime._collective import all_reduce
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
@@ -402,9 +402,7 @@ def finish(
                 final_return, final_version = confirmed, fleet.version
     reports = fleet.live_reports()
     consistency = fleet.check(reports, exact=True)
-    # Every expected evaluator (the launcher's count, else every registered one) holds the final version,
-    # bit for bit.
-    consistent = consistency.consistent is not False and len(consistency.on_latest) >= fleet.expected_count()
+    consistent, consistent_reason = _fleet.final_consistency(consistency, fleet.expected_count())
     save_checkpoint(policy, run_dir, spec)
     target = spec.train.target_eval_return
     recorder.summary(
@@ -419,6 +417,7 @@ def finish(
         target_eval_return=target,
         reached_target=target is not None and final_return is not None and final_return >= target,
         consistent=consistent,
+        consistent_reason=consistent_reason,
         evaluators={
             str(o): {"applied_version": r.applied.version, **r.metrics} for o, r in sorted(reports.items())
         },
@@ -432,6 +431,7 @@ def finish(
     )
 
 
+@_errors.record
 def main() -> int:
     """Entry point: read the environment and the manifest, train.
 

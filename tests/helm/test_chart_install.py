@@ -155,6 +155,7 @@ def test_operator_reconciles_with_exactly_the_charts_rbac(helm, cluster, namespa
             ("ServiceAccount", contract.service_account_name(GROUP)),
             ("Role", contract.service_account_name(GROUP)),
             ("RoleBinding", contract.service_account_name(GROUP)),
+            ("NetworkPolicy", contract.train_name(GROUP)),  # networkPolicy.enabled: the chart's default
             ("Service", contract.train_name(GROUP)),
             ("Job", contract.train_name(GROUP)),
             ("Service", contract.eval_name(GROUP)),

@@ -40,6 +40,7 @@ def test_lint_strict(offline_helm, args):
         (("--set", "watchNamespaces={Team_A}"), "watchNamespaces"),
         (("--set", "monitoring.policyGroups.podMonitor.interval=often"), "interval"),
         (("--set", "monitoring.grafanaDashboard.label="), "label"),
+        (("--set", "networkPolicy.metricsNamespace=Monitoring"), "metricsNamespace"),
     ],
 )
 def test_schema_refuses_bad_values(offline_helm, args, complaint):
@@ -194,6 +195,19 @@ def test_rules_are_least_privilege(offline_helm):
     assert granted[("", "events")] == {"create"}
     # The operator can grant its trainer pods' Role only what it holds itself (no `escalate`).
     assert {"get", "patch"} <= granted[(contract.API_GROUP, f"{contract.PLURAL}/status")]
+
+
+@pytest.mark.parametrize("args", [(), NAMESPACED], ids=["all namespaces", "namespaced"])
+def test_network_policies_are_switched_by_one_value(offline_helm, args):
+    docs = documents(offline_helm.template(*args, "--set", "networkPolicy.metricsNamespace=monitoring"))
+    options = _settings(_container(docs)).network_policy_options
+    assert options is not None and options.metrics_namespace == "monitoring"
+    assert all("networkpolicies" in _granted(role["rules"], {"networkpolicies"})
+               for role in _serving(docs, "Role") + by_kind(docs, "ClusterRole"))
+    off = documents(offline_helm.template(*args, "--set", "networkPolicy.enabled=false"))
+    assert _settings(_container(off)).network_policy_options is None
+    assert not any(_granted(role["rules"], {"networkpolicies"})
+                   for role in _serving(off, "Role") + by_kind(off, "ClusterRole")), "no access it does not use"
 
 
 def _granted(rules: list[dict], resources: set[str]) -> set[str]:

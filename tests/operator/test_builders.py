@@ -302,6 +302,38 @@ def test_trainers_validate_the_spec_before_torchrun_and_fail_the_job_on_a_bad_ma
     assert "initContainers" not in _by_kind(build_children(example, NS))["StatefulSet"]["spec"]["template"]["spec"]
 
 
+def test_the_failing_ranks_exception_is_the_trainer_containers_termination_message(example):
+    children = _by_kind(build_children(example, NS))
+    trainer, evaluator = _container(children["Job"]), _container(children["StatefulSet"])
+    assert (trainer["terminationMessagePath"], trainer["terminationMessagePolicy"]) == (
+        contract.TERMINATION_LOG_IN_POD, "FallbackToLogsOnError")
+    assert _env(children["Job"])[contract.ENV_ERROR_FILE] == contract.TERMINATION_LOG_IN_POD  # the ranks write it
+    assert "terminationMessagePolicy" not in evaluator and contract.ENV_ERROR_FILE not in _env(children["StatefulSet"])
+
+
+@pytest.mark.parametrize(("metrics_namespace", "metrics_port", "scrapers"), [
+    ("", 9400, {"podSelector": {}}),
+    ("monitoring", 9400, {"namespaceSelector": {"matchLabels": {builders.NAMESPACE_NAME_LABEL: "monitoring"}}}),
+    ("", 0, None),
+], ids=["scrapers of the namespace", "scrapers of another namespace", "no metrics port"])
+def test_network_policy_admits_only_the_groups_pods_and_the_scrapers(metrics_namespace, metrics_port, scrapers):
+    manifest = parse_manifest(edited(example_document(), **{"spec.ports.metrics": metrics_port}))
+    options = builders.NetworkPolicyOptions(metrics_namespace=metrics_namespace)
+    children = build_children(manifest, NS, options)
+    policy = _by_kind(children)["NetworkPolicy"]
+    assert [c["kind"] for c in children].index("NetworkPolicy") < [c["kind"] for c in children].index("Job")
+    assert policy["metadata"]["name"] == "cartpole-train" and policy["apiVersion"] == "networking.k8s.io/v1"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "train"}}
+    assert spec["policyTypes"] == ["Ingress"]  # egress untouched: trainers reach the API server and the evaluators
+    own, *metrics = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {contract.LABEL_GROUP: "cartpole"}}}]}  # every port
+    expected = [] if scrapers is None else [{"from": [scrapers], "ports": [{"protocol": "TCP", "port": 9400}]}]
+    assert metrics == expected
+    assert policy["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
+    assert "NetworkPolicy" not in _by_kind(build_children(manifest, NS))  # switched off: none
+
+
 def test_pods_probe_weights_held_and_a_moving_training_loop(example):
     children = _by_kind(build_children(example, NS))
     evaluator, trainer = _container(children["StatefulSet"]), _container(children["Job"])

@@ -15,12 +15,14 @@ EXPECTED_CHILDREN = {
     ("RoleBinding", "cartpole-runtime"),
     ("PodDisruptionBudget", "cartpole-train"),
     ("PodDisruptionBudget", "cartpole-eval"),
+    ("NetworkPolicy", "cartpole-train"),
     ("Service", "cartpole-train"),
     ("Service", "cartpole-eval"),
     ("Job", "cartpole-train"),
     ("StatefulSet", "cartpole-eval"),
 }
-KINDS = "configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets,services,jobs,statefulsets"
+KINDS = ("configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets,networkpolicies,services,jobs,"
+         "statefulsets")
 
 
 def owned_children(cluster, namespace, uid):
@@ -42,7 +44,10 @@ def ready(cluster, namespace, name="cartpole"):
 def test_apply_creates_exactly_the_children_and_status_follows_the_pods(crd, namespace, operator):
     apply(crd, namespace, example())
     uid = get_json(crd, "pg", "cartpole", "-n", namespace)["metadata"]["uid"]
-    wait_for("10 owned children", lambda: owned_children(crd, namespace, uid) == EXPECTED_CHILDREN)
+    wait_for("11 owned children", lambda: owned_children(crd, namespace, uid) == EXPECTED_CHILDREN)
+    policy = get_json(crd, "networkpolicy", "cartpole-train", "-n", namespace)["spec"]  # the operator's default: on
+    assert policy["podSelector"]["matchLabels"] == {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "train"}
+    assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {contract.LABEL_GROUP: "cartpole"}}}]
 
     job = get_json(crd, "job", "cartpole-train", "-n", namespace)
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 1, 1)

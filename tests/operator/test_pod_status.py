@@ -11,16 +11,20 @@ from rlightning_operator._status import pod_fingerprint, pods_matter
 
 NOW = "2026-12-01T08:00:00Z"
 
+WHERE = 'File "policy.py", line 6, in __init__ (rank 1)'
+RANK_ERROR = f"ValueError: action space Discrete(2) is not supported\n  at {WHERE}"
+RANK_ERROR_LINE = f"ValueError: action space Discrete(2) is not supported at {WHERE}"
+
 
 def pod(name, role="eval", phase="Running", ready=False, waiting=None, restarts=0, last_exit=None, exit_code=None,
-        unschedulable=None, revision="r1", created="2026-12-01T07:59:00Z", ready_since=None):
+        unschedulable=None, revision="r1", created="2026-12-01T07:59:00Z", ready_since=None, said=None):
     container = {"name": "train" if role == "train" else "eval", "ready": ready, "restartCount": restarts, "state": {}}
     if waiting:
         container["state"] = {"waiting": {"reason": waiting}}
     if exit_code is not None:
-        container["state"] = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+        container["state"] = {"terminated": {"exitCode": exit_code, "reason": "Error", "message": said}}
     if last_exit is not None:
-        container["lastState"] = {"terminated": {"exitCode": last_exit, "reason": "Error"}}
+        container["lastState"] = {"terminated": {"exitCode": last_exit, "reason": "Error", "message": said}}
     conditions = [{"type": "Ready", "status": "True" if ready else "False",
                    "lastTransitionTime": ready_since or created}]
     if unschedulable:
@@ -62,6 +66,12 @@ CASES = [
         pod("g-train-0-b", role="train", phase="Failed", exit_code=3),
         pod("g-train-0-c", role="train", phase="Pending", created="2026-12-01T07:59:30Z")]),
      "TrainersReady", "CrashLoopBackOff", ["g-train-0-b", "exit code 3", "2 failed pods"]),
+    ("trainer pod failed: its failing rank's exception", dict(job=job(ready=0, failed=1), stateful_set=sts(3), pods=[
+        pod("g-train-0-a", role="train", phase="Failed", exit_code=1, said=RANK_ERROR)]),
+     "TrainersReady", "CrashLoopBackOff", ["g-train-0-a", "exit code 1", f"so far: {RANK_ERROR_LINE}"]),
+    ("evaluator crash loop: what it said", dict(job=job(ready=1), stateful_set=sts(2), pods=[
+        pod("g-eval-2", waiting="CrashLoopBackOff", restarts=2, last_exit=1, said="x" * 5000)]),
+     "EvaluatorsReady", "CrashLoopBackOff", [f"2 restarts: {'x' * (pods.MESSAGE_CHARS - 3)}..."]),
     ("trainer unschedulable", dict(job=job(), stateful_set=sts(3), pods=[
         pod("g-train-0-a", role="train", unschedulable="0/4 nodes are available: 4 Insufficient cpu.")]),
      "TrainersReady", "Unschedulable", ["Insufficient cpu"]),
@@ -141,3 +151,10 @@ def test_a_pod_being_deleted_moves_its_fingerprint():
     base = pod("g-train-0")
     deleting = {**base, "metadata": {**base["metadata"], "deletionTimestamp": "2026-12-01T10:00:00Z"}}
     assert pod_fingerprint(deleting)[1] != pod_fingerprint(base)[1], "a deleted trainer pod ends its attempt"
+
+
+def test_a_trainer_loss_carries_what_its_container_said_within_the_bound():
+    loss = pods.trainer_loss([pod("g-train-0-a", role="train", phase="Failed", exit_code=1, said=RANK_ERROR)])
+    assert loss is not None and loss.message.endswith(f"exit code 1 (Error): {RANK_ERROR_LINE}"), loss
+    assert len(pods.said({"message": "y" * 5000})) == len(": ") + pods.MESSAGE_CHARS
+    assert pods.said({"message": "  \n"}) == pods.said({}) == ""

@@ -11,6 +11,7 @@ import pytest
 
 from rlightning import contract
 from rlightning_operator import _kube as kube
+from rlightning_operator._builders import NetworkPolicyOptions
 from rlightning_operator._reconcile import InvalidSpecError, Reconciler
 
 from operator_manifests import edited, example_document
@@ -116,6 +117,21 @@ def test_first_reconcile_creates_children_and_writes_status_once(api, events, re
     for (kind, _, _), obj in api.objects.items():
         if kind != contract.KIND:
             assert obj["metadata"]["ownerReferences"][0]["uid"] == "pg-uid"
+
+
+def test_the_network_policy_is_created_once_and_patched_only_when_it_differs(api, events):
+    reconciler = Reconciler(api, lambda *event: events.append(event), NetworkPolicyOptions())
+    body = group()
+    outcome = reconciler.reconcile(body)
+    assert ("create", "NetworkPolicy") in [(a.type, a.kind) for a in outcome.actions]
+    policy = api.objects[("NetworkPolicy", NS, "cartpole-train")]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "pg-uid"
+    body["status"] = api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    api.requests.clear()
+    assert reconciler.reconcile(body).actions == [] and set(api.requests) <= {"get", "list"}
+    outcome = reconciler.reconcile(group(**{"spec.ports.metrics": 9500}))
+    assert ("patch", "NetworkPolicy") in [(a.type, a.kind) for a in outcome.actions]
+    assert api.objects[("NetworkPolicy", NS, "cartpole-train")]["spec"]["ingress"][1]["ports"][0]["port"] == 9500
 
 
 def test_second_reconcile_is_reads_only(api, reconciler):

@@ -7,6 +7,7 @@ import pytest
 
 from rlightning import contract
 from rlightning_operator import OperatorSettings
+from rlightning_operator._builders import NetworkPolicyOptions
 from rlightning_operator.__main__ import main
 
 
@@ -26,7 +27,17 @@ def test_environment_and_overrides():
     assert OperatorSettings.from_env({"RLIGHTNING_OPERATOR_ALL_NAMESPACES": "true"}).served_namespaces == []
 
 
+def test_network_policy_switch_and_scrapers_namespace():
+    assert OperatorSettings.from_env({}).network_policy_options == NetworkPolicyOptions(metrics_namespace="")
+    env = {"RLIGHTNING_OPERATOR_NETWORK_POLICY": "false"}
+    assert OperatorSettings.from_env(env).network_policy_options is None
+    assert OperatorSettings.from_env(env, network_policy=True).network_policy_options is not None  # the flag wins
+    env = {"RLIGHTNING_OPERATOR_NETWORK_POLICY_METRICS_NAMESPACE": "monitoring"}
+    assert OperatorSettings.from_env(env).network_policy_options == NetworkPolicyOptions("monitoring")
+
+
 @pytest.mark.parametrize("env", [
+    {"RLIGHTNING_OPERATOR_NETWORK_POLICY_METRICS_NAMESPACE": "Not_A_Namespace"},
     {"RLIGHTNING_OPERATOR_LOG_FORMAT": "xml"},
     {"RLIGHTNING_OPERATOR_HEALTH_PORT": "70000"},
     {"RLIGHTNING_OPERATOR_NAMESPACES": "a", "RLIGHTNING_OPERATOR_ALL_NAMESPACES": "1"},

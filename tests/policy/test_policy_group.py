@@ -103,16 +103,69 @@ def test_a_change_below_the_fingerprint_tolerance_is_caught_by_the_digest(group:
 
 
 @pytest.mark.timeout(30)
-def test_an_evaluator_that_has_not_applied_yet_is_inconsistent(group: PolicyGroup) -> None:
+def test_an_evaluator_that_has_not_applied_yet_is_inconsistent_and_sync_waits_for_it(group: PolicyGroup) -> None:
     held = group.eval_policies[0]
     held.hold_update = threading.Event()
+    syncing = threading.Thread(target=group.sync_weights)
     try:
-        group.sync_weights()
+        syncing.start()
         assert held.update_entered.wait(5.0)
         assert "weight version" in " ".join(group.eval_weight_mismatches().get("local-0", ["weight version"]))
+        assert syncing.is_alive()  # sync_weights returns only once the evaluator applied the version
     finally:
         held.hold_update.set()
-    assert group.wait_for_eval_weights(timeout=5.0) and group.verify_eval_weight_consistency()
+        syncing.join(10.0)
+    assert not syncing.is_alive() and group.verify_eval_weight_consistency()
+
+
+@pytest.mark.timeout(60)
+def test_every_evaluator_serves_the_new_version_right_after_sync_returns(group: PolicyGroup) -> None:
+    stop = threading.Event()
+    observation = {"observation": toy_batch(0)["observation"][:4]}
+
+    def serve(policy) -> None:  # rollouts keep running: each apply waits for one to finish
+        while not stop.is_set():
+            policy.rollout_step({**observation, "sleep": 0.01})  # a rollout in flight delays each apply
+
+    servers = [threading.Thread(target=serve, args=(p,), daemon=True) for p in group.eval_policies]
+    for server in servers:
+        server.start()
+    trainer = group.train_policy
+    try:
+        for round_ in range(30):  # only `scale` changes: version r serves (the synced net's output) * (1 + r)
+            with torch.no_grad():
+                trainer.scale.fill_(1.0 + round_)
+            version = group.sync_weights()
+            for evaluator in group.eval_policies:
+                assert evaluator.weight_version == version, (round_, evaluator.weight_version, version)
+                served = evaluator.rollout_step(observation)
+                with torch.no_grad():
+                    expected = evaluator.net(observation["observation"]) * (1.0 + round_)
+                assert torch.equal(served, expected), round_
+    finally:
+        stop.set()
+        for server in servers:
+            server.join(10.0)
+
+
+@pytest.mark.timeout(30)
+def test_a_bfloat16_evaluator_gets_the_weights_cast_to_bfloat16() -> None:
+    low = _evaluator("single").to(torch.bfloat16)
+    full = _evaluator("none")
+    group = PolicyGroup(_trainer(), [low, full])
+    try:
+        group.sync_weights()
+        held, trainer = weights.named_state(low), weights.named_state(group.train_policy)
+        assert {t.dtype for t in held.values() if t.is_floating_point()} == {torch.bfloat16}
+        assert all(torch.equal(held[n], t.to(held[n].dtype)) for n, t in trainer.items())
+        assert full.get_param_digests() == group.train_policy.get_param_digests()  # its own dtypes: float32
+        assert group.verify_eval_weight_consistency()  # each compared with what it was handed
+        with torch.no_grad():
+            low.scale.add_(1.0)
+        assert list(group.eval_weight_mismatches()) == ["local-0"]
+    finally:
+        low.close()
+        full.close()
 
 
 def test_group_checkpoint_holds_the_weight_version(group: PolicyGroup, tmp_path) -> None:

@@ -174,3 +174,28 @@ def test_a_silent_fleet_pauses_training_without_a_hang(tmp_path: Path, write_man
     assert code == 130, out
     summary = json.loads(run.summary_path.read_text())
     assert summary["stop_reason"] == "interrupted"
+
+
+def test_a_failing_rank_shows_its_own_exception_first(
+    tmp_path: Path, write_manifest, run_helpers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy whose constructor raises: the first error line names the exception, not torchrun's banner."""
+    tiny_manifest, start_run, finish = run_helpers
+    (tmp_path / "broken_ctor.py").write_text(
+        "from rlightning.policy.ppo import PPOPolicy\n\n\n"
+        "class BrokenPolicy(PPOPolicy):\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        raise ValueError('action space Discrete(2) is not supported')\n"
+    )
+    doc = tiny_manifest(train={"procsPerNode": 1}, eval={"replicas": 0},
+                        policy={"policyClass": "broken_ctor:BrokenPolicy", "policyKwargs": {}})
+    run = RunDir(tmp_path / "run")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    code, out = finish(start_run(write_manifest(doc), run.root), timeout=120)
+    assert code == 1, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors and errors[0].startswith(
+        "error: trainer failed with exit code 1: ValueError: action space Discrete(2) is not supported"
+    ), out
+    where = out.splitlines()[out.splitlines().index(errors[0]) + 1]
+    assert "broken_ctor.py" in where and "in __init__" in where and "(rank 0)" in where, out

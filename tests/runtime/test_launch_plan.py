@@ -61,7 +61,7 @@ PLAN_CASES: dict[str, tuple] = {
         {"eval": {"replicas": 0}, "train": {"dataSource": None}}, {}, "train", None,
         ("py", *LOCAL_TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29500",
          *TRAIN_TAIL),
-        {contract.ENV_FLEET_DATA: "0"},
+        {contract.ENV_FLEET_DATA: "0", contract.ENV_ERROR_FILE: f"/r/{contract.ERROR_FILE_NAME}"},
         (),
     ),
     "local evaluator: its ordinal in the environment, every rank's intake on this host": (
@@ -75,6 +75,7 @@ PLAN_CASES: dict[str, tuple] = {
         ("python", *TORCHRUN, "--nnodes=2", "--nproc-per-node=3", "--node-rank=$(JOB_COMPLETION_INDEX)",
          f"--master-addr={POD_MASTER}", "--master-port=29500", *TRAIN_TAIL),
         {contract.ENV_REPORT_STATUS: "1", contract.ENV_METRICS_PORT: "9400",
+         contract.ENV_ERROR_FILE: contract.TERMINATION_LOG_IN_POD,
          contract.ENV_TRAIN_MASTER_ADDR: POD_MASTER, contract.ENV_BIND_HOST: None, "GLOO_SOCKET_IFNAME": None},
         (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
     ),
@@ -98,7 +99,8 @@ def test_plan(case):
     assert plan.env_from_pod == from_pod
     ours = set(plan.env) - {launch.THREADS_ENV, *launch.SOCKET_IFNAME_ENV}  # torch's, gloo's, NCCL's: not ours
     assert list(plan.env) == sorted(plan.env) and ours | set(from_pod) <= set(launch.RUNTIME_ENV)
-    absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS} if role == "eval" else set()
+    absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS, contract.ENV_ERROR_FILE} if role == "eval" \
+        else set()
     absent |= {contract.ENV_EVAL_ORDINAL} if ordinal is None else set()
     assert not absent & set(plan.env)
 

@@ -31,7 +31,8 @@ def test_patches_status_training_in_camel_case_rate_limited() -> None:
     assert args[5] == {
         "status": {
             "training": {"attempt": 0, "iteration": 3, "envSteps": 6144, "weightVersion": 3, "evalReturn": 21.5,
-                         "consistent": True, "droppedBatches": 0, "waitingForDataSeconds": None}
+                         "consistent": True, "droppedBatches": 0, "waitingForDataSeconds": None,
+                         "consistentReason": None}
         }
     }  # fmt: skip
     assert kwargs["_content_type"] == "application/merge-patch+json"

@@ -50,6 +50,13 @@ present at start-up (Helm installs crds/ before the Deployment).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+# The trainers' NetworkPolicy of each PolicyGroup (`networkPolicy.enabled`): created, patched when the spec's
+# metrics port changes; deleted only by garbage collection.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
 # Pods of the managed Jobs and StatefulSets, read only: status says when they crash-loop, cannot be scheduled or
 # hold a rollout (kopf watches them with the managed-by label selector; the operator lists a group's pods).
 - apiGroups: [""]
