@@ -69,7 +69,7 @@ class RunSummary:
         policy_lag_mean (float | None): Mean policy lag of the batches trained on, in weight versions.
         policy_lag_max (int | None): Largest policy lag trained on.
         dropped (dict[str, Any] | None): Why evaluator batches were not trained on (`reasons`: batches per reason)
-            and their `share` of those produced (`rlightning.runtime.train.dropped_summary`); None when the
+            and their `share` of those produced (`rlightning.runtime._rank_zero.dropped_summary`); None when the
             trainers collected their own data.
         startup_seconds (dict[str, float]): Seconds from the launch to the end of each start-up phase of trainer
             rank 0 (`rlightning.runtime._startup.PHASES`).
