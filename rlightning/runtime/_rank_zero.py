@@ -84,6 +84,20 @@ class Ending:
     fleet_totals: FleetTotals | None
 
 
+def final_evaluation_seconds(spec: PolicyGroupSpec) -> float:
+    """How long rank 0 waits at the end for every live evaluator to report `eval.episodesPerReport` episodes on the
+    final weights: `weightSync.timeoutSeconds` (applying them and playing the episodes) plus
+    `eval.evaluationIntervalSeconds` (the longest an evaluator producing data goes between evaluations).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+
+    Returns:
+        float: Seconds (70 with the defaults).
+    """
+    return spec.weight_sync.timeout_seconds + spec.eval.evaluation_interval_seconds
+
+
 def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
     """Write the checkpoint of the current iteration and delete all but the newest `checkpoint.keep`."""
     path = policy.save_checkpoint(run_dir.checkpoint_path(policy.iteration))
@@ -198,6 +212,11 @@ class RankZero(TrainerHooks):
     def begin(self, restarted: bool) -> None:
         if restarted:  # it holds the fleet's version now, not its own 0: publish above it without a warning
             self.sender.continue_from(self.policy.weight_version)
+        published = self.run_dir.published_version()
+        if published > self.sender.version:  # a version names one set of weights: never issue one twice
+            log.info("weight versions up to %d were published in this run directory, above the %d this trainer "
+                     "holds; publishing above them", published, self.sender.version)
+            self.sender.continue_from(published)
         # before the first publish: the resumed version and the run's counts, not zeros
         self.recorder.begin(self.policy.iteration, self.policy.env_steps, self.policy.weight_version)
         if self.settings.fleet_data:  # the evaluators need weights before they can produce the first data
@@ -274,7 +293,11 @@ class RankZero(TrainerHooks):
 
     def finish(self, ending: Ending) -> None:
         """Give the evaluators the final weights, check them bit for bit, checkpoint, write summary.json."""
-        final_return, final_version = self._final_evaluation(ending.reason)
+        final_return, final_version, why = self._final_evaluation(ending.reason)
+        note = None if final_version == self.fleet.version else why
+        if note is not None:
+            log.warning("final eval return %s is of weight version %s, not the final %d: %s",
+                        final_return, final_version, self.fleet.version, note)
         reports = self.fleet.live_reports()
         consistency = self.fleet.check(reports, exact=True)
         # Every expected evaluator (the launcher's count, else every registered one) holds the final version,
@@ -301,30 +324,42 @@ class RankZero(TrainerHooks):
             env_steps_by_rank=None if totals is None else totals.by_rank,
             dropped=None if totals is None else dropped_summary(totals, reports),
             startup_seconds=self.startup.seconds(),
+            final_eval_note=note,
         )
 
-    def _final_evaluation(self, reason: _stop.StopReason) -> tuple[float | None, int | None]:
+    def _final_evaluation(self, reason: _stop.StopReason) -> tuple[float | None, int | None, str | None]:
         """The final weights to every evaluator now registered and, unless a target stop confirmed them already,
-        their evaluation; returns the final eval return and the version it was measured on (the last row's when
-        none came).
+        their evaluation, waited for at most `final_evaluation_seconds`.
+
+        Returns:
+            tuple[float | None, int | None, str | None]: The final eval return, the version it was measured on (the
+                last row's when no evaluation of the final weights came) and, then, why not, in one line.
         """
         row = self.last_row
-        final: tuple[float | None, int | None] = (None, None) if row is None else (row.eval_return, row.eval_version)
+        final = (None, None) if row is None else (row.eval_return, row.eval_version)
         if reason is _stop.StopReason.INTERRUPTED:
-            return final
-        timeout = self.spec.weight_sync.timeout_seconds
-        members = self.fleet.settle(timeout)
+            return *final, "interrupted: the final weights were not evaluated"
+        members = self.fleet.settle(self.spec.weight_sync.timeout_seconds)
         republish = self.fleet.published_iteration != self.policy.iteration or not set(members) <= set(self.fleet.live)
         if republish:  # the final weights, to every evaluator now registered
             self._publish()
-        if reason is not _stop.StopReason.TARGET_EVAL_RETURN or republish:
-            confirmed = self.fleet.wait_for_newest(timeout)
-            if confirmed is not None:
-                return confirmed, self.fleet.version
-        return final
+        if reason is _stop.StopReason.TARGET_EVAL_RETURN and not republish:
+            return *final, None  # confirmed on the final weights before the stop
+        bound = final_evaluation_seconds(self.spec)
+        confirmed = self.fleet.wait_for_newest(bound)
+        if confirmed is not None:
+            return confirmed, self.fleet.version, None
+        if not self.fleet.live:
+            return *final, f"no evaluator holds the final weight version {self.fleet.version}"
+        return *final, (
+            f"evaluators {sorted(self.fleet.live)} did not report {self.spec.eval.episodes_per_report} episodes on the "
+            f"final weight version {self.fleet.version} within {bound:.0f} s (weightSync.timeoutSeconds + "
+            "eval.evaluationIntervalSeconds)"
+        )
 
     def _publish(self) -> None:
         self.recorder.publish(self.fleet.publish(self.policy.iteration))
+        self.run_dir.record_published(self.fleet.version)
 
     def close(self) -> None:
         self.fleet.close()

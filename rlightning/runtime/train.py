@@ -21,14 +21,17 @@ weights from one of them over its trajectory intake and every rank starts from t
 Each iteration rank 0 publishes (every `weightSync.intervalIterations` when the trainers
 collect their own data, else after every update) and checks the evaluators (`_fleet`), decides the stop
 (`_stop`, pure) and writes the records (`_records`: metrics.jsonl, Prometheus, status.training, summary.json);
-it writes the checkpoints, which hold the version published.
+it writes the checkpoints, which hold the version published, and records the highest version published in the run
+directory (`RunDir.record_published`), so a resume from an older checkpoint publishes above it, never a version twice.
 
 Stopping on `train.targetEvalReturn` is confirmed on the newest weights: when the evaluators' recent returns
 reach the target, rank 0 holds training (the other ranks wait in the stop all-reduce) until every live evaluator
 reports a full batch of episodes played entirely with the newest version, and stops only if that mean reaches
-the target. So the final eval return in summary.json is that of the final weights. At the end the evaluators
-that must (`_fleet.Fleet.expected_count`) get the final weights, and summary.json says whether they hold them
-bit for bit (`consistent`).
+the target. So the final eval return in summary.json is that of the final weights. A stop on
+`train.totalEnvSteps` waits for that evaluation of the final weights at the end, at most
+`_rank_zero.final_evaluation_seconds`; without it summary.json's `final_eval_note` says why. At the end the
+evaluators that must (`_fleet.Fleet.expected_count`) get the final weights, and summary.json says whether they hold
+them bit for bit (`consistent`).
 
 A dead evaluator makes a publish fail for its group within `weightSync.timeoutSeconds`; training goes on,
 the failure is counted and logged, and the evaluator rejoins (new generation) when it comes back.
