@@ -1,13 +1,15 @@
 """Names shared by the pod runtime, the local launcher and the operator.
 
 Every API coordinate, role, label, annotation, environment variable and default port lives here and nowhere
-else. Pure constants: this module imports neither torch nor kopf, so the operator can import it and stay
-small.
+else, with the one reader of torchrun's variables (`TorchrunEnv`). Pure constants and parsing: this module imports
+neither torch nor kopf, so the operator can import it and stay small.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
 
 # -- API coordinates of the PolicyGroup custom resource ------------------------------------------------
 API_GROUP = "rlightning.io"
@@ -144,6 +146,64 @@ ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
 ENV_ERROR_FILE = "RLIGHTNING_ERROR_FILE"
 """Trainer ranks: where the first failing rank writes its own exception (type, message, where;
 `rlightning.runtime._errors`): `TERMINATION_LOG_IN_POD` in pods, `ERROR_FILE_NAME` in the run directory locally."""
+
+# -- Environment variables torchrun sets for each rank (read only through `TorchrunEnv`) ---------------------
+TORCHRUN_RANK = "RANK"
+TORCHRUN_LOCAL_RANK = "LOCAL_RANK"
+TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
+TORCHRUN_RUN_ID = "TORCHELASTIC_RUN_ID"
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchrunEnv:
+    """torchrun's variables of one rank, parsed: the one reader of them for the runtime and the policies.
+
+    Attributes:
+        rank (int): Global rank (`RANK`); 0 when unset (a process started by hand).
+        local_rank (int): Rank within the node (`LOCAL_RANK`); 0 when unset.
+        world_size (int | None): Ranks in the job (`WORLD_SIZE`); None when unset.
+        under_torchrun (bool): Whether torchrun started the process (`TORCHELASTIC_RUN_ID` set).
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int | None = None
+    under_torchrun: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> TorchrunEnv:
+        """Parse torchrun's variables out of `environ` (`os.environ` in a process).
+
+        Args:
+            environ (Mapping[str, str]): The process environment.
+
+        Returns:
+            TorchrunEnv: The parsed variables, defaults for those unset.
+
+        Raises:
+            ValueError: `RANK` or `LOCAL_RANK` is not a non-negative integer, or `WORLD_SIZE` not a positive one;
+                the message names the variable.
+        """
+        world = environ.get(TORCHRUN_WORLD_SIZE)
+        return cls(
+            rank=_count(environ, TORCHRUN_RANK, least=0),
+            local_rank=_count(environ, TORCHRUN_LOCAL_RANK, least=0),
+            world_size=None if world is None else _count(environ, TORCHRUN_WORLD_SIZE, least=1),
+            under_torchrun=bool(environ.get(TORCHRUN_RUN_ID)),
+        )
+
+
+def _count(environ: Mapping[str, str], name: str, least: int) -> int:
+    raw = environ.get(name, "0")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        kind = "positive" if least == 1 else "non-negative"
+        raise ValueError(f"environment variable {name} must be a {kind} integer, got {raw!r}")
+    return value
+
 
 # -- Files -------------------------------------------------------------------------------------------------
 SPEC_MOUNT_DIR = "/etc/rlightning"

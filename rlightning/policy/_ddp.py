@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlightning import contract
+
 
 def resolve_device(setting: str) -> torch.device:
     """Map `spec.policy.device` to a torch device.
@@ -31,7 +33,7 @@ def resolve_device(setting: str) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("spec.policy.device is 'cuda' but this process sees no CUDA device")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = contract.TorchrunEnv.from_env(os.environ).local_rank
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
@@ -43,20 +45,12 @@ def infer_train_dp_world_size() -> int:
             `WORLD_SIZE` environment variable, else 1.
 
     Raises:
-        ValueError: When `WORLD_SIZE` is set but not a positive integer.
+        ValueError: When `WORLD_SIZE` is set but not a positive integer (or `RANK`, `LOCAL_RANK` malformed:
+            `rlightning.contract.TorchrunEnv`).
     """
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    raw = os.environ.get("WORLD_SIZE")
-    if raw is None:
-        return 1
-    try:
-        size = int(raw)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise ValueError(f"environment variable WORLD_SIZE must be a positive integer, got {raw!r}")
-    return size
+    return contract.TorchrunEnv.from_env(os.environ).world_size or 1
 
 
 def mean_over_ranks(value: float) -> float:

@@ -43,7 +43,7 @@ def describe(error: BaseException) -> str:
     """
     frames = traceback.extract_tb(error.__traceback__)
     where = f'File "{frames[-1].filename}", line {frames[-1].lineno}, in {frames[-1].name}' if frames else "?"
-    text = f"{type(error).__name__}: {error}\n  at {where} (rank {os.environ.get('RANK', '0')})"
+    text = f"{type(error).__name__}: {error}\n  at {where} (rank {os.environ.get(contract.TORCHRUN_RANK, '0')})"
     return text.encode()[:MAX_MESSAGE_BYTES].decode(errors="ignore")
 
 

@@ -60,6 +60,36 @@ class DataFigures:
 
 
 @dataclass(frozen=True)
+class IterationRow:
+    """One training iteration as trainer rank 0 records it: a metrics.jsonl row without the recorder's own columns
+    (time, sync totals).
+
+    Attributes:
+        iteration (int): Training iterations done.
+        env_steps (int): Environment steps, summed over ranks.
+        train_return (float | None): Mean return of the iteration's training episodes; None when none finished.
+        eval_return (float | None): The evaluators' return (confirmed on the newest weights, or their recent mean).
+        eval_version (int | None): The weight version `eval_return` was measured on (the oldest, for a mean).
+        weight_version (int): The newest version published.
+        consistent (bool | None): Whether the evaluators' reports match what was sent.
+        evaluators (tuple[int, ...]): Ordinals holding the newest publish.
+        train_stats (Mapping[str, float]): The policy's `train()` statistics, written as `train/<key>`.
+        data (DataFigures): Throughput, idle time, policy lag and drops of the iteration's data.
+    """
+
+    iteration: int
+    env_steps: int
+    train_return: float | None
+    eval_return: float | None
+    eval_version: int | None
+    weight_version: int
+    consistent: bool | None
+    evaluators: tuple[int, ...]
+    train_stats: Mapping[str, float]
+    data: DataFigures
+
+
+@dataclass(frozen=True)
 class Carried:
     """The run's progress before this attempt that this attempt's counters do not hold, added to what is exported.
 
@@ -162,71 +192,45 @@ class Recorder:
             self.metrics.sync_bytes.inc(stats.bytes)
             self.metrics.sync_seconds.inc(stats.seconds)
 
-    def iteration(
-        self,
-        *,
-        iteration: int,
-        env_steps: int,
-        train_return: float | None,
-        eval_return: float | None,
-        eval_version: int | None,
-        weight_version: int,
-        consistent: bool | None,
-        evaluators: list[int],
-        train_stats: dict[str, float],
-        data: DataFigures,
-    ) -> dict[str, Any]:
+    def iteration(self, row: IterationRow) -> None:
         """Append one metrics.jsonl row and export it (Prometheus; status.training at most every few seconds).
 
         Args:
-            iteration (int): Training iterations done.
-            env_steps (int): Environment steps, summed over ranks.
-            train_return (float | None): Mean return of recent training episodes.
-            eval_return (float | None): The evaluators' return (confirmed on the newest weights, or their recent
-                mean).
-            eval_version (int | None): The weight version `eval_return` was measured on (the oldest, for a mean).
-            weight_version (int): The newest version published.
-            consistent (bool | None): Whether the evaluators' reports match what was sent.
-            evaluators (list[int]): Ordinals holding the newest publish.
-            train_stats (dict[str, float]): The policy's `train()` statistics, written as `train/<key>`.
-            data (DataFigures): Throughput, idle time, policy lag and drops of the iteration's data.
-
-        Returns:
-            dict[str, Any]: The row.
+            row (IterationRow): The iteration's figures; the recorder adds the time and the sync totals.
         """
-        row = {
+        data = row.data
+        written = {
             "time": _now(),
             "elapsed_seconds": round(time.monotonic() - self.started, 3),
-            "iteration": iteration,
-            "env_steps": env_steps,
-            "train_return": train_return,
-            "eval_return": eval_return,
-            "eval_version": eval_version,
-            "weight_version": weight_version,
-            "consistent": consistent,
-            "evaluators": sorted(evaluators),
+            "iteration": row.iteration,
+            "env_steps": row.env_steps,
+            "train_return": row.train_return,
+            "eval_return": row.eval_return,
+            "eval_version": row.eval_version,
+            "weight_version": row.weight_version,
+            "consistent": row.consistent,
+            "evaluators": sorted(row.evaluators),
             "sync_bytes": self.sync.last_bytes,
             "sync_seconds": self.sync.last_seconds,
             "sync_failures": self.sync.failures,
             **asdict(data),
-            **{f"train/{k}": v for k, v in train_stats.items()},
+            **{f"train/{k}": v for k, v in row.train_stats.items()},
         }
         if data.policy_lag_mean is not None:
             self._lags.append(data.policy_lag_mean)
             self._lag_max = max(self._lag_max or 0, data.policy_lag_max or 0)
         self._dropped = data.dropped_batches
-        self._last_row = row
-        append_jsonl(self.run_dir.metrics_path, row)
+        self._last_row = written
+        append_jsonl(self.run_dir.metrics_path, written)
         if self._tensorboard is not None:
-            self._tensorboard.write(row)
-        self._export(row, force=False)
-        return row
+            self._tensorboard.write(written)
+        self._export(written, force=False)
 
-    def summary(self, last_row: dict[str, Any], **fields: Any) -> RunSummary:
-        """Write summary.json and export its final state (status.training patched now, whatever the interval).
+    def summary(self, **fields: Any) -> RunSummary:
+        """Write summary.json and export its final state (status.training patched now, whatever the interval): the
+        last row exported, with the summary's weight version and consistency.
 
         Args:
-            last_row (dict[str, Any]): The last metrics row (its weight version and consistency are replaced).
             **fields: The `RunSummary` fields other than `name`, `wall_seconds` and `sync`.
 
         Returns:
@@ -245,10 +249,9 @@ class Recorder:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
-        final = {**(self._last_row or {}), **last_row}  # `last_row` is {} when no iteration ran
-        final.update(weight_version=summary.weight_version, consistent=summary.consistent,
-                     consistent_reason=summary.consistent_reason)
-        self._export(final, True)
+        final = {**(self._last_row or {}), "weight_version": summary.weight_version, "consistent": summary.consistent,
+                 "consistent_reason": summary.consistent_reason}
+        self._export(final, force=True)
         log.info("summary: %s", summary.to_dict())
         return summary
 

@@ -346,13 +346,8 @@ class Evaluator:
         rollouts = collector.fleet_collector(
             spec, [self.policy], seed=spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + TRAINING_SEED_OFFSET
         )
-        next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
-        next_target_check = time.monotonic()
-        target = spec.train.target_eval_return
-        train_returns: collections.deque[float] = collections.deque(maxlen=spec.eval.episodes_per_report)
-        idle_since: float | None = None
-        sequence = 0
-        sent_version, sent_at, grace = -1, 0.0, 0.0
+        schedule = EvaluationSchedule(spec)
+        pacing = BatchPacing(spec.train.max_policy_lag)
         try:
             while not self.stop.requested:
                 self._wait_for_weights()
@@ -360,27 +355,13 @@ class Evaluator:
                 version = self.policy.weight_version
                 if version == 0:  # torn after the wait: wait again
                     continue
-                # On-policy, a batch of a version every rank already holds enough of is waste: wait for the next.
-                # A second batch of one version waits `grace` (twice as long as its first took), so the other
-                # evaluators' batches of it arrive and the ranks' `full` notices come first.
-                wanted = spec.train.max_policy_lag > 0 or (
-                    sender.wanted(version) and (version != sent_version or time.monotonic() - sent_at >= grace)
-                )
+                wanted = pacing.wanted(sender, version)
                 credit = sender.wait_for_credit(0.0) and wanted
-                now = time.monotonic()
-                idle_since = None if credit else (idle_since or now)
-                idle = idle_since is not None and now - idle_since >= IDLE_EVALUATION_SECONDS
-                # The training episodes' returns reach the target: evaluate now (at most every
-                # TARGET_EVALUATION_SECONDS), so the trainers see the target reached without waiting for the interval.
-                near_target = (
-                    target is not None and len(train_returns) == train_returns.maxlen
-                    and sum(train_returns) / len(train_returns) >= target and now >= next_target_check
-                )  # fmt: skip
-                if not self.record.complete(version) and (idle or now >= next_evaluation or near_target):
+                due = schedule.due(credit)
+                if not self.record.complete(version) and due:
                     self._evaluate_one()
                     if self.record.complete(self.policy.weight_version):
-                        next_evaluation = time.monotonic() + spec.eval.evaluation_interval_seconds
-                        next_target_check = time.monotonic() + TARGET_EVALUATION_SECONDS
+                        schedule.evaluated()
                     continue
                 if not credit:
                     if wanted:
@@ -389,36 +370,122 @@ class Evaluator:
                         self._new_version.wait(CREDIT_POLL_SECONDS)
                         self._new_version.clear()
                     continue
-                finished, collect_started = rollouts.episodes_finished, time.monotonic()
-                batch = rollouts.collect(spec.train.rollout_steps)
-                if self.stop.requested:
-                    break  # the batch may be cut short by the signal's episode end; never sent
-                if self._torn != torn:
-                    continue  # collected partly with no whole version
-                if self.policy.weight_version != version and spec.train.max_policy_lag == 0:
-                    with self._lock:  # a new version came mid-batch: too old on arrival, so not sent
-                        self._cut_batches += 1
-                    continue
-                new = rollouts.finished_since(finished)
-                train_returns.extend(new.returns)
-                sequence += 1
-                stamp = trajectories.BatchStamp(
-                    version=version,
-                    ordinal=self.ordinal,
-                    sequence=sequence,
-                    env_steps=batch.numel(),
-                    episode_returns=new.returns,
-                    episode_lengths=new.lengths,
-                )
-                sender.send(batch, stamp)
-                sent_version, sent_at = version, time.monotonic()
-                grace = 2 * (sent_at - collect_started) + PEER_BATCH_SLACK_SECONDS
-                with self._lock:  # posted with the next acknowledgement of a version
-                    self._env_steps += stamp.env_steps
-                self.metrics.env_steps.inc(stamp.env_steps)
-                self.metrics.batches.inc()
+                schedule.train_returns.extend(self._send_batch(rollouts, sender, pacing, (version, torn)))
         finally:
             rollouts.close()
+
+    def _send_batch(
+        self,
+        rollouts: collector.RolloutCollector | collector.ShardedRolloutCollector,
+        sender: trajectories.TrajectorySender,
+        pacing: BatchPacing,
+        held: tuple[int, int],
+    ) -> list[float]:
+        """Collect one batch with the version held (`held`: the version and the torn-receive count at its start) and
+        send it, unless a stop, a torn receive or (on-policy) a new version came meanwhile.
+
+        Returns:
+            list[float]: The returns of the training episodes that finished in a batch sent; empty otherwise.
+        """
+        version, torn = held
+        finished, collect_started = rollouts.episodes_finished, time.monotonic()
+        batch = rollouts.collect(self.spec.train.rollout_steps)
+        if self.stop.requested or self._torn != torn:
+            return []  # cut short by the signal's episode end, or collected partly with no whole version: never sent
+        if self.policy.weight_version != version and self.spec.train.max_policy_lag == 0:
+            with self._lock:  # a new version came mid-batch: too old on arrival, so not sent
+                self._cut_batches += 1
+            return []
+        new = rollouts.finished_since(finished)
+        stamp = trajectories.BatchStamp(
+            version=version,
+            ordinal=self.ordinal,
+            sequence=pacing.sequence + 1,
+            env_steps=batch.numel(),
+            episode_returns=new.returns,
+            episode_lengths=new.lengths,
+        )
+        sender.send(batch, stamp)
+        pacing.sent(version, collect_started)
+        with self._lock:  # posted with the next acknowledgement of a version
+            self._env_steps += stamp.env_steps
+        self.metrics.env_steps.inc(stamp.env_steps)
+        self.metrics.batches.inc()
+        return list(new.returns)
+
+
+class BatchPacing:
+    """When an evaluator collects the next training batch of a version (module docstring).
+
+    On-policy, a batch of a version every rank already holds enough of is waste: it waits for the next. A second
+    batch of one version waits `grace` (twice as long as its first took, plus `PEER_BATCH_SLACK_SECONDS`), so the
+    other evaluators' batches of it arrive and the ranks' `full` notices come first.
+
+    Args:
+        max_policy_lag (int): `train.maxPolicyLag`; above 0 every batch is wanted.
+
+    Attributes:
+        sequence (int): Batches sent so far (the last one's `BatchStamp.sequence`).
+    """
+
+    def __init__(self, max_policy_lag: int) -> None:
+        self.max_policy_lag = max_policy_lag
+        self.sequence = 0
+        self._version, self._at, self._grace = -1, 0.0, 0.0
+
+    def wanted(self, sender: trajectories.TrajectorySender, version: int) -> bool:
+        """Whether a batch of `version` is wanted now."""
+        return self.max_policy_lag > 0 or (
+            sender.wanted(version) and (version != self._version or time.monotonic() - self._at >= self._grace)
+        )
+
+    def sent(self, version: int, collect_started: float) -> None:
+        """A batch of `version`, whose collection started at monotonic `collect_started`, was sent now."""
+        self.sequence += 1
+        self._version, self._at = version, time.monotonic()
+        self._grace = 2 * (self._at - collect_started) + PEER_BATCH_SLACK_SECONDS
+
+
+class EvaluationSchedule:
+    """When an evaluator that produces training data plays evaluation episodes between batches (module docstring).
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec (`eval.evaluationIntervalSeconds`, `train.targetEvalReturn`,
+            `eval.episodesPerReport`).
+
+    Attributes:
+        train_returns (collections.deque[float]): Returns of the latest `eval.episodesPerReport` training episodes.
+    """
+
+    def __init__(self, spec: PolicyGroupSpec) -> None:
+        self.interval = spec.eval.evaluation_interval_seconds
+        self.target = spec.train.target_eval_return
+        self.train_returns: collections.deque[float] = collections.deque(maxlen=spec.eval.episodes_per_report)
+        self._next_evaluation = time.monotonic() + self.interval
+        self._next_target_check = time.monotonic()
+        self._idle_since: float | None = None
+
+    def due(self, credit: bool) -> bool:
+        """Whether an evaluation is due, given whether a batch may be sent now (`credit`; call it once a pass).
+
+        Due when the interval passed, when there was no credit for `IDLE_EVALUATION_SECONDS`, or when the training
+        episodes' returns reach the target (at most every `TARGET_EVALUATION_SECONDS`, so the trainers see the
+        target reached without waiting for the interval).
+        """
+        now = time.monotonic()
+        self._idle_since = None if credit else (self._idle_since or now)
+        idle = self._idle_since is not None and now - self._idle_since >= IDLE_EVALUATION_SECONDS
+        returns = self.train_returns
+        near_target = (
+            self.target is not None and len(returns) == returns.maxlen
+            and sum(returns) / len(returns) >= self.target and now >= self._next_target_check
+        )  # fmt: skip
+        return idle or now >= self._next_evaluation or near_target
+
+    def evaluated(self) -> None:
+        """A complete evaluation of the version held ended now."""
+        self._next_evaluation = time.monotonic() + self.interval
+        self._next_target_check = time.monotonic() + TARGET_EVALUATION_SECONDS
 
 
 def main() -> int:

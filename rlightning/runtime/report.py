@@ -54,7 +54,9 @@ class RunSummary:
         wall_seconds (float): Seconds this trainer process ran.
         weight_version (int): Newest weight version published.
         final_eval_return (float | None): Mean return the evaluators reported last.
-        final_eval_version (int | None): The weight version that return was measured with.
+        final_eval_version (int | None): The weight version that return was measured with: the final one unless
+            the run was interrupted or the evaluators did not evaluate it in time (`final_eval_note`).
+        final_eval_note (str | None): Why `final_eval_version` is not `weight_version`, in one line; None when it is.
         final_train_return (float | None): Mean return of recent training episodes.
         target_eval_return (float | None): spec.train.targetEvalReturn.
         reached_target (bool): Whether final_eval_return >= target_eval_return.
@@ -74,7 +76,7 @@ class RunSummary:
         policy_lag_mean (float | None): Mean policy lag of the batches trained on, in weight versions.
         policy_lag_max (int | None): Largest policy lag trained on.
         dropped (dict[str, Any] | None): Why evaluator batches were not trained on (`reasons`: batches per reason)
-            and their `share` of those produced (`rlightning.runtime.train.dropped_summary`); None when the
+            and their `share` of those produced (`rlightning.runtime._rank_zero.dropped_summary`); None when the
             trainers collected their own data.
         startup_seconds (dict[str, float]): Seconds from the launch to the end of each start-up phase of trainer
             rank 0 (`rlightning.runtime._startup.PHASES`).
@@ -103,6 +105,7 @@ class RunSummary:
     policy_lag_max: int | None = None
     dropped: dict[str, Any] | None = None
     startup_seconds: dict[str, float] = field(default_factory=dict)
+    final_eval_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (sync statistics nested under `sync`)."""

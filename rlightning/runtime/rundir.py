@@ -5,6 +5,7 @@
   policygroup.yaml      (`contract.SPEC_FILE_NAME`) the manifest the processes run (local runs copy it here)
   metrics.jsonl         one JSON object per training iteration, appended by trainer rank 0
   summary.json          written by trainer rank 0 when training ends
+  published.json        the highest weight version trainer rank 0 published, rewritten at each publish
   returns.png           train and eval return against env steps
   tensorboard/          TensorBoard event files of the same rows (when the tensorboard package is installed)
   checkpoints/          iter-00000010.pt ..., the newest `train.checkpoint.keep` kept
@@ -73,6 +74,24 @@ class RunDir:
     def error_path(self) -> Path:
         """The first failing trainer rank's own exception (`contract.ENV_ERROR_FILE`, `rlightning.runtime._errors`)."""
         return self.root / contract.ERROR_FILE_NAME
+
+    @property
+    def published_path(self) -> Path:
+        """published.json: the highest weight version trainer rank 0 published in this directory's runs."""
+        return self.root / "published.json"
+
+    def published_version(self) -> int:
+        """The highest weight version recorded by `record_published`; 0 when none is (or the record is unreadable)."""
+        try:
+            return int(json.loads(self.published_path.read_text())["weight_version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def record_published(self, version: int) -> None:
+        """Record that weight version `version` was published: a resume from an older checkpoint continues above
+        it, so a version never names two sets of weights (one small atomic write per publish).
+        """
+        write_json_atomic(self.published_path, {"weight_version": version})
 
     @property
     def plot_path(self) -> Path:

@@ -1,4 +1,5 @@
-"""What a trainer or evaluator process learns from its environment: the ENV_* variables of the contract.
+"""What a trainer or evaluator process learns from its environment: the ENV_* variables of the contract, and
+torchrun's (`rlightning.contract.TorchrunEnv`).
 
 Pods and the processes of `rlightning run` get them from the same launch plan (`rlightning.launch`). Nothing
 else configures a process: the rest comes from the manifest at `ENV_SPEC_PATH`.
@@ -82,6 +83,8 @@ class ProcessSettings:
         bind_host (str | None): The address the process's listening ports bind (`ENV_BIND_HOST`): 127.0.0.1 in
             a local run; None (unset, pods): all interfaces.
         launch_time (float | None): Epoch seconds when `rlightning run` started (`ENV_LAUNCH_TIME`); None in pods.
+        torchrun (contract.TorchrunEnv): The rank, local rank and world size torchrun set (`RANK`, `LOCAL_RANK`,
+            `WORLD_SIZE`); defaults (rank 0 of one) in an evaluator or a process started by hand.
     """
 
     group_name: str
@@ -100,6 +103,7 @@ class ProcessSettings:
     attempt: int = 0
     bind_host: str | None = None
     launch_time: float | None = None
+    torchrun: contract.TorchrunEnv = contract.TorchrunEnv()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
@@ -134,6 +138,10 @@ class ProcessSettings:
             launched_at = float(launch_time) if launch_time else None
         except ValueError:
             raise SettingsError(f"{contract.ENV_LAUNCH_TIME}: expected epoch seconds, got {launch_time!r}") from None
+        try:
+            torchrun = contract.TorchrunEnv.from_env(environ)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
         spec_path = environ.get(contract.ENV_SPEC_PATH, "")
         if not spec_path:
             raise SettingsError(f"{contract.ENV_SPEC_PATH}: required environment variable is not set")
@@ -154,6 +162,7 @@ class ProcessSettings:
             attempt=_int(environ, contract.ENV_TRAIN_ATTEMPT, 0),
             bind_host=environ.get(contract.ENV_BIND_HOST) or None,
             launch_time=launched_at,
+            torchrun=torchrun,
         )
 
     def require_role(self, entrypoint_role: contract.PolicyRole) -> None:

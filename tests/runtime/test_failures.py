@@ -132,11 +132,16 @@ def test_ctrl_c_checkpoints_and_stops_every_child(tmp_path: Path, write_manifest
     assert not any(_alive(pid) for pid in pids)
 
 
-def test_dead_trainer_stops_the_evaluators(tmp_path: Path, write_manifest, run_helpers) -> None:
+def test_dead_trainer_stops_the_evaluators_and_its_resume_issues_no_version_twice(
+    tmp_path: Path, write_manifest, run_helpers
+) -> None:
     tiny_manifest, start_run, finish = run_helpers
     run = RunDir(tmp_path / "run")
-    proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6)), run.root)
-    _wait_for(proc, lambda: _version(run) >= 2, 180, "weight version 2")
+    checkpoints = {"checkpoint": {"intervalIterations": 10, "keep": 2}}
+    proc = start_run(write_manifest(tiny_manifest(total_env_steps=10**6, train=checkpoints)), run.root)
+    # Well past the checkpoint of iteration 10 and before the next: versions were published after it, more than the
+    # resumed trainer publishes before its first row.
+    _wait_for(proc, lambda: _last(run).get("iteration", 0) in range(13, 18), 180, "iteration 13 (checkpoint at 10)")
     trainer, evals = _pid(run, "trainer"), [_pid(run, "eval-0"), _pid(run, "eval-1")]
     ranks = _children(trainer)  # torchrun starts each rank in a session of its own
     assert len(ranks) == 2, ranks
@@ -149,6 +154,21 @@ def test_dead_trainer_stops_the_evaluators(tmp_path: Path, write_manifest, run_h
     while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_running(pid) for pid in ranks), f"orphaned ranks still running: {ranks}"
+
+    # The resume starts from the older checkpoint with fresh evaluators: its versions continue above every one
+    # published before the kill, never naming other weights with a version already issued.
+    rows = read_jsonl(run.metrics_path)
+    checkpoint = run.newest_checkpoint()
+    assert checkpoint is not None
+    held = next(r["weight_version"] for r in rows if run.checkpoint_path(r["iteration"]) == checkpoint)
+    issued = run.published_version()  # the highest version published before the kill (at least the rows')
+    assert held < max(r["weight_version"] for r in rows) <= issued, (held, issued)
+    manifest = tiny_manifest(total_env_steps=rows[-1]["env_steps"] + 1, train=checkpoints)
+    code, out = finish(start_run(write_manifest(manifest), run.root))
+    assert code == 0, out
+    assert json.loads(run.summary_path.read_text())["resumed_from"] == str(checkpoint)
+    resumed = read_jsonl(run.metrics_path)[len(rows) :]
+    assert resumed and resumed[0]["weight_version"] > issued, (issued, resumed[0])
 
 
 def test_a_silent_fleet_pauses_training_without_a_hang(tmp_path: Path, write_manifest, run_helpers) -> None:

@@ -28,7 +28,7 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     assert summary["stop_reason"] == "total_env_steps"
     assert summary["env_steps"] >= 3000
     assert summary["sync"]["count"] > 0 and summary["sync"]["bytes"] > 0
-    assert summary["final_eval_version"] == summary["weight_version"]
+    assert summary["final_eval_version"] == summary["weight_version"] and summary["final_eval_note"] is None
     assert set(summary["evaluators"]) == {"0", "1"}
     # Start-up measured phase by phase from the launch, each reached after the one before, and shown.
     phases = summary["startup_seconds"]
@@ -72,6 +72,26 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     # One curve on: the resumed attempt's event file continues the first one's steps.
     versions = read_scalars(run.tensorboard_dir)[TAGS["weight_version"]]
     assert [step for step, _ in versions] == [r["env_steps"] for r in rows + new_rows]
+
+
+def test_a_step_stop_whose_final_weights_go_unevaluated_says_why(tmp_path: Path, write_manifest, run_helpers) -> None:
+    """Evaluators too slow to play `episodesPerReport` episodes within the final wait (200-step Pendulum episodes,
+    1000 a report, 5 + 10 s): the summary says in one line why its final eval return is not of the final weights."""
+    tiny_manifest, start_run, finish = run_helpers
+    run = RunDir(tmp_path / "run")
+    manifest = tiny_manifest(
+        total_env_steps=1000,
+        env={"id": "Pendulum-v1"},
+        eval={"episodesPerReport": 1000, "evaluationIntervalSeconds": 10},  # data first, for the 2 iterations
+        weightSync={"timeoutSeconds": 5},
+    )
+    code, out = finish(start_run(write_manifest(manifest), run.root))
+    assert code == 0, out
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["stop_reason"] == "total_env_steps"
+    assert summary["final_eval_version"] != summary["weight_version"]
+    note = summary["final_eval_note"]
+    assert "\n" not in note and f"final weight version {summary['weight_version']} within 15 s" in note, note
 
 
 def test_evaluators_apply_weights_without_a_buffer(tmp_path: Path, write_manifest, run_helpers) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlightning.runtime._records import Carried, DataFigures, Recorder
+from rlightning.runtime._records import Carried, DataFigures, IterationRow, Recorder
 from rlightning.runtime._status_reporter import StatusReporter
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings
@@ -47,8 +47,9 @@ def gauges(made: Recorder) -> tuple[float | None, ...]:
 
 
 def one_iteration(made: Recorder, iteration: int, env_steps: int, version: int) -> None:
-    made.iteration(iteration=iteration, env_steps=env_steps, train_return=None, eval_return=None, eval_version=None,
-                   weight_version=version, consistent=None, evaluators=[], train_stats={}, data=DATA)
+    made.iteration(IterationRow(iteration=iteration, env_steps=env_steps, train_return=None, eval_return=None,
+                                eval_version=None, weight_version=version, consistent=None, evaluators=(),
+                                train_stats={}, data=DATA))
 
 
 PREVIOUS = {"attempt": 0, "iteration": 47, "envSteps": 58880, "weightVersion": 47}

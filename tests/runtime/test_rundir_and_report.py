@@ -32,6 +32,15 @@ def test_checkpoints_sorted_by_iteration_and_pruned(tmp_path: Path) -> None:
     assert run.checkpoints() == [run.checkpoint_path(10), run.checkpoint_path(30)]
 
 
+def test_the_highest_published_version_is_recorded_and_read_back(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).create()
+    assert run.published_version() == 0  # nothing published yet
+    run.record_published(41)
+    assert run.published_version() == 41 and not list(tmp_path.glob("*.tmp"))
+    run.published_path.write_text("{")  # unreadable: as if none was recorded
+    assert run.published_version() == 0
+
+
 def test_default_run_dir_is_name_and_utc_stamp() -> None:
     from datetime import UTC, datetime
 

@@ -37,6 +37,16 @@ def test_role_and_expected_evaluators_are_read_and_checked() -> None:
         ProcessSettings.from_env({**base, contract.ENV_EXPECTED_EVALUATORS: "-1"})
 
 
+def test_torchruns_variables_are_read_with_defaults_and_checked() -> None:
+    base = {contract.ENV_SPEC_PATH: "/x.yaml"}
+    assert ProcessSettings.from_env(base).torchrun == contract.TorchrunEnv(0, 0, None, False)  # started by hand
+    ranked = {**base, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}
+    assert ProcessSettings.from_env(ranked).torchrun == contract.TorchrunEnv(3, 1, 4, True)
+    for name, raw in (("WORLD_SIZE", "0"), ("WORLD_SIZE", "two"), ("RANK", "-1"), ("LOCAL_RANK", "")):
+        with pytest.raises(SettingsError, match=f"{name} must be a"):
+            ProcessSettings.from_env({**base, name: raw})
+
+
 def test_fleet_data_and_trajectory_endpoints_are_read_and_checked() -> None:
     base = {contract.ENV_SPEC_PATH: "/x.yaml"}
     settings = ProcessSettings.from_env(base)

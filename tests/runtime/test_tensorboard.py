@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rlightning.runtime._records import DataFigures, Recorder
+from rlightning.runtime._records import DataFigures, IterationRow, Recorder
 from rlightning.runtime._tensorboard import TAGS, TensorBoardWriter
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings
@@ -28,8 +28,9 @@ def started_recorder(run: RunDir) -> Recorder:
                                master_addr="127.0.0.1", weight_sync_port=0, metrics_port=0, report_status=False)
     recorder = Recorder(settings, run.create())
     recorder.begin(0, 0, 0)
-    recorder.iteration(iteration=1, env_steps=64, train_return=9.0, eval_return=None, eval_version=None,
-                       weight_version=1, consistent=None, evaluators=[], train_stats={"loss": 0.5}, data=DATA)
+    recorder.iteration(IterationRow(iteration=1, env_steps=64, train_return=9.0, eval_return=None, eval_version=None,
+                                    weight_version=1, consistent=None, evaluators=(), train_stats={"loss": 0.5},
+                                    data=DATA))
     return recorder
 
 
