@@ -212,13 +212,17 @@ class RankZero(TrainerHooks):
     def begin(self, restarted: bool) -> None:
         if restarted:  # it holds the fleet's version now, not its own 0: publish above it without a warning
             self.sender.continue_from(self.policy.weight_version)
-        published = self.run_dir.published_version()
-        if published > self.sender.version:  # a version names one set of weights: never issue one twice
-            log.info("weight versions up to %d were published in this run directory, above the %d this trainer "
-                     "holds; publishing above them", published, self.sender.version)
-            self.sender.continue_from(published)
-        # before the first publish: the resumed version and the run's counts, not zeros
-        self.recorder.begin(self.policy.iteration, self.policy.env_steps, self.policy.weight_version)
+        # Before the first publish: the run's counts and the highest version issued, not zeros. A version names one
+        # set of weights, so the next publish goes above every version this run issued: those recorded in the run
+        # directory and the previous attempt's report (a gang restarted from an older checkpoint, or without it).
+        held = self.sender.version
+        issued = self.recorder.begin(
+            self.policy.iteration, self.policy.env_steps, max(held, self.run_dir.published_version())
+        )
+        if issued > held:
+            log.info("weight versions up to %d were issued in this run, above the %d this trainer holds; publishing "
+                     "above them", issued, held)
+            self.sender.continue_from(issued)
         if self.settings.fleet_data:  # the evaluators need weights before they can produce the first data
             self._publish()
             self.startup.mark("first_publish")

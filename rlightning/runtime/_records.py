@@ -161,17 +161,27 @@ class Recorder:
         self._last_row: dict[str, Any] | None = None
         self._tensorboard: TensorBoardWriter | None = None
 
-    def begin(self, iteration: int, env_steps: int, weight_version: int) -> None:
+    def begin(self, iteration: int, env_steps: int, weight_version: int) -> int:
         """The attempt starts, resumed: carry the run's progress over from the previous attempt's report, export the
         start (status.training forced: the operator sees this attempt's rank 0 up), then serve /metrics.
+
+        The exported weight version never goes back: a gang restarted from an older checkpoint (or without its run
+        directory) exports the previous attempt's reported version when that is higher.
 
         Args:
             iteration (int): The policy's iteration after the resume.
             env_steps (int): Its env steps.
-            weight_version (int): The weight version it holds (the checkpoint's, or the fleet's).
+            weight_version (int): The highest weight version this trainer knows was issued (its checkpoint's, the
+                fleet's, the run directory's record).
+
+        Returns:
+            int: The version exported: `weight_version` or the previous attempt's reported one, whichever is higher;
+                the next publish must go above it.
         """
         previous = self.status.previous() if self.status is not None else {}
         self.carried = Carried.from_report(previous, self.attempt, iteration, env_steps)
+        if previous and int(previous.get("attempt") or 0) < self.attempt:
+            weight_version = max(weight_version, int(previous.get("weightVersion") or 0))
         self._start_env_steps = env_steps
         if self.carried != Carried():
             log.info("attempt %d continues the run's counts: %d iterations and %d env steps of earlier attempts",
@@ -181,6 +191,7 @@ class Recorder:
         self._export(self._last_row, force=True)
         self.metrics.serve(self._metrics_port)
         self._tensorboard = TensorBoardWriter.open(self.run_dir.tensorboard_dir, env_steps)
+        return weight_version
 
     def publish(self, stats: weights.SyncStats) -> None:
         """Count one publish: a failure when a group failed; bytes and seconds when any evaluator applied it."""

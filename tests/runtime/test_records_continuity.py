@@ -55,23 +55,25 @@ def one_iteration(made: Recorder, iteration: int, env_steps: int, version: int) 
 PREVIOUS = {"attempt": 0, "iteration": 47, "envSteps": 58880, "weightVersion": 47}
 
 
-# (name, attempt, previous report, start (iteration, env steps, version), first export, after one iteration)
+# (name, attempt, previous report, start (iteration, env steps, version), first export (version, iteration, env
+# steps, attempt env steps), after one iteration)
 CASES = [
     ("restart without a checkpoint: from the previous attempt's report", 1, PREVIOUS, (0, 0, 47),
-     (47, 58880, 0), (48, 61440, 2560)),
-    ("restart from a checkpoint older than the last report", 1, PREVIOUS, (40, 51200, 40),
-     (47, 58880, 0), (48, 61440, 2560)),
+     (47, 47, 58880, 0), (48, 61440, 2560)),
+    ("restart from a checkpoint older than the last report: the version does not go back", 1, PREVIOUS,
+     (40, 51200, 40), (47, 47, 58880, 0), (48, 61440, 2560)),
     ("first attempt: a report of the same attempt carries nothing", 0, PREVIOUS, (0, 0, 0),
-     (0, 0, 0), (1, 2560, 2560)),
-    ("no report yet", 1, {}, (40, 51200, 40), (40, 51200, 0), (41, 53760, 2560)),
+     (0, 0, 0, 0), (1, 2560, 2560)),
+    ("no report yet", 1, {}, (40, 51200, 40), (40, 40, 51200, 0), (41, 53760, 2560)),
 ]
 
 
 @pytest.mark.parametrize(("name", "attempt", "previous", "start", "first", "after"), CASES, ids=[c[0] for c in CASES])
 def test_counts_continue_across_attempts(tmp_path, name, attempt, previous, start, first, after):
     made, api = recorder(tmp_path, attempt, previous)
-    iteration, env_steps, version = start
-    made.begin(iteration, env_steps, version)
+    iteration, env_steps, held = start
+    version, *first = first
+    assert made.begin(iteration, env_steps, held) == version, "the next publish goes above it"
     assert gauges(made) == (version, first[0], first[1]), "exported before the first publish: nothing at 0"
     assert made.metrics.registry.get_sample_value("rlightning_train_attempt") == attempt  # the gang's restarts
     report = api.patches[-1]
@@ -101,4 +103,4 @@ def test_metrics_are_served_only_once_they_hold_the_resumed_state(tmp_path, monk
     served: list[tuple[int, tuple[float | None, ...]]] = []
     monkeypatch.setattr(made.metrics, "serve", lambda port: served.append((port, gauges(made))))
     made.begin(40, 51200, 40)
-    assert served == [(9100, (40.0, 47.0, 58880.0))], "the first scrape reads the resumed version, never 0"
+    assert served == [(9100, (47.0, 47.0, 58880.0))], "the first scrape reads the run's version, never less"
