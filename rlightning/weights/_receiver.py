@@ -412,10 +412,14 @@ class WeightReceiver:
         tree: dict[int, _topology.Place],
         forwarder: _relay.Forwarder,
     ) -> None:
-        """Post `ack`, then wait (one step at most) for the children to get everything; report cut-off subtrees."""
+        """Post `ack` (and confirm it to the parent), then wait (one step at most) for the children to get
+        everything and confirm theirs; report the subtrees cut off.
+        """
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timings.step, "an acknowledgement"
         )
+        if tree[self.ordinal].parent is not None and self._transport is not None:
+            _relay.confirm(self._transport)  # the parent sees this edge break if this receiver dies before it
         # acknowledged first: a slow child delays no ack
         for child, why in forwarder.finish(time.monotonic() + self._timings.step).items():
             self._report_lost(store, seq, _topology.subtree(tree, child), f"relay {self.ordinal}: {why}")
@@ -497,7 +501,7 @@ class WeightReceiver:
         ]
         try:
             # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it
-            self._transport = edge(self.ordinal, 1, self._timings.edge_from_parent)
+            self._transport = edge(self.ordinal, _relay.CHILD_RANK, self._timings.edge_from_parent)
         except RuntimeError as exc:
             raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {exc}") from exc
 
