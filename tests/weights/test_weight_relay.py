@@ -106,6 +106,21 @@ def digests_match(reports: dict, ordinals: list[int], version: int) -> bool:
     )
 
 
+def publish_through_a_death(
+    sender: WeightSender, procs: list, fleet: list[int], dead: int, match: str, within: float
+) -> WeightSyncError:
+    """Publish version 1 to all of `fleet`, then version 2, in which receiver `dead` kills itself: that publish must
+    fail with an error matching `match` in under `within` seconds. Returns its error."""
+    wait_members(sender, set(fleet), timeout=120.0)
+    assert sender.publish(weights_for(1)).receivers_acked == fleet
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError, match=match) as info:
+        sender.publish(weights_for(2))
+    assert time.monotonic() - start < within
+    assert procs[dead].wait(10) == -signal.SIGKILL
+    return info.value
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @IN_PLACE
@@ -137,17 +152,10 @@ def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_ver
     cut_off, others = [1, 3, 4, 7], [0, 2, 5, 6]
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
-        wait_members(sender, set(FLEET), timeout=120.0)
-        assert sender.publish(weights_for(1)).receivers_acked == FLEET
-
-        start = time.monotonic()
-        with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[1, 3, 4, 7\]\)") as info:
-            sender.publish(weights_for(2))
         # its tree neighbours reported the subtree lost once the edges broke: the sender did not wait the timeout
-        assert time.monotonic() - start < TIMEOUT / 2
-        assert "ordinal 1 lost: " in str(info.value)
-        assert procs[1].wait(10) == -signal.SIGKILL
-        assert info.value.stats.receivers_acked == others and info.value.stats.failed == {0: cut_off}
+        error = publish_through_a_death(sender, procs, FLEET, 1, r"group 0 \(ordinals \[1, 3, 4, 7\]\)", TIMEOUT / 2)
+        assert "ordinal 1 lost: " in str(error)
+        assert error.stats.receivers_acked == others and error.stats.failed == {0: cut_off}
         assert digests_match(wait_reports(sender, lambda r: digests_match(r, others, 2)), others, 2)
 
         # the orphans registered again; the next publish re-plans the tree without the dead relay
@@ -180,17 +188,10 @@ def test_relay_whose_child_is_killed_fails_the_publish_in_seconds_not_its_timeou
     ]
     sender = WeightSender(config(timeout), "127.0.0.1", port)
     try:
-        wait_members(sender, set(fleet), timeout=120.0)
-        assert sender.publish(weights_for(1)).receivers_acked == fleet
-
-        start = time.monotonic()
-        with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[3\]\)") as info:
-            sender.publish(weights_for(2))
         # relay 1 saw its edge into 3 break and reported 3 lost: the sender did not wait for 3's acknowledgement
-        assert time.monotonic() - start < timeout / 3
-        assert "ordinal 3 lost: relay 1: " in str(info.value)
-        assert procs[3].wait(10) == -signal.SIGKILL
-        assert info.value.stats.receivers_acked == [0, 1, 2]
+        error = publish_through_a_death(sender, procs, fleet, 3, r"group 0 \(ordinals \[3\]\)", timeout / 3)
+        assert "ordinal 3 lost: relay 1: " in str(error)
+        assert error.stats.receivers_acked == [0, 1, 2]
 
         # the tree re-forms without the dead child, as after any failure, and the rest get the next version
         wait_members(sender, {0, 1, 2})
