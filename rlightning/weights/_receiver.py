@@ -51,8 +51,9 @@ class WeightReceiver:
     `config.timings` (`SyncTimings`).
 
     In its group's relay tree (`_topology`) a receiver forwards each transfer to its children (at most
-    `relay_fanout`) as soon as it has arrived; `receive` returns once its children got the whole publish or
-    one `timeout_seconds` after its own acknowledgement, whichever comes first.
+    `relay_fanout`) as soon as it has arrived; `receive` returns once its children got the whole publish and
+    confirmed their acknowledgements (`_relay.confirm`), or one `timeout_seconds` after its own acknowledgement,
+    whichever comes first.
 
     The sender's host name is resolved only once its store answers (a trainer pod's DNS name does not resolve
     before the pod exists; until then the receiver keeps retrying, logging INFO). Every store call is bounded
