@@ -221,66 +221,10 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             if time.monotonic() > deadline:
                 raise TimeoutError("receivers did not register")
             time.sleep(0.1)
-        sender.publish(state)  # first publish: forms the trees, allocates the staging buffers
-        times, egress = [], []
+        row.update(time_publishes(sender, state, n, args))
         store = sender._store  # benchmark only
-        for i in range(args.syncs):
-            if i == args.syncs - 1:  # receivers profile from the return of this version to the next
-                store.set(PROFILE_KEY, str(sender.version + 2))
-            time.sleep(args.gap)
-            before = tcp_bytes_acked(os.getpid())
-            t0 = time.perf_counter()
-            sender.publish(state)
-            times.append(time.perf_counter() - t0)
-            time.sleep(0.05)  # the last bytes' acknowledgements
-            egress.append(tcp_bytes_acked(os.getpid()) - before)
-        row["bucketed_seconds"] = min(times)
-        row["bucketed_all_seconds"] = times
-        row["sender_egress_bytes"] = max(egress)
-        time.sleep(args.gap)
-        row["sender_peak_extra_bytes"] = peak_tensor_bytes(lambda: sender.publish(state))
-        peaks = [PEAK.format(ordinal=o) for o in range(n)]
-        store.wait(peaks, datetime.timedelta(seconds=args.timeout))
-        row["receiver_peak_extra_bytes"] = max(int(store.get(key)) for key in peaks)
-        layout = BucketLayout.from_state(state, args.bucket_bytes)
-        row["buckets"] = len(layout.buckets)
-        order = [slot.name for bucket in layout.buckets for slot in bucket.slots]  # the receivers' order
-
-        # (b) naive: one tensor at a time over one gloo group of everyone
-        store.set(NAIVE_KEY, str(args.syncs))
-        group = BroadcastGroup(store.clone(), NAIVE_KEY + "/pg/", 0, n + 1, args.timeout, "gloo", HOST)
-        times = []
-        for r in range(args.syncs):
-            time.sleep(args.gap)
-            t0 = time.perf_counter()
-            for name in order:
-                group.wait_work(group.broadcast(state[name]))
-            wait_acks(store, "naive", r, n, args.timeout)
-            times.append(time.perf_counter() - t0)
-        group.close()
-        row["naive_seconds"] = min(times)
-
-        # (c) plain TCP: the same bytes (a contiguous copy, as a stream sends them) to every receiver concurrently
-        flat = torch.cat([t.reshape(-1) for t in state.values()]).view(torch.uint8)
-        payload = flat.numpy().data
-        with socket.create_server((HOST, port + 1)) as server:
-            store.set(TCP_KEY, json.dumps([args.syncs, nbytes, port + 1]))
-            conns = [server.accept()[0] for _ in range(n)]
-            times = []
-            for _ in range(args.syncs):
-                time.sleep(args.gap)
-                t0 = time.perf_counter()
-                threads = [threading.Thread(target=c.sendall, args=(payload,)) for c in conns]
-                for th in threads:
-                    th.start()
-                for th in threads:
-                    th.join()
-                for c in conns:
-                    assert c.recv(1) == b"k"
-                times.append(time.perf_counter() - t0)
-            for c in conns:
-                c.close()
-        row["tcp_seconds"] = min(times)
+        row["naive_seconds"] = time_naive(store, state, n, args)
+        row["tcp_seconds"] = time_tcp(store, state, n, port + 1, args)
     finally:
         sender.close()
         for p in procs:
@@ -289,6 +233,79 @@ def run_case(numel: int, n: int, port: int, args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
     return row
+
+
+def time_publishes(sender: WeightSender, state: dict[str, torch.Tensor], n: int, args: argparse.Namespace) -> dict:
+    """(a) `publish` after one that forms the trees: times, egress, the peaks of both sides, the bucket count."""
+    sender.publish(state)  # first publish: forms the trees, allocates the staging buffers
+    times, egress = [], []
+    store = sender._store  # benchmark only
+    for i in range(args.syncs):
+        if i == args.syncs - 1:  # receivers profile from the return of this version to the next
+            store.set(PROFILE_KEY, str(sender.version + 2))
+        time.sleep(args.gap)
+        before = tcp_bytes_acked(os.getpid())
+        t0 = time.perf_counter()
+        sender.publish(state)
+        times.append(time.perf_counter() - t0)
+        time.sleep(0.05)  # the last bytes' acknowledgements
+        egress.append(tcp_bytes_acked(os.getpid()) - before)
+    row: dict = {"bucketed_seconds": min(times), "bucketed_all_seconds": times, "sender_egress_bytes": max(egress)}
+    time.sleep(args.gap)
+    row["sender_peak_extra_bytes"] = peak_tensor_bytes(lambda: sender.publish(state))
+    peaks = [PEAK.format(ordinal=o) for o in range(n)]
+    store.wait(peaks, datetime.timedelta(seconds=args.timeout))
+    row["receiver_peak_extra_bytes"] = max(int(store.get(key)) for key in peaks)
+    row["buckets"] = len(BucketLayout.from_state(state, args.bucket_bytes).buckets)
+    return row
+
+
+def time_naive(
+    store: torch.distributed.Store, state: dict[str, torch.Tensor], n: int, args: argparse.Namespace
+) -> float:
+    """(b) naive: one tensor at a time over one gloo group of everyone, in the receivers' order; best seconds."""
+    layout = BucketLayout.from_state(state, args.bucket_bytes)
+    order = [slot.name for bucket in layout.buckets for slot in bucket.slots]  # the receivers' order
+    store.set(NAIVE_KEY, str(args.syncs))
+    group = BroadcastGroup(store.clone(), NAIVE_KEY + "/pg/", 0, n + 1, args.timeout, "gloo", HOST)
+    times = []
+    for r in range(args.syncs):
+        time.sleep(args.gap)
+        t0 = time.perf_counter()
+        for name in order:
+            group.wait_work(group.broadcast(state[name]))
+        wait_acks(store, "naive", r, n, args.timeout)
+        times.append(time.perf_counter() - t0)
+    group.close()
+    return min(times)
+
+
+def time_tcp(
+    store: torch.distributed.Store, state: dict[str, torch.Tensor], n: int, port: int, args: argparse.Namespace
+) -> float:
+    """(c) plain TCP: the same bytes (a contiguous copy, as a stream sends them) to every receiver concurrently,
+    served on `port`; best seconds.
+    """
+    flat = torch.cat([t.reshape(-1) for t in state.values()]).view(torch.uint8)
+    payload = flat.numpy().data
+    with socket.create_server((HOST, port)) as server:
+        store.set(TCP_KEY, json.dumps([args.syncs, flat.numel(), port]))
+        conns = [server.accept()[0] for _ in range(n)]
+        times = []
+        for _ in range(args.syncs):
+            time.sleep(args.gap)
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=c.sendall, args=(payload,)) for c in conns]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            for c in conns:
+                assert c.recv(1) == b"k"
+            times.append(time.perf_counter() - t0)
+        for c in conns:
+            c.close()
+    return min(times)
 
 
 # -- capped links (--link-rate) ------------------------------------------------------------------------
@@ -735,7 +752,7 @@ def print_projection(rows: list[dict], fanout: int) -> None:
         print(f"projected, {nbytes / 1e6:.0f} MB, fan-out {fanout}: " + ", ".join(cells))
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1M,10M", help="float32 parameter counts, e.g. 1M,10M")
     parser.add_argument("--receivers", default="1,2,4,8,16", help="receiver counts, e.g. 1,2")
@@ -754,7 +771,7 @@ def main() -> None:
         help="receivers receive each version into the weights they hold (bufferStrategy none), not a fresh copy",
     )
     parser.add_argument(
-        "--port", type=int, default=BENCH_WEIGHT_SYNC.first,
+        "--port", type=int, default=BENCH_WEIGHT_SYNC.port(0),
         help="first port; each case uses two from here on (default: block BENCH_WEIGHT_SYNC of tests/_ports.py)",
     )
     parser.add_argument(
@@ -777,40 +794,39 @@ def main() -> None:
     )
     parser.add_argument("--ordinal", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.link_rate is not None:
-        try:
-            args.rate_bps = _netns.parse_rate(args.link_rate)
-            for topology in args.topologies.split(","):
-                topology_fanout(topology)
-        except ValueError as exc:
-            parser.error(str(exc))
-        if args.role == "capped-receiver":
-            run_capped_receiver(args)
-            return
-        if args.role == "capped-sender":
-            run_capped_sender(args)
-            return
-        reason = _netns.missing_requirements()
-        if reason is not None:
-            print(f"weight_sync.py --link-rate: {reason}", file=sys.stderr)
-            sys.exit(2)
-        try:
-            rows = run_capped(args)
-        except KeyboardInterrupt:  # the namespaces are gone (run_capped's finally)
-            print("interrupted", file=sys.stderr)
-            sys.exit(130)
-        print_capped_model(rows)
-        if args.json is not None:
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return parser, parser.parse_args()
+
+
+def main_capped(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--link-rate`: one role of the capped run (see the module docstring)."""
+    try:
+        args.rate_bps = _netns.parse_rate(args.link_rate)
+        for topology in args.topologies.split(","):
+            topology_fanout(topology)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.role == "capped-receiver":
+        run_capped_receiver(args)
         return
-    if args.role == "receiver":
-        run_receiver(args)
+    if args.role == "capped-sender":
+        run_capped_sender(args)
         return
-    torch.set_num_threads(1)
-    if args.role == "case":  # one case per process, so memory figures do not inherit an earlier case's heap
-        print("ROW " + json.dumps(run_case(parse_size(args.sizes), args.n, args.port, args)), flush=True)
-        return
+    reason = _netns.missing_requirements()
+    if reason is not None:
+        print(f"weight_sync.py --link-rate: {reason}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        rows = run_capped(args)
+    except KeyboardInterrupt:  # the namespaces are gone (run_capped's finally)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    print_capped_model(rows)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def run_cases(args: argparse.Namespace) -> list[dict]:
+    """Every size x receiver count, one case per process, printing each row as it finishes."""
     port, rows = args.port, []
     print_header(args)  # once; each row follows as its case finishes
     for size in args.sizes.split(","):
@@ -823,6 +839,22 @@ def main() -> None:
             rows.append(json.loads(next(line for line in out.splitlines() if line.startswith("ROW "))[4:]))
             print_row(rows[-1])
             port += 2
+    return rows
+
+
+def main() -> None:
+    parser, args = parse_args()
+    if args.link_rate is not None:
+        main_capped(parser, args)
+        return
+    if args.role == "receiver":
+        run_receiver(args)
+        return
+    torch.set_num_threads(1)
+    if args.role == "case":  # one case per process, so memory figures do not inherit an earlier case's heap
+        print("ROW " + json.dumps(run_case(parse_size(args.sizes), args.n, args.port, args)), flush=True)
+        return
+    rows = run_cases(args)
     print_projection(rows, args.fanout)
     if args.json is not None:
         args.json.write_text(json.dumps([{k: r[k] for k in JSON_KEYS} for r in rows], indent=1) + "\n")

@@ -104,8 +104,8 @@ loop does not load the API server (12 patches a minute per PolicyGroup at most).
 
 
 def liveness_seconds(spec: PolicyGroupSpec) -> int:
-    """The longest a healthy trainer loop goes without a heartbeat, in s: 3 x weightSync.timeoutSeconds (rounded up)
-    + `LIVENESS_MARGIN_SECONDS` (240 s with the defaults).
+    """The longest a healthy trainer loop goes without a heartbeat, in s: `SyncTimings.trainer_waits` (3 x
+    weightSync.timeoutSeconds, rounded up) + `LIVENESS_MARGIN_SECONDS` (240 s with the defaults).
 
     Args:
         spec (PolicyGroupSpec): The validated spec.
@@ -113,7 +113,7 @@ def liveness_seconds(spec: PolicyGroupSpec) -> int:
     Returns:
         int: Seconds.
     """
-    return 3 * math.ceil(spec.weight_sync.timeout_seconds) + LIVENESS_MARGIN_SECONDS
+    return spec.weight_sync.timings.trainer_waits + LIVENESS_MARGIN_SECONDS
 
 
 def stall_seconds(spec: PolicyGroupSpec) -> float:
@@ -204,9 +204,9 @@ def grace_seconds(spec: PolicyGroupSpec) -> int:
         spec (PolicyGroupSpec): The validated spec.
 
     Returns:
-        int: ceil(spec.weightSync.timeoutSeconds) + `GRACE_MARGIN_SECONDS`, in seconds.
+        int: `SyncTimings.drain` (ceil(spec.weightSync.timeoutSeconds)) + `GRACE_MARGIN_SECONDS`, in seconds.
     """
-    return math.ceil(spec.weight_sync.timeout_seconds) + GRACE_MARGIN_SECONDS
+    return spec.weight_sync.timings.drain + GRACE_MARGIN_SECONDS
 
 
 def threads_per_process(spec: PolicyGroupSpec, role: contract.PolicyRole) -> int | None:

@@ -12,7 +12,7 @@ RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``
                                      2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
 AUTOSCALING_METRICS     27110-27119  tests/autoscaling/test_keda.py: the trainer's /metrics that KEDA reads (0)
-WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _relay (7, 16, 17), _memory (6, 9),
+WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _relay (7, 14, 16, 17), _memory (6, 9),
                                      _liveness (10-13), _cadence (15), _dtype (18), _ack (19),
                                      _scale_down (8)
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py

@@ -11,6 +11,7 @@ from rlightning.config._policy import EnvConfig, OptimConfig, PolicyConfig, Weig
 from rlightning.config._roles import CheckpointConfig, EvalConfig, TrainConfig, WeightSyncConfig
 from rlightning.config._spec import ObjectMeta, PolicyGroupManifest, PolicyGroupSpec, PortsConfig
 from rlightning.config._template import PodTemplate
+from rlightning.config._timings import SyncTimings
 from rlightning.config._status import (
     Condition,
     EvalStatus,
@@ -38,6 +39,7 @@ __all__ = [
     "PortsConfig",
     "ResourceRequirements",
     "RestartStatus",
+    "SyncTimings",
     "TrainConfig",
     "TrainStatus",
     "TrainingStatus",

@@ -9,6 +9,7 @@ from pydantic import Field, StringConstraints, model_validator
 from rlightning.config._base import SpecModel
 from rlightning.config._pod import DNS_SUBDOMAIN_PATTERN, GPU_RESOURCE, PodConfig, parse_quantity
 from rlightning.config._template import PodTemplate
+from rlightning.config._timings import SyncTimings
 
 PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 """A percentage of pods, as a PodDisruptionBudget's int-or-string fields take it: `0%` to `100%`."""
@@ -268,3 +269,8 @@ class WeightSyncConfig(SpecModel):
             "the evaluators produce it, every update is published (each version produces the next data)."
         ),
     )
+
+    @property
+    def timings(self) -> SyncTimings:
+        """Every bound of the protocol, derived from `timeout_seconds` (`SyncTimings`)."""
+        return SyncTimings.from_timeout(self.timeout_seconds)

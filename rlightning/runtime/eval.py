@@ -70,8 +70,8 @@ log = logging.getLogger("rlightning.eval")
 RECEIVE_POLL_SECONDS = 1.0
 """How long one `receive` call waits for an announcement before the thread checks for a stop."""
 APPLY_TIMEOUT_SECONDS = 60.0
-"""Bound on waiting for the update thread to apply a staged version (buffer strategy `single`); at most half of
-`weightSync.timeoutSeconds`, which the sender waits for the acknowledgement."""
+"""Bound on waiting for the update thread to apply a staged version (buffer strategy `single`); at most
+`SyncTimings.apply` (half of `weightSync.timeoutSeconds`, which the sender waits for the acknowledgement)."""
 SHUTDOWN_JOIN_SECONDS = 3.0
 """Bound on waiting for the receiving thread at shutdown; a receive still running past it is abandoned (the
 thread is a daemon) so the clean `leave` is posted within the pod's grace period."""
@@ -201,7 +201,7 @@ class Evaluator:
         with self._weights_lock:
             if not self.policy.push_weights(version, state):
                 raise RuntimeError(f"version {version} is not newer than the one held ({self.policy.weight_version})")
-            timeout = min(APPLY_TIMEOUT_SECONDS, self.spec.weight_sync.timeout_seconds / 2)
+            timeout = min(APPLY_TIMEOUT_SECONDS, self.spec.weight_sync.timings.apply)
             if self.policy.weight_buffer_strategy == "single" and not self.policy.wait_for_weight_update_done(timeout):
                 log.warning("version %d was not applied: %s", version, self.policy.weight_update_error)
                 raise RuntimeError(f"version {version} was not applied within {timeout:.0f} s")

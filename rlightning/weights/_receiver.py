@@ -10,7 +10,7 @@ import concurrent.futures
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,7 @@ import torch.distributed as dist
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import (
     _buckets,
+    _destination,
     _fingerprint,
     _inplace,
     _messages,
@@ -30,10 +31,6 @@ from rlightning.weights import (
 )
 
 log = logging.getLogger(__name__)
-
-
-Apply = Callable[[int, dict[str, torch.Tensor]], None]
-"""`apply(version, state)`: make `state` the weights every rollout that starts afterwards uses; raise if it cannot."""
 
 
 class _RoundFailed(Exception):
@@ -49,17 +46,19 @@ class WeightReceiver:
     the receiver waits on the store, never inside a collective; call `receive` continuously (e.g. from a
     background thread) so it joins every publish within `timeout_seconds`, else it is evicted and registers
     again. A version not newer than the newest one received is never returned. The receiver's collectives wait
-    up to twice `timeout_seconds`: the sender may spend one timeout on a stalled group before it goes on with
-    the others, and a healthy group must outlast that.
+    up to `SyncTimings.edge_from_parent` (twice `timeout_seconds`): the sender may spend one timeout on a stalled
+    group before it goes on with the others, and a healthy group must outlast that. Every bound comes from
+    `config.timings` (`SyncTimings`).
 
     In its group's relay tree (`_topology`) a receiver forwards each transfer to its children (at most
-    `relay_fanout`) as soon as it has arrived; `receive` returns once its children got the whole publish or
-    one `timeout_seconds` after its own acknowledgement, whichever comes first.
+    `relay_fanout`) as soon as it has arrived; `receive` returns once its children got the whole publish and
+    confirmed their acknowledgements (`_relay.confirm`), or one `timeout_seconds` after its own acknowledgement,
+    whichever comes first.
 
     The sender's host name is resolved only once its store answers (a trainer pod's DNS name does not resolve
     before the pod exists; until then the receiver keeps retrying, logging INFO). Every store call is bounded
     (`_store.bounded`) and, while idle, the receiver checks the sender's heartbeat (`_store.HeartbeatMonitor`):
-    when it stands still for more than `2 * timeout_seconds` (a node that vanished without FIN or RST) the
+    when it stands still for more than `SyncTimings.heartbeat_stale` (a node that vanished without FIN or RST) the
     receiver drops the connection and connects again, registering with the version it holds.
 
     Args:
@@ -82,13 +81,13 @@ class WeightReceiver:
         if ordinal < 0:
             raise ValueError(f"ordinal must be >= 0, got {ordinal}")
         self.config, self.host, self.port, self.ordinal = config, host, port, ordinal
-        self._timeout = float(config.timeout_seconds)
+        self._timings = config.timings
         self._store: dist.TCPStore | None = None
         self._report_store: dist.Store | None = None
         self._watcher: _store.KeyWatcher | None = None
         self._spares: _store.SpareConnections | None = None  # for the edges of a (re-)formed tree
         self._address = ""  # local address toward `host`, found once the store connected (the name resolves)
-        self._monitor = _store.HeartbeatMonitor(self._timeout)
+        self._monitor = _store.HeartbeatMonitor(self._timings)
         self._session = ""
         self._backoff = _store.Backoff()  # kept across `receive` calls: one attempt per backoff step
         self._join_event = 0
@@ -108,19 +107,19 @@ class WeightReceiver:
     # -- connection and membership ---------------------------------------------------------------------
     def _connect(self, deadline: float) -> dist.TCPStore:
         if self._store is None:
-            store = _store.connect_store(self.host, self.port, self._timeout, deadline, self._backoff)
+            store = _store.connect_store(self.host, self.port, self._timings.step, deadline, self._backoff)
             self._store = store
-            self._monitor = _store.HeartbeatMonitor(self._timeout)
+            self._monitor = _store.HeartbeatMonitor(self._timings)
             if not self._address:
                 self._address = _transport.local_address_toward(self.host, self.port)
             # bounded: a listening socket of a stopped sender accepts connections but never answers
-            count = _store.bounded(lambda: store.add(_store.ANNOUNCE_COUNT, 0), self._timeout, "a first read")
+            count = _store.bounded(lambda: store.add(_store.ANNOUNCE_COUNT, 0), self._timings.step, "a first read")
             # reports must not queue behind a blocking wait()
-            self._report_store = _store.connect_again(store, self._timeout)
+            self._report_store = _store.connect_again(store, self._timings.step)
             # one connection waits for announcements, for as long as this one lives (not one per publish)
-            self._watcher = _store.KeyWatcher(_store.connect_again(store, self._timeout), self._timeout)
+            self._watcher = _store.KeyWatcher(_store.connect_again(store, self._timings.step), self._timings.step)
             # the edges of two trees in a row: from the parent and to each child
-            self._spares = _store.SpareConnections(store, 2 * (1 + self.config.relay_fanout), self._timeout)
+            self._spares = _store.SpareConnections(store, 2 * (1 + self.config.relay_fanout), self._timings.step)
             self._next_seq = count + 1
             # joined once its edges need no new connection (within the caller's time), so its first publish does
             # not wait for one
@@ -143,7 +142,7 @@ class WeightReceiver:
             _messages.write(store, _store.member_event(index), event)
             return index
 
-        self._join_event = _store.bounded(post, self._timeout, "a registration")  # a vanished sender never answers
+        self._join_event = _store.bounded(post, self._timings.step, "a registration")  # a vanished sender never answers
 
     def _drop_group(self) -> None:
         if self._transport is not None:
@@ -162,7 +161,7 @@ class WeightReceiver:
 
     # -- receiving -------------------------------------------------------------------------------------
     def receive(
-        self, timeout: float, apply: Apply | None = None, into: _inplace.InPlaceTarget | None = None
+        self, timeout: float, apply: _destination.Apply | None = None, into: _inplace.InPlaceTarget | None = None
     ) -> tuple[int, Mapping[str, torch.Tensor]] | None:
         """Wait up to `timeout` seconds for the next publish and receive it completely.
 
@@ -257,153 +256,187 @@ class WeightReceiver:
             return seq, store.check([_store.announce(seq)])
 
         # every call on the store is bounded (`_store.bounded`): a vanished sender never answers
-        self._next_seq, present = _store.bounded(poll, self._timeout, "a poll for announcements")
+        self._next_seq, present = _store.bounded(poll, self._timings.step, "a poll for announcements")
         key = _store.announce(self._next_seq)
         if not present:
             watcher = self._watcher
             assert watcher is not None  # set with the store (`_connect`)
             # wait in steps, checking the sender's heartbeat between them: a vanished sender sends no RST
-            while not watcher.wait(key, min(deadline - time.monotonic(), self._timeout / 4)):
+            while not watcher.wait(key, min(deadline - time.monotonic(), self._timings.heartbeat_check)):
                 self._monitor.check(store)
                 if time.monotonic() >= deadline:
                     return None
         self._next_seq += 1
         return _store.bounded(
-            lambda: _messages.read(store, key, _messages.ANNOUNCEMENT), self._timeout, "an announcement"
+            lambda: _messages.read(store, key, _messages.ANNOUNCEMENT), self._timings.step, "an announcement"
         )
 
     def _take_part(
         self,
         store: dist.TCPStore,
         ann: _messages.Publish,
-        apply: Apply | None,
+        apply: _destination.Apply | None,
         into: _inplace.InPlaceTarget | None,
     ) -> tuple[int, Mapping[str, torch.Tensor]] | None:
-        seq, version = ann.seq, ann.version
-        mine = next(
-            (
-                (g, i)
-                for g in ann.groups
-                for i, member in enumerate(g.members)
-                if member.ordinal == self.ordinal and member.session == self._session
-            ),
-            None,
-        )
-        if mine is None:
-            if self._join_event <= ann.log_upto:
-                raise _RoundFailed(f"not a member of publish {seq} (evicted)")
+        group = self._member_of(ann)
+        if group is None:
             return None  # registered after the sender planned this publish: wait for the next one
-        group, _ = mine
         key = (group.index, group.generation)
         tree = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)
-        place = tree[self.ordinal]
         if self._group != key:
             self._drop_group()
-            self._form_edges(group, place)
+            self._form_edges(group, tree[self.ordinal])
             self._group = key
         layout = self._layout(store, ann.signature)
         transport = self._transport
         assert transport is not None
-        ignored = version <= self.version  # acknowledged as ignored: the sender does not count it as applied
-        landing: _inplace.Landing | None = None
-        unfit: ValueError | None = None  # the policy's tensors do not fit: received aside, acknowledged failed
-        if into is not None and not ignored:
-            try:
-                landing = _inplace.Landing(layout, into.receive_targets(), transport.device)
-            except ValueError as exc:
-                unfit = exc
-        flats: list[torch.Tensor] = []
-        if landing is None:
-            flats = self._take_buckets(layout, transport.device)
-            destinations = [flats[seg.bucket][seg.offset : seg.offset + seg.numel] for seg in layout.segments]
-        else:
-            destinations = [landing.destination(i) for i in range(len(layout.segments))]
-        header = torch.zeros(4, dtype=torch.int64, device=transport.device)
-        transfers = [header] + destinations
+        ignored = ann.version <= self.version  # acknowledged as ignored: the sender does not count it as applied
+        if ignored:  # received aside and never applied
+            apply, into = None, None
+        destination = self._choose_destination(layout, transport.device, apply, into)
+        transfers = [torch.zeros(4, dtype=torch.int64, device=transport.device), *destination.segments]  # header first
         forwarder = _relay.Forwarder(self._children, transfers)
-        paused = False  # rollouts of `into` paused: a failure from here on leaves it holding no version
         try:
-            try:
-                transport.wait_work(transport.broadcast(header))
-                expected = _transport.header_tensor(
-                    seq, version, len(layout.buckets), layout.signature, transport.device
-                )
-                if not torch.equal(header, expected):
-                    raise _RoundFailed(
-                        f"header {header.tolist()} does not match announcement {seq} (version {version})"
-                    )
-                forwarder.advance(1)
-                if landing is not None:
-                    assert into is not None
-                    pause = self._timeout / 2
-                    if not into.begin_weight_receive(pause):
-                        raise _RoundFailed(f"rollouts did not pause within {pause:.1f} s for publish {seq}")
-                    paused = True
-                self._receive_transfers(transport, transfers, forwarder, landing)
-            except RuntimeError as exc:
-                if place.parent is not None:  # (the sender knows when its edge to the root broke)
-                    # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a
-                    # parent that has not yet: it died, or dropped this publish and closed its edges
-                    cut = _topology.subtree(tree, self.ordinal) + [place.parent]
-                    self._report_lost(store, seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
-                raise _RoundFailed(f"broadcast of publish {seq} failed: {exc}") from exc
-            commit = _store.commit(seq, key[0])
-
-            def committed() -> bool:
-                missing = _store.wait_keys(store, [commit], 2 * self._timeout)
-                return not missing and _messages.read(store, commit, _messages.COMMIT).ok
-
-            if not _store.bounded(committed, 3 * self._timeout, f"the commit of publish {seq}"):
-                raise _RoundFailed(f"sender did not commit publish {seq} for group {key[0]}")
+            self._receive_broadcast(store, ann, tree, layout, transfers, destination, forwarder)
+            self._wait_commit(store, ann.seq, group.index)
         except BaseException:
-            if paused:
-                assert into is not None
-                into.end_weight_receive(None)  # part of the version was written: it holds none
+            destination.abort()
             raise
-        ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", version)
-        state: Mapping[str, torch.Tensor]
-        if landing is not None:
-            assert into is not None
-            into.end_weight_receive(version)
-            state = into.receive_targets()
-        else:
-            state = layout.unpack_all(flats)
-            if unfit is not None:
-                log.error("receiver %d: version %d does not fit the policy: %s", self.ordinal, version, unfit)
-                ack = _messages.Ack("failed", self.version, repr(unfit))
-            elif apply is not None and not ignored:
-                try:
-                    apply(version, dict(state))
-                except Exception as exc:  # noqa: BLE001 - whatever the policy raised: reported, never acknowledged
-                    log.error("receiver %d: applying version %d failed: %r", self.ordinal, version, exc)
-                    ack = _messages.Ack("failed", self.version, repr(exc))
-        _store.bounded(
-            lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timeout, "an acknowledgement"
-        )
-        # acknowledged first: a slow child delays no ack
-        for child, why in forwarder.finish(time.monotonic() + self._timeout).items():
-            self._report_lost(store, seq, _topology.subtree(tree, child), f"relay {self.ordinal}: {why}")
+        ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", ann.version)
+        state: Mapping[str, torch.Tensor] | None = None
+        try:
+            state = destination.complete(ann.version)
+        except _destination.NotApplied as exc:
+            log.error("receiver %d: version %d %s", self.ordinal, ann.version, exc)
+            ack = _messages.Ack("failed", self.version, exc.error)
+        self._acknowledge(store, ann.seq, ack, tree, forwarder)
         if ignored:
-            log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, version, self.version)
+            log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, ann.version, self.version)
             return None
         # buckets for the next publish are prepared between publishes only on the staged path
-        self._last_layout = None if landing is not None else (layout, transport.device)
-        if ack.outcome == "failed":
+        self._last_layout = (layout, transport.device) if destination.staged else None
+        if state is None:
             return None
-        self.version = version
-        return version, state
+        self.version = ann.version
+        return ann.version, state
+
+    def _member_of(self, ann: _messages.Publish) -> _messages.AnnouncedGroup | None:
+        """The group of publish `ann` this receiver (this session) belongs to; None when it registered too late.
+
+        Raises:
+            _RoundFailed: when the sender planned the publish after this registration yet left it out (evicted).
+        """
+        for group in ann.groups:
+            if any(m.ordinal == self.ordinal and m.session == self._session for m in group.members):
+                return group
+        if self._join_event <= ann.log_upto:
+            raise _RoundFailed(f"not a member of publish {ann.seq} (evicted)")
+        return None
+
+    def _choose_destination(
+        self,
+        layout: _buckets.BucketLayout,
+        device: torch.device,
+        apply: _destination.Apply | None,
+        into: _inplace.InPlaceTarget | None,
+    ) -> _destination.Destination:
+        """Choose where this publish lands: in place into `into` when given and its tensors fit, else staged."""
+        unfit: ValueError | None = None  # the policy's tensors do not fit: received aside, acknowledged failed
+        if into is not None:
+            try:
+                return _destination.InPlace(layout, into, device)
+            except ValueError as exc:
+                unfit = exc
+        return _destination.Staged(layout, self._take_buckets(layout, device), apply, unfit)
+
+    def _receive_broadcast(
+        self,
+        store: dist.TCPStore,
+        ann: _messages.Publish,
+        tree: dict[int, _topology.Place],
+        layout: _buckets.BucketLayout,
+        transfers: list[torch.Tensor],
+        destination: _destination.Destination,
+        forwarder: _relay.Forwarder,
+    ) -> None:
+        """Receive the header and every transfer of publish `ann` from the parent, relaying each on arrival.
+
+        Raises:
+            _RoundFailed: when the header does not match the announcement, rollouts did not pause in time, or the
+                edge from the parent broke (the subtree it cut off is then reported `lost`).
+        """
+        transport = self._transport
+        assert transport is not None
+        header = transfers[0]
+        parent = tree[self.ordinal].parent
+        try:
+            transport.wait_work(transport.broadcast(header))
+            expected = _transport.header_tensor(
+                ann.seq, ann.version, len(layout.buckets), layout.signature, transport.device
+            )
+            if not torch.equal(header, expected):
+                raise _RoundFailed(
+                    f"header {header.tolist()} does not match announcement {ann.seq} (version {ann.version})"
+                )
+            forwarder.advance(1)
+            if not destination.begin(self._timings.pause):
+                raise _RoundFailed(f"rollouts did not pause within {self._timings.pause:.1f} s for publish {ann.seq}")
+            self._receive_transfers(transport, transfers, forwarder, destination)
+        except RuntimeError as exc:
+            if parent is not None:  # (the sender knows when its edge to the root broke)
+                # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a
+                # parent that has not yet: it died, or dropped this publish and closed its edges
+                cut = _topology.subtree(tree, self.ordinal) + [parent]
+                self._report_lost(store, ann.seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
+            raise _RoundFailed(f"broadcast of publish {ann.seq} failed: {exc}") from exc
+
+    def _wait_commit(self, store: dist.TCPStore, seq: int, group: int) -> None:
+        """Wait for the sender's commit of publish `seq` for `group` (`SyncTimings.commit_wait`, `commit_bound`).
+
+        Raises:
+            _RoundFailed: when the sender did not commit it (a transfer to the group failed) or not in time.
+        """
+        commit = _store.commit(seq, group)
+
+        def committed() -> bool:
+            missing = _store.wait_keys(store, [commit], self._timings.commit_wait)
+            return not missing and _messages.read(store, commit, _messages.COMMIT).ok
+
+        if not _store.bounded(committed, self._timings.commit_bound, f"the commit of publish {seq}"):
+            raise _RoundFailed(f"sender did not commit publish {seq} for group {group}")
+
+    def _acknowledge(
+        self,
+        store: dist.TCPStore,
+        seq: int,
+        ack: _messages.Ack,
+        tree: dict[int, _topology.Place],
+        forwarder: _relay.Forwarder,
+    ) -> None:
+        """Post `ack` (and confirm it to the parent), then wait (one step at most) for the children to get
+        everything and confirm theirs; report the subtrees cut off.
+        """
+        _store.bounded(
+            lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timings.step, "an acknowledgement"
+        )
+        if tree[self.ordinal].parent is not None and self._transport is not None:
+            _relay.confirm(self._transport)  # the parent sees this edge break if this receiver dies before it
+        # acknowledged first: a slow child delays no ack
+        for child, why in forwarder.finish(time.monotonic() + self._timings.step).items():
+            self._report_lost(store, seq, _topology.subtree(tree, child), f"relay {self.ordinal}: {why}")
 
     def _receive_transfers(
         self,
         transport: _transport.BroadcastGroup,
         transfers: list[torch.Tensor],
         forwarder: _relay.Forwarder,
-        landing: _inplace.Landing | None,
+        destination: _destination.Destination,
     ) -> None:
         """Receive every transfer after the header, in the sender's order, relaying each one as soon as it is here.
 
-        In place (`landing`), a staged transfer is unpacked into the policy's tensors on arrival, and its staging
-        buffer is reused only once the children got it too (`Forwarder.release`).
+        Each transfer lands on arrival (`Destination.land`); one in a reused staging buffer (in place) is unpacked
+        into the policy's tensors then, and its buffer is reused only once the children got it too
+        (`Forwarder.release`).
 
         Raises:
             RuntimeError: when a transfer failed or timed out.
@@ -415,21 +448,20 @@ class WeightReceiver:
         def arrive() -> None:
             nonlocal arrived
             transport.wait_work(inflight.popleft())
-            if landing is not None:
-                landing.land(arrived - 1, transfers[arrived])
+            destination.land(arrived - 1, transfers[arrived])
             arrived += 1
             forwarder.advance(arrived)  # relay each transfer as soon as it is here
 
         for index, flat in enumerate(transfers[1:]):
             if len(inflight) >= _transport.MAX_IN_FLIGHT:
                 arrive()
-            slot = None if landing is None else landing.slot(index)
+            slot = destination.slot(index)
             if slot is not None:
                 previous = last_in_slot[slot]
                 if previous is not None:  # its buffer is reused: unpacked and relayed first
                     while arrived <= previous + 1:
                         arrive()
-                    forwarder.release(previous + 2, time.monotonic() + self._timeout)
+                    forwarder.release(previous + 2, time.monotonic() + self._timings.step)
                 last_in_slot[slot] = index
             inflight.append(transport.broadcast(flat))
         while inflight:
@@ -447,7 +479,7 @@ class WeightReceiver:
                     _messages.write_absent(store, _store.ack(seq, ordinal), lost)
 
         try:
-            _store.bounded(post, self._timeout, "lost acknowledgements")
+            _store.bounded(post, self._timings.step, "lost acknowledgements")
         except RuntimeError as exc:  # the sender learns it from the missing acknowledgements, one timeout later
             log.warning("receiver %d: could not report ordinals %s lost: %s", self.ordinal, ordinals, exc)
 
@@ -465,12 +497,12 @@ class WeightReceiver:
         if place.children and self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="wsync-relay")
         self._children = [
-            _relay.ChildEdge(child, self._pool.submit(edge, child, 0, self._timeout))  # type: ignore[union-attr]
+            _relay.ChildEdge(child, self._pool.submit(edge, child, 0, self._timings.step))  # type: ignore[union-attr]
             for child in place.children
         ]
         try:
             # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it
-            self._transport = edge(self.ordinal, 1, 2 * self._timeout)
+            self._transport = edge(self.ordinal, _relay.CHILD_RANK, self._timings.edge_from_parent)
         except RuntimeError as exc:
             raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {exc}") from exc
 

@@ -7,6 +7,11 @@ child holds up neither the relay's own receiving nor its siblings; at the end th
 until one deadline, and a child that missed it (or whose edge broke) is dropped with its subtree for this
 publish (the receiver acknowledges them `lost`, so the sender need not wait for them). What is queued are views
 of the relay's own received buckets, so forwarding allocates nothing.
+
+Once a child acknowledged a publish on the store, it also confirms it up its edge (`confirm`, one byte sent from
+the child), and the relay waits for that confirmation until the same deadline: a child that dies after its last
+transfer left, but before it acknowledged, breaks the edge the relay is then receiving on, so the relay reports it
+at once instead of the sender waiting one timeout for an acknowledgement that cannot come.
 """
 
 from __future__ import annotations
@@ -22,6 +27,20 @@ import torch.distributed as dist
 from rlightning.weights import _transport
 
 log = logging.getLogger(__name__)
+
+CHILD_RANK = 1
+"""A relay edge's ranks: the relay (parent) is rank 0 and sends the transfers, the child is rank 1."""
+
+
+def confirm(edge: _transport.BroadcastGroup) -> None:
+    """Confirm, from the child's side of `edge`, that this publish is acknowledged (`Forwarder.finish` waits for it).
+
+    Not waited for: the send completes once the relay takes it, and a relay that is gone breaks the edge anyway.
+
+    Args:
+        edge (BroadcastGroup): the edge from this receiver's parent (this side is `CHILD_RANK`).
+    """
+    edge.broadcast(torch.ones(1, dtype=torch.uint8, device=edge.device), root=CHILD_RANK)
 
 
 class ChildEdge:
@@ -125,7 +144,8 @@ class Forwarder:
                 child.fail(f"forwarding failed: {exc}")
 
     def finish(self, deadline: float) -> dict[int, str]:
-        """Forward the rest and wait, at most until `deadline`, for every child to have received everything.
+        """Forward the rest and wait, at most until `deadline`, for every child to have received everything and
+        confirmed its acknowledgement (`confirm`).
 
         Args:
             deadline (float): `time.monotonic()` bound shared by all children.
@@ -144,6 +164,13 @@ class Forwarder:
                     child.edge.wait_work(works.popleft(), deadline)
             except RuntimeError as exc:
                 child.fail(f"forwarding failed: {exc}")
+        for child in self._children:
+            try:
+                if child.edge is not None:
+                    confirmation = torch.zeros(1, dtype=torch.uint8, device=child.edge.device)
+                    child.edge.wait_work(child.edge.broadcast(confirmation, root=CHILD_RANK), deadline)
+            except RuntimeError as exc:
+                child.fail(f"no confirmation of its acknowledgement: {exc}")
         failed = {c.ordinal: c.error for c in self._children if c.error is not None}
         for ordinal, error in failed.items():
             log.warning("relay: child %d misses this publish: %s", ordinal, error)

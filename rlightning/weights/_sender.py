@@ -8,7 +8,7 @@ One publish, in order (keys in `_store`, values in `_messages`):
    each group is a relay tree (`_topology`) whose root this sender feeds, and whose members relay to each other;
 2. announce the publish (version, layout signature, groups) under a fresh sequence number, so receivers
    wait on the store, never inside a collective, between publishes;
-3. form the edges to new groups' roots concurrently, each bounded by `timeout_seconds`;
+3. form the edges to new groups' roots concurrently, each bounded by `SyncTimings.step` (`timeout_seconds`);
 4. send each root a header (seq, version, bucket count, signature) and then the buckets' segments: runs of
    small tensors packed (cast to `config.dtype` when set) into one of two reused staging buffers (so at most
    two exist), each large tensor straight from its own memory in chunks; at most `_transport.MAX_IN_FLIGHT`
@@ -21,8 +21,8 @@ One publish, in order (keys in `_store`, values in `_messages`):
    member it cut off, so the wait for a dead relay's subtree ends when the break is seen, not after a timeout;
 6. delete the keys of publish `seq - 2` (and membership events once read), so the store stays bounded.
 
-A daemon thread advances `_store.HEARTBEAT` every `timeout_seconds / 4` until `close()`, so receivers notice
-a sender that went silent.
+A daemon thread advances `_store.HEARTBEAT` every `SyncTimings.heartbeat_period` until `close()`, so receivers
+notice a sender that went silent. Every bound comes from `config.timings` (`SyncTimings`).
 """
 
 from __future__ import annotations
@@ -95,13 +95,15 @@ class WeightSender:
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
         self.config = config
-        self._timeout = float(config.timeout_seconds)
-        self._store = _store.host_store(port, self._timeout, ipv6=":" in host, bind_host=bind_host)
+        self._timings = config.timings
+        self._store = _store.host_store(port, self._timings.step, ipv6=":" in host, bind_host=bind_host)
         self._host, self._port = host, port
         self._address = ""  # local address toward `host`, found when the first group forms (the name may
         # not resolve yet when a pod starts)
-        self._heartbeat = _store.Heartbeat(_store.connect_again(self._store, self._timeout), self._timeout / 4)
-        self._spares = _store.SpareConnections(self._store, 2, self._timeout)  # for the edges to re-formed trees' roots
+        beats = _store.connect_again(self._store, self._timings.step)
+        self._heartbeat = _store.Heartbeat(beats, self._timings.heartbeat_period)
+        # for the edges to re-formed trees' roots
+        self._spares = _store.SpareConnections(self._store, 2, self._timings.step)
         self._published: dict[int, tuple[list[int], list[int]]] = {}  # seq -> (groups, ordinals), for cleanup
         self._membership = _membership.Membership()
         self._events_read = 0
@@ -131,7 +133,7 @@ class WeightSender:
             else:  # the writer is between add() and set(); skip it only if it never completes
                 now = time.monotonic()
                 self._event_missing_since = self._event_missing_since or now
-                if now - self._event_missing_since < self._timeout:
+                if now - self._event_missing_since < self._timings.step:
                     return
                 log.warning("membership event %s never written; skipped", key)
             self._events_read += 1
@@ -163,11 +165,11 @@ class WeightSender:
             if not self._address:
                 self._address = _transport.local_address_toward(self._host, self._port)
             live.transport = _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
-                self._spares.take(self._timeout),
+                self._spares.take(self._timings.step),
                 _store.edge_prefix(plan.index, plan.generation, plan.members[0].ordinal),
                 0,
                 2,
-                self._timeout,
+                self._timings.step,
                 live.backend,
                 self._address,
             )
@@ -282,7 +284,7 @@ class WeightSender:
                     live.fail(f"broadcast failed: {exc}")
 
         def send(tensors: dict[torch.device, torch.Tensor], slot: int | None) -> None:
-            deadline = time.monotonic() + self._timeout  # works issued together expire together
+            deadline = time.monotonic() + self._timings.step  # works issued together expire together
             works = []
             for live in groups:
                 if live.transport is not None:
@@ -322,7 +324,7 @@ class WeightSender:
         for live in groups:
             _messages.write(self._store, _store.commit(seq, live.plan.index), _messages.Commit(live.error is None))
         expected = {m.ordinal: live for live in groups if live.error is None for m in live.plan.members}
-        missing = set(_store.wait_keys(self._store, [_store.ack(seq, o) for o in expected], self._timeout))
+        missing = set(_store.wait_keys(self._store, [_store.ack(seq, o) for o in expected], self._timings.step))
         errors: dict[int, str] = {}
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
@@ -341,7 +343,7 @@ class WeightSender:
                         stats.receivers_ignored.append(member.ordinal)
             if absent or refused or lost:
                 stats.failed[live.plan.index] = sorted([m.ordinal for m in absent] + list(refused) + list(lost))
-                why = [live.error or f"no acknowledgement within {self._timeout:g} s"] if absent else []
+                why = [live.error or f"no acknowledgement within {self._timings.step:g} s"] if absent else []
                 why += [f"ordinal {o} failed to apply: {error}" for o, error in sorted(refused.items())]
                 why += [f"ordinal {o} lost: {error}" for o, error in sorted(lost.items())]
                 errors[live.plan.index] = "; ".join(why)
@@ -439,7 +441,7 @@ class WeightSender:
             self._store.add(_store.ANNOUNCE_COUNT, 1)
             self._read_membership()
             keys = [_store.ack(self._seq, o) for o in self._membership.members]
-            _store.wait_keys(self._store, keys, min(linger, self._timeout))
+            _store.wait_keys(self._store, keys, min(linger, self._timings.step))
         finally:
             self._heartbeat.stop()
             self._spares.close()

@@ -27,6 +27,8 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
+from rlightning.config import SyncTimings
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,9 @@ MEMBER_COUNT = ROOT + "members/n"
 ANNOUNCE_COUNT = ROOT + "announce/n"
 """Sequence number of the newest announcement (store.add); announcement s lives at `announce(s)`."""
 HEARTBEAT = ROOT + "heartbeat"
-"""Counter the sender's `Heartbeat` thread advances (store.add) every `timeout_seconds / 4`; receivers that see it
-stand still for more than `2 * timeout_seconds` treat the sender as gone (e.g. its node vanished without a RST)."""
+"""Counter the sender's `Heartbeat` thread advances (store.add) every `SyncTimings.heartbeat_period`; receivers that
+see it stand still for more than `SyncTimings.heartbeat_stale` treat the sender as gone (e.g. its node vanished
+without a RST)."""
 
 
 CONNECT_BOUND = 15.0
@@ -425,7 +428,7 @@ class KeyWatcher:
 
     Args:
         store (dist.Store): a connection of its own (e.g. `connect_again`), used only by this watcher.
-        step (float): longest single wait, seconds (the receiver passes `timeout_seconds`).
+        step (float): longest single wait, seconds (the receiver passes `SyncTimings.step`).
     """
 
     def __init__(self, store: dist.Store, step: float) -> None:
@@ -499,7 +502,7 @@ class Heartbeat:
 
     Args:
         store (dist.Store): a connection of its own (e.g. `connect_again` of the hosted store).
-        period (float): seconds between beats (the sender passes `timeout_seconds / 4`).
+        period (float): seconds between beats (the sender passes `SyncTimings.heartbeat_period`).
     """
 
     def __init__(self, store: dist.Store, period: float) -> None:
@@ -528,31 +531,31 @@ class HeartbeatMonitor:
     """Receiver side: decides from the sender's heartbeat whether the sender is still there.
 
     Args:
-        timeout (float): `timeout_seconds`; the sender is gone when the heartbeat stands still longer than
-            `2 * timeout`, checked at most every `timeout / 4` seconds.
+        timings (SyncTimings): the sender is gone when the heartbeat stands still longer than `heartbeat_stale`,
+            checked at most every `heartbeat_check` seconds (each read bounded by `step`).
     """
 
-    def __init__(self, timeout: float) -> None:
-        self._timeout = timeout
+    def __init__(self, timings: SyncTimings) -> None:
+        self._timings = timings
         self._value: int | None = None
         self._changed = time.monotonic()
         self._checked = 0.0
 
     def check(self, store: dist.Store) -> None:
-        """Read the heartbeat (at most every `timeout / 4` s) and raise when it stood still too long.
+        """Read the heartbeat (at most every `heartbeat_check` s) and raise when it stood still too long.
 
         Args:
-            store (dist.Store): a connection to the store (the read is bounded by `timeout`, see `bounded`).
+            store (dist.Store): a connection to the store (the read is bounded by `step`, see `bounded`).
 
         Raises:
-            RuntimeError: when the read fails or the heartbeat has not advanced for more than `2 * timeout` s.
+            RuntimeError: when the read fails or the heartbeat has not advanced for more than `heartbeat_stale` s.
         """
         now = time.monotonic()
-        if now - self._checked < self._timeout / 4:
+        if now - self._checked < self._timings.heartbeat_check:
             return
-        value = bounded(lambda: store.add(HEARTBEAT, 0), self._timeout, "a heartbeat read")
+        value = bounded(lambda: store.add(HEARTBEAT, 0), self._timings.step, "a heartbeat read")
         now = self._checked = time.monotonic()
         if value != self._value:  # read before judging: a receiver resumed after a pause sees a fresh value
             self._value, self._changed = value, now
-        elif now - self._changed > 2 * self._timeout:
+        elif now - self._changed > self._timings.heartbeat_stale:
             raise RuntimeError(f"sender heartbeat stood still for {now - self._changed:.1f} s")

@@ -135,11 +135,13 @@ class BroadcastGroup:
             # a Backend, used through the collectives ProcessGroup declares (the Backend stub omits them)
             self._pg = dist.ProcessGroupGloo(prefixed, rank, size, options)  # type: ignore[assignment]
 
-    def broadcast(self, tensor: torch.Tensor) -> dist.Work:
-        """Start broadcasting `tensor` from rank 0 (sent from rank 0, received in place elsewhere).
+    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> dist.Work:
+        """Start broadcasting `tensor` from rank `root` (sent from it, received in place elsewhere).
 
         Args:
             tensor (torch.Tensor): contiguous, on `self.device`; gloo gets a byte view so every dtype travels.
+            root (int, optional): the sending rank; a relay edge's child (rank 1) sends its confirmation up
+                (`_relay.Forwarder.finish`). Defaults to 0.
 
         Returns:
             dist.Work: wait on it with `wait_work`.
@@ -147,7 +149,7 @@ class BroadcastGroup:
         if self.backend == "gloo":
             tensor = tensor.view(-1).view(torch.uint8)
         opts = dist.BroadcastOptions()
-        opts.rootRank = 0
+        opts.rootRank = root
         opts.rootTensor = 0
         opts.timeout = datetime.timedelta(seconds=self.timeout)
         if self._pg is None:

@@ -1,6 +1,6 @@
 """Relay trees: the pure planner, and 8 real receiver processes that relay buckets to each other.
 
-Ports: WEIGHTS_SYNC of tests/_ports.py, indices 7, 16 and 17 (test_weight_sync.py 0-5, _memory 6, _liveness
+Ports: WEIGHTS_SYNC of tests/_ports.py, indices 7, 14, 16 and 17 (test_weight_sync.py 0-5, _memory 6, _liveness
 10-13, _cadence 15, _dtype 18, _ack 19).
 """
 
@@ -74,9 +74,9 @@ def test_subtree_is_what_a_broken_edge_cuts_off():
     assert subtree(tree, 0) == list(range(8))
 
 
-def config() -> WeightSyncConfig:
+def config(timeout: float = TIMEOUT) -> WeightSyncConfig:
     return WeightSyncConfig(
-        backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=8, relay_fanout=2, timeout_seconds=TIMEOUT
+        backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=8, relay_fanout=2, timeout_seconds=timeout
     )
 
 
@@ -104,6 +104,21 @@ def digests_match(reports: dict, ordinals: list[int], version: int) -> bool:
     return all(o in reports and reports[o].applied.version == version for o in ordinals) and all(
         reports[o].applied.digest == expected for o in ordinals
     )
+
+
+def publish_through_a_death(
+    sender: WeightSender, procs: list, fleet: list[int], dead: int, match: str, within: float
+) -> WeightSyncError:
+    """Publish version 1 to all of `fleet`, then version 2, in which receiver `dead` kills itself: that publish must
+    fail with an error matching `match` in under `within` seconds. Returns its error."""
+    wait_members(sender, set(fleet), timeout=120.0)
+    assert sender.publish(weights_for(1)).receivers_acked == fleet
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError, match=match) as info:
+        sender.publish(weights_for(2))
+    assert time.monotonic() - start < within
+    assert procs[dead].wait(10) == -signal.SIGKILL
+    return info.value
 
 
 @pytest.mark.slow
@@ -137,17 +152,10 @@ def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_ver
     cut_off, others = [1, 3, 4, 7], [0, 2, 5, 6]
     sender = WeightSender(config(), "127.0.0.1", port)
     try:
-        wait_members(sender, set(FLEET), timeout=120.0)
-        assert sender.publish(weights_for(1)).receivers_acked == FLEET
-
-        start = time.monotonic()
-        with pytest.raises(WeightSyncError, match=r"group 0 \(ordinals \[1, 3, 4, 7\]\)") as info:
-            sender.publish(weights_for(2))
         # its tree neighbours reported the subtree lost once the edges broke: the sender did not wait the timeout
-        assert time.monotonic() - start < TIMEOUT / 2
-        assert "ordinal 1 lost: " in str(info.value)
-        assert procs[1].wait(10) == -signal.SIGKILL
-        assert info.value.stats.receivers_acked == others and info.value.stats.failed == {0: cut_off}
+        error = publish_through_a_death(sender, procs, FLEET, 1, r"group 0 \(ordinals \[1, 3, 4, 7\]\)", TIMEOUT / 2)
+        assert "ordinal 1 lost: " in str(error)
+        assert error.stats.receivers_acked == others and error.stats.failed == {0: cut_off}
         assert digests_match(wait_reports(sender, lambda r: digests_match(r, others, 2)), others, 2)
 
         # the orphans registered again; the next publish re-plans the tree without the dead relay
@@ -163,6 +171,37 @@ def test_relay_killed_mid_publish_fails_only_its_subtree_which_gets_the_next_ver
         assert applied_versions(procs[ordinal]) == [1, 2, 3]
     for ordinal in (3, 4, 7):  # never a torn version 2: they kept 1 (staged) or held none (in place) until 3
         assert applied_versions(procs[ordinal]) == [1, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_relay_whose_child_is_killed_fails_the_publish_in_seconds_not_its_timeout(procs):
+    port = WEIGHTS_SYNC.port(14)
+    timeout = 30.0  # long, so a publish that waited for the dead child's acknowledgement could not pass
+    # tree (fanout 2): 0 -> 1, 2; 1 -> 3. Leaf 3, relay 1's child, dies once version 2 arrived and was committed,
+    # before it acknowledges: relay 1's transfers to it all completed, only its edge breaking tells
+    fleet = [0, 1, 2, 3]
+    dies = {3: ("--die-in-apply-version", "2")}
+    procs += [
+        start_receiver(port, o, "--apply-in-receive", *dies.get(o, ()), group_size=8, lifetime=120.0, timeout=timeout)
+        for o in fleet
+    ]
+    sender = WeightSender(config(timeout), "127.0.0.1", port)
+    try:
+        # relay 1 saw its edge into 3 break and reported 3 lost: the sender did not wait for 3's acknowledgement
+        error = publish_through_a_death(sender, procs, fleet, 3, r"group 0 \(ordinals \[3\]\)", timeout / 3)
+        assert "ordinal 3 lost: relay 1: " in str(error)
+        assert error.stats.receivers_acked == [0, 1, 2]
+
+        # the tree re-forms without the dead child, as after any failure, and the rest get the next version
+        wait_members(sender, {0, 1, 2})
+        stats = sender.publish(weights_for(3))
+        assert (stats.receivers_acked, stats.formed_groups, stats.failed) == ([0, 1, 2], [0], {})
+        assert digests_match(wait_reports(sender, lambda r: digests_match(r, [0, 1, 2], 3)), [0, 1, 2], 3)
+    finally:
+        sender.close()
+    stop(procs)
+    assert [applied_versions(procs[o]) for o in (0, 1, 2)] == [[1, 2, 3]] * 3
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@
 Exits when the sender closes, unless --keep-after-close. With --apply-in-receive the policy applies each
 version inside `receive` (its `apply` hook: the acknowledgement means applied) and --fail-apply-version N makes
 that apply raise for version N. --die-in-version N sends SIGKILL to itself in the
-middle of receiving version N (after its first transfers), to test a receiver that dies mid-broadcast.
+middle of receiving version N (after its first transfers), to test a receiver that dies mid-broadcast;
+--die-in-apply-version N (with --apply-in-receive) kills it once version N is committed, before it acknowledges.
 --leave-after-version N leaves cleanly once it applied version N (a scale-down: what an evaluator does on SIGTERM).
 --in-place receives straight into the policy's tensors (`receive(into=...)`, buffer strategy `none`); a receive
 that stops part way prints {"event": "torn"}.
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--die-in-version", type=int, default=0)
     parser.add_argument("--apply-in-receive", action="store_true", help="apply through receive(apply=...)")
     parser.add_argument("--fail-apply-version", type=int, default=0)
+    parser.add_argument("--die-in-apply-version", type=int, default=0)
     parser.add_argument("--raw", action="store_true", help="keep what arrives as is, with no policy (any model)")
     parser.add_argument("--dtype", default=None, help="weightSync.dtype: the policy holds floating tensors in it")
     parser.add_argument("--keep-after-close", action="store_true", help="wait for a restarted sender")
@@ -76,6 +78,9 @@ def main() -> None:
     def apply(version: int, state: dict) -> None:
         if version == args.fail_apply_version:
             raise ValueError(f"refusing version {version}")
+        if version == args.die_in_apply_version:  # everything arrived and was relayed; no acknowledgement
+            print(json.dumps({"event": "dying"}), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         if args.raw:
             print(json.dumps({"event": "applied", "version": version, "staged": True, "applied": version}), flush=True)
             return
