@@ -143,7 +143,7 @@ _QUANTITY_MAPS = {("ResourceRequirements", "requests"), ("ResourceRequirements",
 _DROPPED_KEYS = ("title", "$defs")
 
 
-def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str | None = None) -> Any:
+def _convert(node: Any, defs: dict[str, Any], *, keep_defaults: bool, model: str | None = None) -> Any:  # noqa: C901 - one case per JSON Schema construct
     """Turn one pydantic JSON Schema node into its structural OpenAPI v3.0 form (recursively)."""
     if not isinstance(node, dict):
         return node

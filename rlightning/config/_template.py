@@ -178,7 +178,7 @@ def _env_owned(name: str) -> bool:
     return name.startswith(OWNED_ENV_PREFIXES) or name in OWNED_ENV_NAMES
 
 
-def template_problem(template: PodTemplate, role: str) -> str | None:
+def template_problem(template: PodTemplate, role: str) -> str | None:  # noqa: C901 - one check per owned field, in order
     """The first field of a role's pod template that the operator owns, as an error message naming it.
 
     Args:

@@ -63,6 +63,64 @@ class _LiveGroup:
             self.transport = None
 
 
+class _Pipeline:
+    """The broadcasts of one publish in flight, oldest first: at most `_transport.MAX_IN_FLIGHT`, each with the
+    staging slot (0 or 1) its tensors were packed into, or None when sent from the tensors themselves.
+
+    Args:
+        groups (list[_LiveGroup]): The groups every transfer goes to; a group whose broadcast fails is failed (its
+            transport closed) and skipped from then on.
+        step_seconds (float): Bound on each transfer (`SyncTimings.step`); works issued together expire together.
+    """
+
+    def __init__(self, groups: list[_LiveGroup], step_seconds: float) -> None:
+        self._groups, self._step = groups, step_seconds
+        self._fifo: collections.deque[tuple[int | None, list[tuple[_LiveGroup, dist.Work, float]]]] = (
+            collections.deque()
+        )
+
+    def devices(self) -> set[torch.device]:
+        """The devices of the groups still alive (where each transfer's tensors must be)."""
+        return {live.transport.device for live in self._groups if live.transport is not None}
+
+    def send(self, tensors: dict[torch.device, torch.Tensor], slot: int | None = None) -> None:
+        """Start broadcasting `tensors` (one per device) to every live group."""
+        deadline = time.monotonic() + self._step
+        works = []
+        for live in self._groups:
+            if live.transport is not None:
+                try:
+                    works.append((live, live.transport.broadcast(tensors[live.transport.device]), deadline))
+                except RuntimeError as exc:
+                    live.fail(f"broadcast failed: {exc}")
+        self._fifo.append((slot, works))
+
+    def free(self, slot: int) -> None:
+        """Wait until no transfer in flight reads staging buffer `slot`."""
+        while any(used == slot for used, _ in self._fifo):
+            self._wait_oldest()
+
+    def make_room(self) -> None:
+        """Wait until fewer than `_transport.MAX_IN_FLIGHT` transfers are in flight."""
+        while len(self._fifo) >= _transport.MAX_IN_FLIGHT:
+            self._wait_oldest()
+
+    def drain(self) -> None:
+        """Wait for every transfer in flight."""
+        while self._fifo:
+            self._wait_oldest()
+
+    def _wait_oldest(self) -> None:
+        _, works = self._fifo.popleft()
+        for live, work, deadline in works:
+            if live.transport is None:
+                continue
+            try:
+                live.transport.wait_work(work, deadline)
+            except RuntimeError as exc:
+                live.fail(f"broadcast failed: {exc}")
+
+
 class WeightSender:
     """Publishes versioned weights to the evaluation fleet; hosts the weight-sync store.
 
@@ -270,51 +328,22 @@ class WeightSender:
         state: Mapping[str, torch.Tensor],
         groups: list[_LiveGroup],
     ) -> None:
-        # FIFO of transfers in flight: (staging slot or None, [(group, work, deadline)])
-        inflight: collections.deque[tuple[int | None, list[tuple[_LiveGroup, dist.Work, float]]]] = collections.deque()
-
-        def drain_one() -> None:
-            _, works = inflight.popleft()
-            for live, work, deadline in works:
-                if live.transport is None:
-                    continue
-                try:
-                    live.transport.wait_work(work, deadline)
-                except RuntimeError as exc:
-                    live.fail(f"broadcast failed: {exc}")
-
-        def send(tensors: dict[torch.device, torch.Tensor], slot: int | None) -> None:
-            deadline = time.monotonic() + self._timings.step  # works issued together expire together
-            works = []
-            for live in groups:
-                if live.transport is not None:
-                    try:
-                        works.append((live, live.transport.broadcast(tensors[live.transport.device]), deadline))
-                    except RuntimeError as exc:
-                        live.fail(f"broadcast failed: {exc}")
-            inflight.append((slot, works))
-
-        def devices() -> set[torch.device]:
-            return {live.transport.device for live in groups if live.transport is not None}
-
+        inflight = _Pipeline(groups, self._timings.step)
         count, signature = len(layout.buckets), layout.signature
-        send({d: _transport.header_tensor(seq, version, count, signature, d) for d in devices()}, None)
+        inflight.send({d: _transport.header_tensor(seq, version, count, signature, d) for d in inflight.devices()})
         packed = 0
         for segment in layout.segments:
-            targets = devices()
+            targets = inflight.devices()
             if not targets:
                 break
             slot = None
             dtype = layout.buckets[segment.bucket].dtype
             if not segment.direct or not all(_direct(state[segment.slots[0].name], d, dtype) for d in targets):
                 slot, packed = packed % 2, packed + 1
-                while any(used == slot for used, _ in inflight):  # staging buffer `slot` must be free again
-                    drain_one()
-            while len(inflight) >= _transport.MAX_IN_FLIGHT:
-                drain_one()
-            send({d: self._source(segment, state, d, slot) for d in targets}, slot)
-        while inflight:
-            drain_one()
+                inflight.free(slot)  # its staging buffer is written next
+            inflight.make_room()
+            inflight.send({d: self._source(segment, state, d, slot) for d in targets}, slot)
+        inflight.drain()
 
     def _finish(
         self, seq: int, version: int, layout: _buckets.BucketLayout, groups: list[_LiveGroup], formed: list[int]
