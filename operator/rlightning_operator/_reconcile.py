@@ -3,7 +3,9 @@
 A reconcile first asks whether the trainer gang's attempt has ended with a lost pod (`_planner.plan_restart`);
 if so it posts a Warning Event, builds the Job of the next attempt (which the plan then recreates: Foreground
 deletion, and no new Job while any trainer pod of another attempt remains) and records the restart in status.
-Once training has ended, the evaluators are scaled to zero unless spec.eval.afterTraining is Serve.
+Once training has ended, the evaluators are scaled to zero unless spec.eval.afterTraining is Serve. Pods the taint
+manager evicted from a node that stopped answering are force-deleted once their grace period is over
+(`_planner.plan_force_deletes`), so that they hold neither the next attempt nor the evaluators' replacement.
 
 Synchronous (the kubernetes client blocks); kopf runs it in its thread pool. Reconciles of the same
 PolicyGroup are serialised by a per-object lock, so a handler and a child-triggered refresh never act at once.
