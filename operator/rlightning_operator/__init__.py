@@ -39,16 +39,17 @@ policy poddisruptionbudgets             get, create, patch                      
 networking.k8s.io networkpolicies      get, create, patch                          the trainers' NetworkPolicy
                                                                                     (only with the setting
                                                                                     network_policy on)
-"" pods                                 get, list, watch                            status: crash loops,
+"" pods                                 get, list, watch, delete                    status: crash loops,
                                                                                     unschedulable pods, stuck
-                                                                                    rollouts, trainers lost (read
-                                                                                    only)
+                                                                                    rollouts, trainers lost;
+                                                                                    delete: a pod stranded on a
+                                                                                    node that stopped answering
 "" events                               create                                      Events (kopf posts core/v1)
 coordination.k8s.io leases              create; get, update (one name)              leader election, in the
                                                                                     Lease's namespace only
 ======================================  ==========================================  ===============================
 
-Nothing on secrets, nodes, namespaces or CRDs, nothing but reading on pods: kopf's scanning is off, so it
+Nothing on secrets, nodes, namespaces or CRDs; on pods, reading and one forced deletion: kopf's scanning is off, so it
 serves the PolicyGroup CRD present at start. kopf runs standalone (no peering objects): with --leader-elect
 the process starts kopf only while it holds the Lease.
 """

@@ -278,7 +278,10 @@ class KubeClient:
         path = self._path(kind, namespace, name, subresource)
         return self._request("patch", "PATCH", kind, path, body=dict(body), content_type=MERGE_PATCH)[1]
 
-    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Foreground") -> None:
+    def delete(
+        self, kind: str, namespace: str, name: str, propagation: str = "Foreground",
+        grace_period_seconds: int | None = None,
+    ) -> None:
         """DELETE an object; a missing object counts as deleted.
 
         Args:
@@ -287,12 +290,16 @@ class KubeClient:
             name (str): metadata.name.
             propagation (str, optional): Background, Foreground or Orphan. Defaults to "Foreground" (the object
                 stays, with a deletionTimestamp, until its dependents are gone).
+            grace_period_seconds (int | None, optional): 0 removes a pod at once, without waiting for its kubelet to
+                confirm (`kubectl delete --force --grace-period=0`). Defaults to None (the object's own).
 
         Raises:
             TransientApiError: Retry later.
             PermanentApiError: Forbidden.
         """
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
             self._request("delete", "DELETE", kind, self._path(kind, namespace, name), body=body)
         except PermanentApiError as error:

@@ -32,6 +32,6 @@ WATCH_EVENTS = prometheus_client.Counter(
 )
 ACTIONS = prometheus_client.Counter(
     "rlightning_operator_actions_total",
-    "Actions applied to children, by type (create, patch, scale, recreate) and kind.",
+    "Actions applied to children, by type (create, patch, scale, recreate, force-delete of a pod) and kind.",
     ["type", "kind"],
 )

@@ -17,7 +17,8 @@ No I/O. Rules, per desired child (compared by kind and name):
 
 Restarts of the trainer gang (`plan_restart`) come first: a pod of the current attempt that failed or went
 ends the attempt; the next one is a Job of attempt N+1, which the rules above then recreate (Foreground: every
-pod of attempt N is gone before attempt N+1 exists).
+pod of attempt N is gone before attempt N+1 exists). Pods stranded on a node that stopped answering would hold
+that deletion for good: `plan_force_deletes` names those to force-delete.
 """
 
 from __future__ import annotations
@@ -263,3 +264,29 @@ def plan_restart(
         return RestartDecision(False, loss, current)
     after = dataclasses.replace(current, attempt=current.attempt + 1, failures=current.failures + 1)
     return RestartDecision(True, loss, after)
+
+
+def plan_force_deletes(
+    group_pods: Sequence[Mapping[str, Any]], attempt: int, now: float
+) -> list[pods.Stranded]:
+    """The pods to force-delete (`pods.stranded`): evaluators (their StatefulSet replaces a pod only once it is gone)
+    and trainers of an attempt before `attempt` (they hold the old Job's Foreground deletion, so the next attempt).
+    A trainer of the current attempt is left alone: its loss restarts the gang first (`plan_restart`), which makes
+    it a pod of an older attempt.
+
+    Args:
+        group_pods (Sequence[Mapping[str, Any]]): Pods of one PolicyGroup, as watched or listed.
+        attempt (int): The trainer gang's current attempt.
+        now (float): Unix seconds.
+
+    Returns:
+        list[pods.Stranded]: By node, then pod name.
+    """
+    found = []
+    for pod in group_pods:
+        role = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE)
+        older = role == contract.PolicyRole.TRAIN and builders.attempt_of(pod) < attempt
+        left = pods.stranded(pod, now) if older or role == contract.PolicyRole.EVAL else None
+        if left is not None:
+            found.append(left)
+    return sorted(found, key=lambda s: (s.node, s.pod))

@@ -11,6 +11,8 @@
 - A trainer lost (`trainer_loss`): a pod of the gang's current attempt that failed (a container exited non-zero),
   or that was disrupted (condition `DisruptionTarget`: preempted, evicted, its node tainted or gone) or deleted.
   The operator restarts the whole gang as a new attempt on either (`_planner.plan_restart`).
+- Stranded on an unreachable node (`stranded`): a pod the taint manager deleted whose grace period has passed
+  with no kubelet to confirm it (`_planner.plan_force_deletes` says which the operator force-deletes).
 
 Each message ends with what the failed container said (`said`: its termination message, which for a trainer is the
 first failing rank's own exception, `rlightning.runtime._errors`).
@@ -66,13 +68,14 @@ _CONTAINER_KEPT = ("name", "ready", "restartCount", "state", "lastState")
 
 def trim(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a pod that this module, `_status` and the planner read: names, labels (role, attempt, revision),
-    times, phase, conditions and container states; the spec, annotations and managed fields go.
+    times, its node, phase, conditions and container states; the rest of the spec, annotations and managed fields
+    go.
 
     Args:
         pod (Mapping[str, Any]): A pod as watched.
 
     Returns:
-        dict[str, Any]: A new dict with `kind`, `metadata` and `status` only.
+        dict[str, Any]: A new dict with `kind`, `metadata`, `status` and, once scheduled, `spec.nodeName` only.
     """
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -80,8 +83,9 @@ def trim(pod: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("initContainerStatuses", "containerStatuses"):
         if key in status:
             kept_status[key] = [{k: c[k] for k in _CONTAINER_KEPT if k in c} for c in status[key] or []]
+    node = (pod.get("spec") or {}).get("nodeName")
     return {"kind": "Pod", "metadata": {key: metadata[key] for key in _METADATA_KEPT if key in metadata},
-            "status": kept_status}
+            "status": kept_status, **({"spec": {"nodeName": node}} if node else {})}
 
 
 def settled(pod: Mapping[str, Any]) -> bool:
@@ -335,3 +339,75 @@ def trainer_loss(pods: Sequence[Mapping[str, Any]]) -> TrainerLoss | None:
     if first_failure is not None and (first_disruption is None or first_failure.since <= first_disruption.since):
         return first_failure
     return first_disruption
+
+
+TAINT_MANAGER = "DeletionByTaintManager"
+"""DisruptionTarget reason of a pod the taint manager deleted: its node carried a NoExecute taint the pod did not
+tolerate, or tolerated for `tolerationSeconds` only. The node lifecycle controller taints a node whose kubelet
+stopped answering `node.kubernetes.io/unreachable:NoExecute` (Ready Unknown) and every pod gets that toleration for
+300 s by default (admission plugin DefaultTolerationSeconds). Kubernetes docs, "Taints and Tolerations",
+taint-based evictions."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stranded:
+    """A pod left on a node that stopped answering, which only a forced deletion removes.
+
+    Attributes:
+        pod (str): The pod's name.
+        node (str): Its node (`spec.nodeName`).
+        since (str): RFC 3339 time the node lifecycle controller marked the pod not ready (its Ready condition's
+            lastTransitionTime: when the node was found unreachable), else when the taint manager deleted it.
+    """
+
+    pod: str
+    node: str
+    since: str
+
+
+def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), {})
+
+
+def released_at(pod: Mapping[str, Any]) -> float | None:
+    """When `pod` counts as stranded if it is still there: the end of the grace period of the deletion the taint
+    manager made (its deletionTimestamp), for a pod on a node, not ready, evicted by the taint manager.
+
+    A kubelet that answers ends a deleted pod's containers within the grace period and removes the pod; one that
+    does not leaves it Terminating until the node comes back or is deleted. Kubernetes' own answer for such a pod is
+    a forced deletion (`kubectl delete --force --grace-period=0`, or the out-of-service taint whose pod garbage
+    collector does the same): Kubernetes docs, "Force Delete StatefulSet Pods" and "Non-graceful node shutdown".
+
+    Args:
+        pod (Mapping[str, Any]): A pod as watched or listed (`trim`med is enough).
+
+    Returns:
+        float | None: Unix seconds; None for a pod that is not a taint manager's eviction in progress.
+    """
+    metadata = pod.get("metadata") or {}
+    disruption = _condition(pod, DISRUPTION_TARGET)
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or not metadata.get("deletionTimestamp") or _condition(pod, "Ready").get("status") == "True":
+        return None
+    if disruption.get("status") != "True" or disruption.get("reason") != TAINT_MANAGER:
+        return None
+    return _seconds(str(metadata["deletionTimestamp"]))
+
+
+def stranded(pod: Mapping[str, Any], now: float) -> Stranded | None:
+    """`pod` as `Stranded` once its `released_at` has passed, else None.
+
+    Args:
+        pod (Mapping[str, Any]): A pod as watched or listed.
+        now (float): Unix seconds.
+
+    Returns:
+        Stranded | None: The pod, its node and since when the node is unreachable.
+    """
+    due = released_at(pod)
+    if due is None or due > now:
+        return None
+    since = _condition(pod, "Ready").get("lastTransitionTime") or \
+        _condition(pod, DISRUPTION_TARGET).get("lastTransitionTime") or ""
+    return Stranded(_name(pod), str((pod.get("spec") or {}).get("nodeName")), str(since))

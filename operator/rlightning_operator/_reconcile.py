@@ -3,7 +3,9 @@
 A reconcile first asks whether the trainer gang's attempt has ended with a lost pod (`_planner.plan_restart`);
 if so it posts a Warning Event, builds the Job of the next attempt (which the plan then recreates: Foreground
 deletion, and no new Job while any trainer pod of another attempt remains) and records the restart in status.
-Once training has ended, the evaluators are scaled to zero unless spec.eval.afterTraining is Serve.
+Once training has ended, the evaluators are scaled to zero unless spec.eval.afterTraining is Serve. Pods the taint
+manager evicted from a node that stopped answering are force-deleted once their grace period is over
+(`_planner.plan_force_deletes`), so that they hold neither the next attempt nor the evaluators' replacement.
 
 Synchronous (the kubernetes client blocks); kopf runs it in its thread pool. Reconciles of the same
 PolicyGroup are serialised by a per-object lock, so a handler and a child-triggered refresh never act at once.
@@ -106,6 +108,8 @@ def _now() -> str:
 
 _MANIFEST_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _EVENT_REASONS = {"create": "Created", "patch": "Patched", "scale": "Scaled", "recreate": "Recreating"}
+NODE_UNREACHABLE = "NodeUnreachable"
+"""Reason of the Warning Event naming a node that stopped answering and the pods force-deleted from it."""
 _EVENT_VERBS = {"create": "created", "patch": "patched", "scale": "scaled", "recreate": "recreating"}
 
 
@@ -349,6 +353,7 @@ class Reconciler:
             watched = {("Job", contract.train_name(name)): job, ("StatefulSet", contract.eval_name(name)): stateful_set}
             if any(planner.plan_child(desired[key], observed) is not None for key, observed in watched.items()):
                 return self._reconcile_locked(body, namespace, name)  # missing, changed, or evaluators to stop
+            self._force_delete_stranded(body, namespace, name, current)
             return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
                                 blocked=[], current=current)
 
@@ -469,8 +474,14 @@ class Reconciler:
                         condition["type"] != "Ready":
                     logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
                     self._post_event(body, "Warning", condition["reason"], condition["message"][:1000])
+        # a pod the taint manager deleted is force-deleted once its grace period ends, with no event to announce it
+        now = time.time()
+        rechecks = [due - now + 1.0 for due in map(pods.released_at, self._live_pods(namespace, name))
+                    if due is not None and due > now]
+        rechecks.append(status.recheck_seconds(observation, computed) or float("inf"))
+        recheck = min(rechecks)
         return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked,
-                       recheck_seconds=status.recheck_seconds(observation, computed))
+                       recheck_seconds=None if recheck == float("inf") else max(1.0, recheck))
 
     def _trainer_pods(
         self, namespace: str, name: str, job: Mapping[str, Any] | None, current: planner.Restarts
@@ -540,8 +551,14 @@ class Reconciler:
         observed: dict[tuple[str, str], dict[str, Any] | None] = {}
         for kind, child_name in map(planner.key, desired):
             observed[(kind, child_name)] = job if kind == "Job" else self._client.read(kind, namespace, child_name)
-        actions = [self._old_attempt_gone(action, namespace, name, current)
-                   for action in planner.plan(desired, observed)]
+        actions = planner.plan(desired, observed)
+        old: list[dict[str, Any]] = []
+        if any(action.kind == "Job" and action.type in ("create", "wait") for action in actions):
+            # the old attempt's pods may hold this Job's deletion or creation: listed only while they can
+            old = [p for p in self._client.list("Pod", namespace, _trainer_selector(name))
+                   if builders.attempt_of(p) != current.attempt]
+        self._force_delete_stranded(body, namespace, name, current, old)
+        actions = [_old_attempt_gone(action, old) for action in actions]
         conflicts, blocked = [], []
         for action in actions:
             result = self._apply(action, namespace, body)
@@ -574,20 +591,25 @@ class Reconciler:
             desired.append(builders.with_owner(child, dict(body)))
         return desired
 
-    def _old_attempt_gone(
-        self, action: planner.Action, namespace: str, name: str, current: planner.Restarts
-    ) -> planner.Action:
-        """`action`, or a wait when it creates the trainers' Job while a trainer pod of another attempt remains
-        (Foreground deletion makes that rare: a pod orphaned or deleted in the background).
+    def _force_delete_stranded(
+        self, body: Mapping[str, Any], namespace: str, name: str, current: planner.Restarts,
+        listed: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Force-delete the pods stranded on unreachable nodes (`planner.plan_force_deletes`) among the pods as
+        watched and `listed`, with one Warning Event `NodeUnreachable` per node naming it and its pods.
         """
-        if (action.type, action.kind) != ("create", "Job"):
-            return action
-        old = [p for p in self._client.list("Pod", namespace, _trainer_selector(name))
-               if builders.attempt_of(p) != current.attempt]
-        if not old:
-            return action
-        names = ", ".join(sorted((p.get("metadata") or {}).get("name", "") for p in old))
-        return planner.Action("wait", action.kind, action.name, reason=f"pods of another attempt remain: {names}")
+        candidates = {(p.get("metadata") or {}).get("name", ""): p
+                      for p in [*self._live_pods(namespace, name), *(listed or [])]}
+        by_node: dict[str, list[pods.Stranded]] = {}
+        for left in planner.plan_force_deletes(list(candidates.values()), current.attempt, time.time()):
+            metrics.ACTIONS.labels(type="force-delete", kind="Pod").inc()
+            self._client.delete("Pod", namespace, left.pod, propagation="Background", grace_period_seconds=0)
+            by_node.setdefault(left.node, []).append(left)
+        for node, gone in by_node.items():
+            since = min(left.since for left in gone)
+            message = f"node {node} unreachable since {since}: force-deleted pods {', '.join(g.pod for g in gone)}"
+            logger.warning("%s/%s: %s", namespace, name, message)
+            self._post_event(body, "Warning", NODE_UNREACHABLE, message[:1000])
 
     def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict)."""
@@ -662,6 +684,17 @@ def _current_restarts(body: Mapping[str, Any], job: Mapping[str, Any] | None) ->
         failures=int(restarts.get("failures") or 0),
         disruptions=int(restarts.get("disruptions") or 0),
     )
+
+
+def _old_attempt_gone(action: planner.Action, old: list[dict[str, Any]]) -> planner.Action:
+    """`action`, or a wait when it creates the trainers' Job while `old` trainer pods of another attempt remain
+    (Foreground deletion makes that rare: a pod orphaned or deleted in the background; one force-deleted this pass
+    is waited for too, its DELETED event brings the next pass).
+    """
+    if (action.type, action.kind) != ("create", "Job") or not old:
+        return action
+    names = ", ".join(sorted((p.get("metadata") or {}).get("name", "") for p in old))
+    return planner.Action("wait", action.kind, action.name, reason=f"pods of another attempt remain: {names}")
 
 
 def _stop_evaluators(manifest: PolicyGroupManifest, job: Mapping[str, Any] | None, current: planner.Restarts) -> bool:

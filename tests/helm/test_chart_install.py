@@ -44,6 +44,7 @@ ALLOWED = [
     ("patch", "statefulsets.apps", ()),
     ("create", "events", ()),
     ("watch", "pods", ()),
+    ("delete", "pods", ()),  # force-deletes a pod stranded on a node that stopped answering
     ("create", "leases.coordination.k8s.io", ()),
     ("update", f"leases.coordination.k8s.io/{RELEASE}-rlightning-operator", ()),
 ]
@@ -54,7 +55,6 @@ DENIED = [
     ("list", "secrets", ("--all-namespaces",)),
     ("create", "pods", ()),
     ("create", "pods", ("--subresource=exec",)),
-    ("delete", "pods", ()),
     ("patch", "pods", ("--subresource=status",)),
     ("create", "deployments.apps", ()),
     ("delete", "statefulsets.apps", ()),

@@ -188,7 +188,8 @@ def test_rules_are_least_privilege(offline_helm):
     for (group, resource), verbs in granted.items():
         assert "*" not in (group, resource) and "*" not in verbs
         assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
-    assert granted[("", "pods")] == {"get", "list", "watch"}, "pods are only read (status reports what they do)"
+    assert granted[("", "pods")] == {"get", "list", "watch", "delete"}, \
+        "pods are read (status reports what they do) and deleted only when stranded on a node that stopped answering"
     assert not _granted(rules, {"secrets", "pods/exec", "pods/log", "nodes", "namespaces",
                                      "customresourcedefinitions", "clusterroles", "clusterrolebindings",
                                      "kopfpeerings", "clusterkopfpeerings", "leases"})

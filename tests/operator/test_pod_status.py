@@ -138,10 +138,10 @@ def test_a_pod_that_only_starts_or_is_relabelled_keeps_its_fingerprint():
 
 def test_trim_keeps_what_the_status_reads_and_settled_says_what_may_be_dropped():
     crashed = pod("g-eval-0", waiting="CrashLoopBackOff", restarts=1, last_exit=2)
-    crashed["spec"] = {"containers": [{"name": "eval", "image": "x"}]}
+    crashed["spec"] = {"containers": [{"name": "eval", "image": "x"}], "nodeName": "node-a"}
     crashed["metadata"]["managedFields"] = [{"manager": "kubelet"}]
     trimmed = pods.trim(crashed)
-    assert "spec" not in trimmed and "managedFields" not in trimmed["metadata"]
+    assert trimmed["spec"] == {"nodeName": "node-a"} and "managedFields" not in trimmed["metadata"]
     assert pods.diagnose([trimmed]) == pods.diagnose([crashed]) and pods.diagnose([trimmed]) is not None
     assert pods.settled(pod("g-eval-1", ready=True)) and not pods.settled(crashed)
     assert not pods.settled(pod("g-eval-2")), "running, not ready"

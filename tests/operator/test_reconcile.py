@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import gc
 import itertools
 import threading
@@ -39,6 +40,7 @@ class FakeApi:
         self.requests = []
         self.uids = itertools.count(1)
         self.fail_next = None
+        self.deleted = []
 
     def _check(self, verb):
         self.requests.append(verb)
@@ -74,9 +76,10 @@ class FakeApi:
             raise kube.PermanentApiError("patch", "/x", 404, "not found")
         return copy.deepcopy(merge(self.objects[(kind, namespace, name)], body))
 
-    def delete(self, kind, namespace, name, propagation="Foreground"):
+    def delete(self, kind, namespace, name, propagation="Foreground", grace_period_seconds=None):
         self._check("delete")
         self.objects.pop((kind, namespace, name), None)
+        self.deleted.append((kind, name, grace_period_seconds))
 
 
 def group(**edit):
@@ -392,6 +395,59 @@ def test_a_failed_trainer_pod_restarts_the_gang_under_the_next_attempt(api, even
     assert job["spec"]["template"]["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
     assert ("Normal", "Created", "created Job cartpole-train (attempt 1)") in events
     assert stored_status(api)["restarts"]["total"] == 1, "counted once"
+
+
+def evicted(pod, node, deleted_at="2026-12-01T10:00:30Z"):
+    """`pod` on `node` as the node lifecycle controller and the taint manager leave it once the node stopped
+    answering: not ready, DisruptionTarget DeletionByTaintManager, deleted (30 s grace period)."""
+    pod = copy.deepcopy(pod)
+    pod["spec"] = {"nodeName": node}
+    pod["metadata"].update(deletionTimestamp=deleted_at, deletionGracePeriodSeconds=30)
+    pod["status"]["conditions"] = [
+        {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-01T09:55:00Z"},
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+         "lastTransitionTime": "2026-12-01T10:00:00Z"}]
+    return pod
+
+
+def test_pods_stranded_on_a_silent_node_are_force_deleted_and_the_next_attempt_forms(api, events, reconciler):
+    reconciler.reconcile(group())
+    lost = evicted(trainer_pod("cartpole-train-0-abcde", 0, phase="Running"), "node-a")
+    watch_pod(api, reconciler, lost)
+    evaluator = evicted({"kind": "Pod", "metadata": {"name": "cartpole-eval-1", "namespace": NS, "labels": {
+        contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}}, "status": {"phase": "Running"}}, "node-a")
+    watch_pod(api, reconciler, evaluator)
+    events.clear()
+    outcome = reconciler.refresh_status(group())  # the loss restarts the gang; the old pod holds the old Job
+    assert stored_status(api)["train"]["attempt"] == 1 and [e[1] for e in events][0] == "TrainerRestarting"
+    assert ("Pod", "cartpole-train-0-abcde", 0) in api.deleted and ("Pod", "cartpole-eval-1", 0) in api.deleted
+    unreachable = [e[2] for e in events if e[1] == "NodeUnreachable"]
+    assert unreachable == ["node node-a unreachable since 2026-12-01T09:55:00Z: force-deleted pods "
+                           "cartpole-eval-1, cartpole-train-0-abcde"], events
+    assert [a.type for a in outcome.actions] == ["recreate"]
+
+    watch_pod(api, reconciler, lost, deleted=True)
+    watch_pod(api, reconciler, evaluator, deleted=True)
+    body = group()
+    body["status"] = stored_status(api)
+    events.clear()
+    outcome = reconciler.reconcile(body)
+    assert [(a.type, a.kind) for a in outcome.actions] == [("create", "Job")], "no pod of attempt 0 is left"
+    assert not [e for e in events if e[1] == "NodeUnreachable"], "each pod is force-deleted once"
+
+
+def test_an_evicted_evaluator_waits_for_its_grace_period_then_a_recheck_force_deletes_it(api, events, reconciler):
+    reconciler.reconcile(group())
+    body = group()
+    body["status"] = stored_status(api)
+    soon = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    evaluator = evicted({"kind": "Pod", "metadata": {"name": "cartpole-eval-0", "namespace": NS, "labels": {
+        contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}}, "status": {"phase": "Running"}}, "node-b",
+        deleted_at=soon)
+    watch_pod(api, reconciler, evaluator)
+    outcome = reconciler.refresh_status(body)
+    assert not api.deleted, "a kubelet may still confirm it within its grace period"
+    assert outcome.recheck_seconds is not None and 18 <= outcome.recheck_seconds <= 22, outcome.recheck_seconds
 
 
 def test_a_pass_given_a_body_from_before_a_gang_restart_builds_the_new_attempt(api, events, reconciler):

@@ -8,7 +8,7 @@ import datetime
 import pytest
 
 from rlightning import contract
-from rlightning_operator._planner import Restarts, plan_restart
+from rlightning_operator._planner import Restarts, plan_force_deletes, plan_restart
 
 T0, T1, T2 = "2026-12-01T10:00:00Z", "2026-12-01T10:00:01Z", "2026-12-01T10:00:05Z"
 
@@ -121,3 +121,50 @@ def test_restart_table(name, job_, pods, current, max_restarts, expected):
         restart, cause, reason, pod_name, after)
     if pod_name:
         assert pod_name in decision.loss.message
+
+
+def on_node(pod_, node="node-a", ready="False"):
+    """`pod_` bound to `node`, its Ready condition `ready` (the node lifecycle controller sets False when the node
+    stops answering: MarkPodsNotReady)."""
+    pod_["spec"] = {"nodeName": node}
+    pod_["status"]["conditions"].append({"type": "Ready", "status": ready, "lastTransitionTime": T1})
+    return pod_
+
+
+def unix(timestamp, plus=0.0):
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() + plus
+
+
+EVICTED = {"deleted_at": T0, "disruption": "DeletionByTaintManager"}
+AFTER_GRACE, IN_GRACE = unix(T0, 75.0), unix(T0, 74.0)  # the pods' grace period is 75 s
+
+# (name, pods, current attempt, now, expected pod names)
+FORCE_CASES = [
+    ("an evicted evaluator past its grace period", [on_node(pod("g-eval-0", role="eval", **EVICTED))], 0,
+     AFTER_GRACE, ["g-eval-0"]),
+    ("within its grace period a kubelet may still end it", [on_node(pod("g-eval-0", role="eval", **EVICTED))], 0,
+     IN_GRACE, []),
+    ("a trainer of an older attempt", [on_node(pod("g-train-0-a", attempt=1, **EVICTED))], 2, AFTER_GRACE,
+     ["g-train-0-a"]),
+    ("a trainer of the current attempt: its loss restarts the gang first",
+     [on_node(pod("g-train-0-a", attempt=2, **EVICTED))], 2, AFTER_GRACE, []),
+    ("still ready: its node answers", [on_node(pod("g-eval-0", role="eval", **EVICTED), ready="True")], 0,
+     AFTER_GRACE, []),
+    ("evicted by a drain, not the taint manager",
+     [on_node(pod("g-eval-0", role="eval", deleted_at=T0, disruption="EvictionByEvictionAPI"))], 0, AFTER_GRACE, []),
+    ("deleted by a person (no DisruptionTarget)", [on_node(pod("g-eval-0", role="eval", deleted_at=T0))], 0,
+     AFTER_GRACE, []),
+    ("never scheduled", [pod("g-eval-0", role="eval", **EVICTED)], 0, AFTER_GRACE, []),
+    ("a pod of no role", [on_node(pod("other", role="", **EVICTED))], 0, AFTER_GRACE, []),
+    ("sorted by node, then name", [on_node(pod("g-eval-1", role="eval", **EVICTED), node="node-b"),
+                                   on_node(pod("g-eval-2", role="eval", **EVICTED)),
+                                   on_node(pod("g-eval-0", role="eval", **EVICTED), node="node-b")], 0, AFTER_GRACE,
+     ["g-eval-2", "g-eval-0", "g-eval-1"]),
+]
+
+
+@pytest.mark.parametrize(("name", "pods", "attempt", "now", "expected"), FORCE_CASES, ids=[c[0] for c in FORCE_CASES])
+def test_force_delete_table(name, pods, attempt, now, expected):
+    found = plan_force_deletes(pods, attempt, now)
+    assert [s.pod for s in found] == expected
+    assert all(s.since == T1 for s in found), "since the node lifecycle controller marked the pod not ready"

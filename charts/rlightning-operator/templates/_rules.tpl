@@ -1,7 +1,7 @@
 {{/*
 The RBAC rules of the operator, the same for the ClusterRole (all namespaces) and for each namespace's Role.
 Only what rlightning_operator calls (its docstring lists the same table) and what kopf does on its behalf;
-no Secrets, nothing but reading on pods, no wildcards. kopf runs standalone, so no peering objects (leader
+no Secrets, on pods reading and the forced deletion of one stranded on a lost node, no wildcards. kopf runs standalone, so no peering objects (leader
 election uses one Lease in the release namespace, granted by leader-election.yaml); it finds the PolicyGroup
 resource through API discovery, which every authenticated user may read (system:discovery), and is given no
 access to CustomResourceDefinitions or Namespaces (cluster-scoped, so a per-namespace install could not grant
@@ -57,11 +57,13 @@ present at start-up (Helm installs crds/ before the Deployment).
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
 {{- end }}
-# Pods of the managed Jobs and StatefulSets, read only: status says when they crash-loop, cannot be scheduled or
-# hold a rollout (kopf watches them with the managed-by label selector; the operator lists a group's pods).
+# Pods of the managed Jobs and StatefulSets: status says when they crash-loop, cannot be scheduled or hold a
+# rollout (kopf watches them with the managed-by label selector; the operator lists a group's pods). `delete`: a
+# pod the taint manager evicted from a node that stopped answering is force-deleted once its grace period is over
+# (an evaluator, or a trainer of an older attempt), or it would hold the run until the node came back.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "delete"]
 # Events about PolicyGroups (kopf posts core/v1 Events, create only).
 - apiGroups: [""]
   resources: ["events"]
