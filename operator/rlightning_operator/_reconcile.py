@@ -102,6 +102,29 @@ class Outcome:
     recheck_seconds: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Pass:
+    """What one pass saw and did, for the status it reports.
+
+    Attributes:
+        job (Mapping[str, Any] | None): The trainer Job as observed or as the pass left it.
+        stateful_set (Mapping[str, Any] | None): The evaluators' StatefulSet, likewise.
+        current (planner.Restarts): The gang's attempt and restart counts after the pass.
+        actions (list[planner.Action]): Actions applied, in order.
+        conflicts (list[str]): Children controlled by another owner, with the reason.
+        blocked (list[str]): Children (`Kind/name`) the pass had to leave for later.
+        restarts (Mapping[str, Any] | None): status.restarts as a gang restart of this pass set it; None: as is.
+    """
+
+    job: Mapping[str, Any] | None
+    stateful_set: Mapping[str, Any] | None
+    current: planner.Restarts
+    actions: list[planner.Action] = dataclasses.field(default_factory=list)
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+    blocked: list[str] = dataclasses.field(default_factory=list)
+    restarts: Mapping[str, Any] | None = None
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -354,8 +377,7 @@ class Reconciler:
             if any(planner.plan_child(desired[key], observed) is not None for key, observed in watched.items()):
                 return self._reconcile_locked(body, namespace, name)  # missing, changed, or evaluators to stop
             self._force_delete_stranded(body, namespace, name, current)
-            return self._report(body, namespace, name, manifest, job, stateful_set, actions=[], conflicts=[],
-                                blocked=[], current=current)
+            return self._report(body, namespace, name, manifest, _Pass(job, stateful_set, current))
 
     def _not_before_own_restart(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """`body`, with the status of this operator's last write for it instead of its own when that write is of a
@@ -417,22 +439,13 @@ class Reconciler:
             raise InvalidSpecError(error.problems) from None
 
     def _report(
-        self,
-        body: Mapping[str, Any],
-        namespace: str,
-        name: str,
-        manifest: PolicyGroupManifest,
-        job: Mapping[str, Any] | None,
-        stateful_set: Mapping[str, Any] | None,
-        actions: list[planner.Action],
-        conflicts: list[str],
-        blocked: list[str],
-        current: planner.Restarts,
-        restarts: Mapping[str, Any] | None = None,
+        self, body: Mapping[str, Any], namespace: str, name: str, manifest: PolicyGroupManifest, done: _Pass
     ) -> Outcome:
         """Compute the status from the observed Job, StatefulSet and (while some are not ready) pods, write it
         when it changed, and post a Warning Event when a pod problem appears (once per change of reason).
         """
+        job, stateful_set, current, conflicts = done.job, done.stateful_set, done.current, done.conflicts
+        restarts = done.restarts
         current_status = body.get("status") or {}
         nodes, replicas = manifest.spec.train.nodes, manifest.spec.eval.replicas
         if _stop_evaluators(manifest, job, current):
@@ -480,7 +493,7 @@ class Reconciler:
                     if due is not None and due > now]
         rechecks.append(status.recheck_seconds(observation, computed) or float("inf"))
         recheck = min(rechecks)
-        return Outcome(actions=actions, status=computed, status_written=written, blocked=blocked,
+        return Outcome(actions=done.actions, status=computed, status_written=written, blocked=done.blocked,
                        recheck_seconds=None if recheck == float("inf") else max(1.0, recheck))
 
     def _trainer_pods(
@@ -572,8 +585,8 @@ class Reconciler:
                 observed[(action.kind, action.name)] = result
         job = observed.get(("Job", job_name))
         stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
-        return self._report(body, namespace, name, manifest, job, stateful_set, actions, conflicts, blocked,
-                            current=current, restarts=restarts)
+        return self._report(body, namespace, name, manifest,
+                            _Pass(job, stateful_set, current, actions, conflicts, blocked, restarts))
 
     def _desired(
         self, body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
