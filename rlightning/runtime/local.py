@@ -338,6 +338,8 @@ class LocalRun:
                 f"{sync.get('count', 0)} syncs, {sync.get('bytes', 0)} bytes, {sync.get('seconds', 0.0):.2f} s",
                 file=out,
             )
+            if summary.get("final_eval_note"):  # the final weights went unevaluated: say why
+                print(f"note: {summary['final_eval_note']}", file=out)
             phases = summary.get("startup_seconds") or {}
             if phases:  # summary.json's keys are sorted by name: show them in the order they were reached
                 ordered = sorted(phases.items(), key=lambda item: item[1])

@@ -92,6 +92,7 @@ def test_a_step_stop_whose_final_weights_go_unevaluated_says_why(tmp_path: Path,
     assert summary["final_eval_version"] != summary["weight_version"]
     note = summary["final_eval_note"]
     assert "\n" not in note and f"final weight version {summary['weight_version']} within 15 s" in note, note
+    assert f"note: {note}" in out, "the run's output says it too"
 
 
 def test_evaluators_apply_weights_without_a_buffer(tmp_path: Path, write_manifest, run_helpers) -> None:
