@@ -10,6 +10,7 @@ import pytest
 from rlightning.policy._consistency import Consistency
 from rlightning.runtime import report
 from rlightning.runtime._fleet import final_consistency
+from rlightning.runtime._records import IterationRow
 from test_records_continuity import DATA, one_iteration, recorder
 
 CASES = [
@@ -38,13 +39,13 @@ def test_nothing_compared_is_null_with_a_reason_everywhere(tmp_path) -> None:
     one_iteration(made, 1, 100, 1)  # no evaluator report checked
     assert (api.patches[-1]["consistent"], api.patches[-1]["consistentReason"]) == (None, report.NOT_COMPARED)
     assert gauge(made, "rlightning_eval_compared") == 0.0
-    made.iteration(iteration=2, env_steps=200, train_return=None, eval_return=None, eval_version=None,
-                   weight_version=2, consistent=True, evaluators=[0], train_stats={}, data=DATA)
+    made.iteration(IterationRow(iteration=2, env_steps=200, train_return=None, eval_return=None, eval_version=None,
+                                weight_version=2, consistent=True, evaluators=(0,), train_stats={}, data=DATA))
     assert (api.patches[-1]["consistent"], api.patches[-1]["consistentReason"]) == (True, None)
     assert (gauge(made, "rlightning_eval_compared"), gauge(made, "rlightning_eval_consistent")) == (1.0, 1.0)
     # The evaluator is gone by the end: nothing is compared, and the explicit null clears the earlier `true`.
     verdict, reason = final_consistency(Consistency(None, [], {}, []), 0)
-    made.summary({}, stop_reason="total_env_steps", iterations=2, env_steps=200, weight_version=2,
+    made.summary(stop_reason="total_env_steps", iterations=2, env_steps=200, weight_version=2,
                  final_eval_return=None, final_eval_version=None, final_train_return=None, target_eval_return=None,
                  reached_target=False, consistent=verdict, consistent_reason=reason)
     summary = json.loads(made.run_dir.summary_path.read_text())
