@@ -541,9 +541,16 @@ def _progress(obs: Observation, ready_since: str) -> tuple[dict[str, Any], float
                       obs), None if age is None else obs.stall_seconds - age
 
 
+ROLLOUT_RECHECK_SECONDS = 5.0
+"""While the evaluators roll to a new revision (and it is not yet reported stuck), the status is computed again this
+often. A stuck rollout is read from the watched pods, and under load a pod's event alone was seen not to bring the
+pass that reports it (tests/operator/test_cluster_pods.py, RolloutStuck never reported); a pass reads no object from
+the API, so this costs a group nothing but while it rolls."""
+
+
 def recheck_seconds(observation: Observation, computed: Mapping[str, Any]) -> float | None:
     """When the status must be computed again although nothing may change meanwhile: TrainingProgressing turns
-    False with time alone.
+    False with time alone, and a rolling update may get stuck on a pod (`ROLLOUT_RECHECK_SECONDS`).
 
     Args:
         observation (Observation): What `computed` was computed from.
@@ -553,10 +560,16 @@ def recheck_seconds(observation: Observation, computed: Mapping[str, Any]) -> fl
         float | None: Seconds from `observation.now` (at least 1), or None when no condition waits on time.
     """
     current = {c["type"]: c for c in computed.get("conditions") or []}
-    if PROGRESSING not in current or current[PROGRESSING]["status"] != "True":
-        return None
-    due = _progress(observation, current["TrainersReady"]["lastTransitionTime"])[1]
-    return None if due is None else max(1.0, due + 1.0)
+    due: list[float] = []
+    sts_status = (observation.stateful_set or {}).get("status") or {}
+    rolling = sts_status.get("updateRevision") not in (None, sts_status.get("currentRevision"))
+    if rolling and (current.get("EvaluatorsReady") or {}).get("reason") != pods.ROLLOUT_STUCK:
+        due.append(ROLLOUT_RECHECK_SECONDS)
+    if PROGRESSING in current and current[PROGRESSING]["status"] == "True":
+        progress_due = _progress(observation, current["TrainersReady"]["lastTransitionTime"])[1]
+        if progress_due is not None:
+            due.append(max(1.0, progress_due + 1.0))
+    return min(due) if due else None
 
 
 def progress_condition_stale(group: Mapping[str, Any]) -> bool:

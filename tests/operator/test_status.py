@@ -6,7 +6,13 @@ import pytest
 
 from rlightning import contract
 from rlightning_operator import Observation, compute_status
-from rlightning_operator._status import data_condition_stale, differs, progress_condition_stale, recheck_seconds
+from rlightning_operator._status import (
+    ROLLOUT_RECHECK_SECONDS,
+    data_condition_stale,
+    differs,
+    progress_condition_stale,
+    recheck_seconds,
+)
 
 SELECTOR = "rlightning.io/policy-group=g,rlightning.io/role=eval"
 
@@ -287,3 +293,14 @@ def test_every_trainer_state_has_a_phase_and_a_trainers_ready():
     from rlightning_operator._status import PHASES, TRAINERS_READY, TrainerState
 
     assert set(PHASES) == set(TRAINERS_READY) == set(TrainerState)
+
+
+def test_a_rolling_update_is_rechecked_until_it_is_reported_stuck():
+    rolling = {"status": {"replicas": 3, "readyReplicas": 2, "currentRevision": "a", "updateRevision": "b"}}
+    observed = Observation("g", 1, nodes=2, replicas=3, job=job(ready=2), stateful_set=rolling, now=at(10))
+    assert recheck_seconds(observed, compute_status(observed)) == ROLLOUT_RECHECK_SECONDS
+    stuck = {"conditions": [{"type": "EvaluatorsReady", "status": "False", "reason": "RolloutStuck"}]}
+    assert recheck_seconds(observed, stuck) is None, "reported: the pod's own events bring the next change"
+    rolled = {"status": {**rolling["status"], "currentRevision": "b"}}
+    done = Observation("g", 1, nodes=2, replicas=3, job=job(ready=2), stateful_set=rolled, now=at(10))
+    assert recheck_seconds(done, compute_status(done)) is None
