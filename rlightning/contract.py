@@ -144,8 +144,9 @@ from it (summary.json `startup_seconds`); unset in pods, which measure from rank
 ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
 """Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
 ENV_ERROR_FILE = "RLIGHTNING_ERROR_FILE"
-"""Trainer ranks: where the first failing rank writes its own exception (type, message, where;
-`rlightning.runtime._errors`): `TERMINATION_LOG_IN_POD` in pods, `ERROR_FILE_NAME` in the run directory locally."""
+"""Where a failing process writes its own exception (type, message, where; `rlightning.runtime._errors`): the first
+failing trainer rank, or an evaluator. `TERMINATION_LOG_IN_POD` in pods (both roles), `ERROR_FILE_NAME` in the run
+directory for a local trainer; unset for a local evaluator (its log has the traceback)."""
 
 # -- Environment variables torchrun sets for each rank (read only through `TorchrunEnv`) ---------------------
 TORCHRUN_RANK = "RANK"
@@ -212,8 +213,8 @@ DEFAULT_RUN_DIR_IN_POD = "/var/run/rlightning"
 HEALTH_FILE_IN_POD = "/tmp/rlightning-health"
 """ENV_HEALTH_FILE in every pod (the container's own /tmp)."""
 TERMINATION_LOG_IN_POD = "/dev/termination-log"
-"""The train container's `terminationMessagePath` (Kubernetes' default path): the kubelet puts its content, at most
-4096 bytes, in the container's `state.terminated.message`."""
+"""The trainer and evaluator containers' `terminationMessagePath` (Kubernetes' default path): the kubelet puts its
+content, at most 4096 bytes, in the container's `state.terminated.message`."""
 ERROR_FILE_NAME = "trainer-error.txt"
 """ENV_ERROR_FILE of a local run, in its run directory: `rlightning run` shows it first when the trainer fails."""
 SHM_MOUNT_PATH = "/dev/shm"

@@ -326,9 +326,10 @@ def plan(
         env[contract.ENV_TRAJECTORY_ENDPOINTS] = ",".join(trajectory_endpoints(spec, site))
     if role == contract.PolicyRole.TRAIN and site.expected_evaluators is not None:
         env[contract.ENV_EXPECTED_EVALUATORS] = str(site.expected_evaluators)
-    if role == contract.PolicyRole.TRAIN:
-        in_run_dir = f"{site.run_dir.rstrip('/')}/{contract.ERROR_FILE_NAME}"
-        env[contract.ENV_ERROR_FILE] = contract.TERMINATION_LOG_IN_POD if site.in_pod else in_run_dir
+    if site.in_pod:  # both roles: the container's termination message, which the PolicyGroup's status shows
+        env[contract.ENV_ERROR_FILE] = contract.TERMINATION_LOG_IN_POD
+    elif role == contract.PolicyRole.TRAIN:
+        env[contract.ENV_ERROR_FILE] = f"{site.run_dir.rstrip('/')}/{contract.ERROR_FILE_NAME}"
     if role == contract.PolicyRole.TRAIN and site.in_pod:
         env[contract.ENV_REPORT_STATUS] = "1"
     if site.in_pod:

@@ -201,6 +201,11 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[
         "env": _env(plan),
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(spec, role)],
         "resources": {key: dict(sorted(value.items())) for key, value in resources.items() if value},
+        # The first failing trainer rank, or an evaluator, writes its own exception there
+        # (`rlightning.runtime._errors`); when none did (a signal, a crash outside Python), the kubelet takes the
+        # log's tail instead.
+        "terminationMessagePath": contract.TERMINATION_LOG_IN_POD,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": contract.RUN_DIR_VOLUME, "mountPath": contract.DEFAULT_RUN_DIR_IN_POD},
             {"name": contract.SPEC_VOLUME, "mountPath": contract.SPEC_MOUNT_DIR, "readOnly": True},
@@ -401,7 +406,7 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     (`contract.VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the
     runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker). The train
     container's termination message is the first failing rank's own exception (`contract.TERMINATION_LOG_IN_POD`,
-    `FallbackToLogsOnError`), which the PolicyGroup's conditions show.
+    `FallbackToLogsOnError`; an evaluator's is its own), which the PolicyGroup's conditions show.
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
@@ -414,11 +419,6 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     name = contract.train_name(group)
     pod_spec = _pod_spec(manifest, namespace, contract.PolicyRole.TRAIN)
     pod_spec.update({"restartPolicy": "Never", "subdomain": name, "initContainers": [_validate_container(pod_spec)]})
-    # The first failing rank writes its own exception there (`rlightning.runtime._errors`); when none did (a
-    # signal, a crash outside Python), the kubelet takes the log's tail instead.
-    pod_spec["containers"][0].update(
-        terminationMessagePath=contract.TERMINATION_LOG_IN_POD, terminationMessagePolicy="FallbackToLogsOnError"
-    )
     bad_manifest = {"operator": "In", "values": [contract.EXIT_BAD_MANIFEST]}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",

@@ -1,12 +1,13 @@
-"""The failing trainer rank's own exception, first: in torch elastic's error file and in a file the user sees.
+"""A failing process's own exception, first: in torch elastic's error file and in a file the user sees.
 
 torchrun's `ChildFailedError` banner ends a failed run's log, above it hides the rank's own exception. The train
 entrypoint is wrapped with `record`: torch's `torch.distributed.elastic.multiprocessing.errors.record` (the rank's
 JSON error file, which torchrun copies into its own and shows in the banner), plus one short text in
-`contract.ENV_ERROR_FILE`: the exception's type and message, then where it was raised. In a pod that file is the
-container's termination message (`/dev/termination-log`, which the operator shows in the PolicyGroup's
-conditions); torch's error file cannot be that path, since torchrun replaces an existing file by deleting it, and
-a termination log is a mount point. Locally `rlightning run` prints it first when the trainer fails.
+`contract.ENV_ERROR_FILE` (`reported`): the exception's type and message, then where it was raised. The eval
+entrypoint is wrapped with `reported` alone (no torchrun runs it). In a pod that file is the container's
+termination message (`/dev/termination-log`, which the operator shows in the PolicyGroup's conditions); torch's
+error file cannot be that path, since torchrun replaces an existing file by deleting it, and a termination log is
+a mount point. Locally `rlightning run` prints the trainer's first when the trainer fails.
 """
 
 from __future__ import annotations
@@ -23,27 +24,39 @@ from typing import cast
 from torch.distributed.elastic.multiprocessing import errors as elastic_errors
 
 from rlightning import contract
+from rlightning.runtime import settings
 
-log = logging.getLogger("rlightning.train")
+log = logging.getLogger("rlightning.runtime")
 
 MAX_MESSAGE_BYTES = 4096
 """A termination message's size limit: the kubelet keeps the last 4096 bytes of the file
 (`MaxContainerTerminationMessageLength`), so a longer text would lose its first line, the one that matters."""
 
 
+def _process() -> str:
+    """Which process this is: `evaluator N` (`contract.ENV_ROLE` eval), else the trainer's `rank N`."""
+    if os.environ.get(contract.ENV_ROLE) == contract.PolicyRole.EVAL:
+        try:
+            return f"evaluator {settings.eval_ordinal(os.environ)}"
+        except settings.SettingsError:
+            return "evaluator"
+    return f"rank {os.environ.get(contract.TORCHRUN_RANK, '0')}"
+
+
 def describe(error: BaseException) -> str:
-    """The exception's type and message, then where it was raised (its innermost frame) and the rank.
+    """The exception's type and message, then where it was raised (its innermost frame) and the process.
 
     Args:
         error (BaseException): The exception, with its traceback.
 
     Returns:
         str: Two lines (more when the message has several), for example `ValueError: bad action space` then
-            `  at File "policy.py", line 12, in __init__ (rank 1)`; at most `MAX_MESSAGE_BYTES` bytes of UTF-8.
+            `  at File "policy.py", line 12, in __init__ (rank 1)` (an evaluator: `(evaluator 3)`); at most
+            `MAX_MESSAGE_BYTES` bytes of UTF-8.
     """
     frames = traceback.extract_tb(error.__traceback__)
     where = f'File "{frames[-1].filename}", line {frames[-1].lineno}, in {frames[-1].name}' if frames else "?"
-    text = f"{type(error).__name__}: {error}\n  at {where} (rank {os.environ.get(contract.TORCHRUN_RANK, '0')})"
+    text = f"{type(error).__name__}: {error}\n  at {where} ({_process()})"
     return text.encode()[:MAX_MESSAGE_BYTES].decode(errors="ignore")
 
 
@@ -74,22 +87,21 @@ def write_first(path: Path, text: str) -> bool:
         return False
 
 
-def record(main: Callable[[], int]) -> Callable[[], int]:
-    """Wrap an entrypoint: on an exception, torch's error file (`errors.record`) and `write_first` to
-    `contract.ENV_ERROR_FILE` (when set), then the exception goes on (the exit code stays Python's 1).
+def reported(main: Callable[[], int | None]) -> Callable[[], int]:
+    """Wrap an entrypoint: on an exception, `write_first` its `describe` to `contract.ENV_ERROR_FILE` (when set),
+    then the exception goes on (the exit code stays Python's 1).
 
     Args:
-        main (Callable[[], int]): The entrypoint.
+        main (Callable[[], int | None]): The entrypoint (it returns an exit code).
 
     Returns:
         Callable[[], int]: The wrapped entrypoint.
     """
-    recorded = elastic_errors.record(main)
 
     @functools.wraps(main)
     def wrapper() -> int:
         try:
-            return cast(int, recorded())  # torch types its wrapper's result Optional; `main`'s is an int
+            return cast(int, main())  # torch's `record` types its wrapper's result Optional; an entrypoint's is int
         except Exception as error:
             path = os.environ.get(contract.ENV_ERROR_FILE)
             if path:
@@ -97,3 +109,15 @@ def record(main: Callable[[], int]) -> Callable[[], int]:
             raise
 
     return wrapper
+
+
+def record(main: Callable[[], int]) -> Callable[[], int]:
+    """Wrap a trainer rank's entrypoint: on an exception, torch's error file (`errors.record`), then `reported`.
+
+    Args:
+        main (Callable[[], int]): The entrypoint.
+
+    Returns:
+        Callable[[], int]: The wrapped entrypoint.
+    """
+    return reported(elastic_errors.record(main))

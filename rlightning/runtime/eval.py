@@ -59,7 +59,7 @@ import torch
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import EnvMeta, PolicyRole, build_policy
-from rlightning.runtime import _health, collector
+from rlightning.runtime import _errors, _health, collector
 from rlightning.runtime._prometheus import EvaluatorMetrics
 from rlightning.runtime._signals import StopRequest
 from rlightning.runtime.settings import ProcessSettings, SettingsError, eval_ordinal
@@ -488,8 +488,10 @@ class EvaluationSchedule:
         self._next_target_check = time.monotonic() + TARGET_EVALUATION_SECONDS
 
 
+@_errors.reported
 def main() -> int:
-    """Entry point: read the environment and the manifest, evaluate until SIGTERM.
+    """Entry point: read the environment and the manifest, evaluate until SIGTERM. An exception ends it with its
+    type, message and where it was raised in `contract.ENV_ERROR_FILE` (a pod's termination message; `_errors`).
 
     Returns:
         int: 0 after SIGTERM; `contract.EXIT_BAD_MANIFEST` for a bad manifest or environment (including

@@ -302,13 +302,13 @@ def test_trainers_validate_the_spec_before_torchrun_and_fail_the_job_on_a_bad_ma
     assert "initContainers" not in _by_kind(build_children(example, NS))["StatefulSet"]["spec"]["template"]["spec"]
 
 
-def test_the_failing_ranks_exception_is_the_trainer_containers_termination_message(example):
-    children = _by_kind(build_children(example, NS))
-    trainer, evaluator = _container(children["Job"]), _container(children["StatefulSet"])
-    assert (trainer["terminationMessagePath"], trainer["terminationMessagePolicy"]) == (
+@pytest.mark.parametrize("kind", ["Job", "StatefulSet"])
+def test_the_failing_process_exception_is_the_containers_termination_message(example, kind):
+    child = _by_kind(build_children(example, NS))[kind]
+    main = _container(child)
+    assert (main["terminationMessagePath"], main["terminationMessagePolicy"]) == (
         contract.TERMINATION_LOG_IN_POD, "FallbackToLogsOnError")
-    assert _env(children["Job"])[contract.ENV_ERROR_FILE] == contract.TERMINATION_LOG_IN_POD  # the ranks write it
-    assert "terminationMessagePolicy" not in evaluator and contract.ENV_ERROR_FILE not in _env(children["StatefulSet"])
+    assert _env(child)[contract.ENV_ERROR_FILE] == contract.TERMINATION_LOG_IN_POD  # the rank or evaluator writes it
 
 
 @pytest.mark.parametrize(("metrics_namespace", "metrics_port", "scrapers"), [

@@ -14,6 +14,7 @@ NOW = "2026-12-01T08:00:00Z"
 WHERE = 'File "policy.py", line 6, in __init__ (rank 1)'
 RANK_ERROR = f"ValueError: action space Discrete(2) is not supported\n  at {WHERE}"
 RANK_ERROR_LINE = f"ValueError: action space Discrete(2) is not supported at {WHERE}"
+EVAL_ERROR = 'RuntimeError: act() got NaN logits\n  at File "policy.py", line 40, in act (evaluator 2)'
 
 
 def pod(name, role="eval", phase="Running", ready=False, waiting=None, restarts=0, last_exit=None, exit_code=None,
@@ -69,6 +70,11 @@ CASES = [
     ("trainer pod failed: its failing rank's exception", dict(job=job(ready=0, failed=1), stateful_set=sts(3), pods=[
         pod("g-train-0-a", role="train", phase="Failed", exit_code=1, said=RANK_ERROR)]),
      "TrainersReady", "CrashLoopBackOff", ["g-train-0-a", "exit code 1", f"so far: {RANK_ERROR_LINE}"]),
+    ("evaluator crash loop: its own exception", dict(job=job(ready=1), stateful_set=sts(2), pods=[
+        pod("g-eval-2", waiting="CrashLoopBackOff", restarts=3, last_exit=1, said=EVAL_ERROR)]),
+     "EvaluatorsReady", "CrashLoopBackOff", ["g-eval-2: container eval is crash-looping: last exit code 1 (Error), "
+                                             "3 restarts: RuntimeError: act() got NaN logits at File \"policy.py\", "
+                                             "line 40, in act (evaluator 2)"]),
     ("evaluator crash loop: what it said", dict(job=job(ready=1), stateful_set=sts(2), pods=[
         pod("g-eval-2", waiting="CrashLoopBackOff", restarts=2, last_exit=1, said="x" * 5000)]),
      "EvaluatorsReady", "CrashLoopBackOff", [f"2 restarts: {'x' * (pods.MESSAGE_CHARS - 3)}..."]),

@@ -83,6 +83,7 @@ PLAN_CASES: dict[str, tuple] = {
         {"ports": {"weightSync": 30000, "trajectories": 31000}, "train": {"nodes": 2, "procsPerNode": 2}}, POD, "eval",
         None, ("python", "-m", "rlightning.runtime.eval"),
         {contract.ENV_WEIGHT_SYNC_PORT: "30000", contract.ENV_GROUP_NAME: "cartpole",
+         contract.ENV_ERROR_FILE: contract.TERMINATION_LOG_IN_POD,
          contract.ENV_TRAJECTORY_ENDPOINTS: f"{POD_MASTER}:31000,{POD_MASTER}:31001,{POD_TRAINER_1}:31000,"
                                             f"{POD_TRAINER_1}:31001"},
         (contract.ENV_NAMESPACE, contract.ENV_POD_NAME),
@@ -99,8 +100,8 @@ def test_plan(case):
     assert plan.env_from_pod == from_pod
     ours = set(plan.env) - {launch.THREADS_ENV, *launch.SOCKET_IFNAME_ENV}  # torch's, gloo's, NCCL's: not ours
     assert list(plan.env) == sorted(plan.env) and ours | set(from_pod) <= set(launch.RUNTIME_ENV)
-    absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS, contract.ENV_ERROR_FILE} if role == "eval" \
-        else set()
+    absent = {contract.ENV_EXPECTED_EVALUATORS, contract.ENV_REPORT_STATUS} if role == "eval" else set()
+    absent |= {contract.ENV_ERROR_FILE} if role == "eval" and not site else set()  # a local evaluator logs it
     absent |= {contract.ENV_EVAL_ORDINAL} if ordinal is None else set()
     assert not absent & set(plan.env)
 
