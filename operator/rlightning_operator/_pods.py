@@ -12,7 +12,8 @@
   or that was disrupted (condition `DisruptionTarget`: preempted, evicted, its node tainted or gone) or deleted.
   The operator restarts the whole gang as a new attempt on either (`_planner.plan_restart`).
 - Stranded on an unreachable node (`stranded`): a pod the taint manager deleted whose grace period has passed
-  with no kubelet to confirm it (`_planner.plan_force_deletes` says which the operator force-deletes).
+  with no kubelet to confirm it (`_planner.plan_force_deletes` says which the operator force-deletes);
+  `unreachable_nodes` names their nodes for the Event and the conditions.
 
 Each message ends with what the failed container said (`said`: its termination message, which for a trainer is the
 first failing rank's own exception, `rlightning.runtime._errors`).
@@ -358,11 +359,13 @@ class Stranded:
         node (str): Its node (`spec.nodeName`).
         since (str): RFC 3339 time the node lifecycle controller marked the pod not ready (its Ready condition's
             lastTransitionTime: when the node was found unreachable), else when the taint manager deleted it.
+        role (str): The pod's `contract.LABEL_ROLE` (train or eval): whose readiness condition names the node.
     """
 
     pod: str
     node: str
     since: str
+    role: str
 
 
 def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
@@ -410,4 +413,26 @@ def stranded(pod: Mapping[str, Any], now: float) -> Stranded | None:
         return None
     since = _condition(pod, "Ready").get("lastTransitionTime") or \
         _condition(pod, DISRUPTION_TARGET).get("lastTransitionTime") or ""
-    return Stranded(_name(pod), str((pod.get("spec") or {}).get("nodeName")), str(since))
+    role = str(((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE) or "")
+    return Stranded(_name(pod), str((pod.get("spec") or {}).get("nodeName")), str(since), role)
+
+
+def unreachable_nodes(left: Sequence[Stranded]) -> str:
+    """The nodes that stopped answering under `left`, for people: `node N unreachable since T` per node (T the
+    earliest of its pods' `since`), by node name, joined by "; ".
+
+    Args:
+        left (Sequence[Stranded]): Stranded pods.
+
+    Returns:
+        str: For example `node kwok-node-1 unreachable since 2026-12-03T04:10:00Z`; "" for no pods.
+
+    Examples:
+        >>> unreachable_nodes([Stranded("g-eval-1", "n1", "2026-12-03T04:10:05Z", "eval"),
+        ...                    Stranded("g-eval-0", "n1", "2026-12-03T04:10:00Z", "eval")])
+        'node n1 unreachable since 2026-12-03T04:10:00Z'
+    """
+    since: dict[str, str] = {}
+    for pod in left:
+        since[pod.node] = min(since.get(pod.node, pod.since), pod.since)
+    return "; ".join(f"node {node} unreachable since {since[node]}" for node in sorted(since))

@@ -164,6 +164,9 @@ class Reconciler:
         # pass lists pods: every trainer pod (one deleted stays, marked gone: the evidence of a loss once it is
         # gone and the Job failed because of it) and the evaluator pods not settled (`_pods.settled`).
         self._pods_seen: dict[tuple[str, str], dict[str, _SeenPod]] = {}
+        # Pods force-deleted from nodes that stopped answering, until their role is ready again: the status names
+        # the nodes meanwhile (`status.unreachable_left`). An operator that restarts meanwhile forgets them.
+        self._unreachable: dict[tuple[str, str], list[pods.Stranded]] = {}
         self._pods_guard = threading.Lock()
         # Each PolicyGroup as the watch (or the operator's own status write) last gave it, so that a pass reads none.
         self._groups_seen: dict[tuple[str, str], _SeenGroup] = {}
@@ -250,6 +253,7 @@ class Reconciler:
         """Drop what the pod watch remembered of a PolicyGroup's pods (call once the PolicyGroup is gone)."""
         with self._pods_guard:
             self._pods_seen.pop((namespace, name), None)
+            self._unreachable.pop((namespace, name), None)
         with self._groups_guard:
             self._groups_seen.pop((namespace, name), None)
             self._status_written.pop((namespace, name), None)
@@ -454,6 +458,8 @@ class Reconciler:
         if status.pods_matter(nodes, replicas, job, stateful_set):
             group_pods = self._live_pods(namespace, name)
         previous = current_status.get("conditions") or []
+        with self._pods_guard:
+            unreachable = list(self._unreachable.get((namespace, name), ()))
         observation = status.Observation(
             name,
             int(body["metadata"].get("generation") or 0),
@@ -473,8 +479,16 @@ class Reconciler:
             fleet_data=launch.fleet_collects(manifest.spec),
             training=current_status.get("training") or {},
             stall_seconds=launch.stall_seconds(manifest.spec),
+            unreachable=unreachable,
         )
         computed = status.compute_status(observation)
+        left = status.unreachable_left(unreachable, computed)
+        if len(left) < len(unreachable):  # a role ready again: its pods are replaced
+            with self._pods_guard:
+                if left:
+                    self._unreachable[(namespace, name)] = left
+                else:
+                    self._unreachable.pop((namespace, name), None)
         written = self._write_status(namespace, name, current_status, computed)
         if written and conflicts:  # once per transition, not once per retry
             logger.warning("%s/%s: children controlled by another owner: %s", namespace, name, "; ".join(conflicts))
@@ -609,7 +623,8 @@ class Reconciler:
         listed: list[dict[str, Any]] | None = None,
     ) -> None:
         """Force-delete the pods stranded on unreachable nodes (`planner.plan_force_deletes`) among the pods as
-        watched and `listed`, with one Warning Event `NodeUnreachable` per node naming it and its pods.
+        watched and `listed`, with one Warning Event `NodeUnreachable` per node naming it and its pods; remember
+        them for the status until their role is ready again.
         """
         candidates = {(p.get("metadata") or {}).get("name", ""): p
                       for p in [*self._live_pods(namespace, name), *(listed or [])]}
@@ -618,11 +633,13 @@ class Reconciler:
             metrics.ACTIONS.labels(type="force-delete", kind="Pod").inc()
             self._client.delete("Pod", namespace, left.pod, propagation="Background", grace_period_seconds=0)
             by_node.setdefault(left.node, []).append(left)
-        for node, gone in by_node.items():
-            since = min(left.since for left in gone)
-            message = f"node {node} unreachable since {since}: force-deleted pods {', '.join(g.pod for g in gone)}"
+        for gone in by_node.values():
+            message = f"{pods.unreachable_nodes(gone)}: force-deleted pods {', '.join(g.pod for g in gone)}"
             logger.warning("%s/%s: %s", namespace, name, message)
             self._post_event(body, "Warning", NODE_UNREACHABLE, message[:1000])
+        if by_node:
+            with self._pods_guard:
+                self._unreachable.setdefault((namespace, name), []).extend(g for gone in by_node.values() for g in gone)
 
     def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict)."""

@@ -32,6 +32,10 @@ reason CrashLoopBackOff (the pod, container, last exit code and restarts), Unsch
 message) or, for evaluators, RolloutStuck (a pod of the new revision holds the rolling update); Waiting when
 none of these shows. Ready takes the reason of the first condition that is not True, which `kubectl get pg`
 shows in its REASON column.
+
+Pods the operator force-deleted from a node that stopped answering (`Observation.unreachable`): TrainersReady or
+EvaluatorsReady (the pods' role) ends its message with `node N unreachable since T` until it is True again, their
+replacements ready (`unreachable_left` says which to keep naming).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA, NOT_STARTED, STALLED)
 """Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
 RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
 """Keys of status.restarts (`rlightning.config.RestartStatus`)."""
+Stranded = pods.Stranded  # in `Observation`'s annotations its field `pods` hides the module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +95,8 @@ class Observation:
         training (Mapping[str, Any]): status.training as trainer rank 0 last wrote it ({} before its first report).
         stall_seconds (float): How long ready trainers may go without a report of an iteration
             (`launch.stall_seconds`); 0 leaves condition TrainingProgressing out.
+        unreachable (Sequence[Stranded]): Pods force-deleted from nodes that stopped answering, until their
+            role is ready again (`unreachable_left`): TrainersReady or EvaluatorsReady names the nodes meanwhile.
     """
 
     name: str
@@ -111,6 +118,7 @@ class Observation:
     fleet_data: bool = False
     training: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stall_seconds: float = 0.0
+    unreachable: Sequence[Stranded] = ()
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -340,8 +348,10 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         return _invalid_status(obs)
     gang = classify(obs)
     train_ok, train_reason, train_message = TRAINERS_READY[gang.state](obs, gang)
-    trainers_ready = _condition("TrainersReady", train_ok, train_reason, train_message, obs)
+    trainers_ready = _naming_unreachable(_condition("TrainersReady", train_ok, train_reason, train_message, obs), obs,
+                                         contract.PolicyRole.TRAIN)
     evaluators_ready, after_training = _evaluators_condition(obs, gang)
+    evaluators_ready = _naming_unreachable(evaluators_ready, obs, contract.PolicyRole.EVAL)
     valid = (_condition("Valid", False, train_reason, train_message, obs) if gang.state is TrainerState.REJECTED
              else _condition("Valid", True, "Validated", "the spec is valid", obs))
     conditions = [valid, trainers_ready, evaluators_ready]
@@ -421,6 +431,37 @@ def _evaluators_condition(obs: Observation, gang: Trainers) -> tuple[dict[str, A
     if not ok and problem is not None:
         reason, message = problem.reason, f"{message}; {problem.message}"
     return _condition("EvaluatorsReady", ok, reason, message, obs), after_training
+
+
+# -- Nodes that stopped answering ------------------------------------------------------------------------
+READINESS: Mapping[str, str] = {contract.PolicyRole.TRAIN: "TrainersReady", contract.PolicyRole.EVAL: "EvaluatorsReady"}
+"""The condition that names the nodes a role's pods were force-deleted from, while it is not True."""
+
+
+def _naming_unreachable(condition: dict[str, Any], obs: Observation, role: contract.PolicyRole) -> dict[str, Any]:
+    """`condition` (`READINESS[role]`) with `pods.unreachable_nodes` of `role`'s pods in `obs.unreachable` at the
+    end of its message, while it is not True.
+    """
+    nodes = pods.unreachable_nodes([left for left in obs.unreachable if left.role == role])
+    if condition["status"] == "True" or not nodes:
+        return condition
+    return {**condition, "message": f"{condition['message']}; {nodes}"}
+
+
+def unreachable_left(unreachable: Sequence[pods.Stranded], computed: Mapping[str, Any]) -> list[pods.Stranded]:
+    """The force-deleted pods whose nodes the status must still name: those whose role's readiness condition
+    (`READINESS`) in `computed` is not True. Once it is True their replacements are ready (or training ended).
+
+    Args:
+        unreachable (Sequence[Stranded]): Pods force-deleted so far and not yet replaced.
+        computed (Mapping[str, Any]): `compute_status` of an observation with them.
+
+    Returns:
+        list[pods.Stranded]: The ones to keep; a pod of no known role, or a condition absent (an invalid spec),
+            keeps its pods.
+    """
+    status = {c["type"]: c["status"] for c in computed.get("conditions") or []}
+    return [left for left in unreachable if status.get(READINESS.get(left.role, "")) != "True"]
 
 
 def _ready_condition(obs: Observation, conditions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -2,12 +2,15 @@
 nodes): the test plays the kubelet of a node of its own, then silences it and marks it and its pods as the node
 lifecycle controller and the taint manager do past their timeouts (50 s and 300 s by default, too long for a
 test); the operator force-deletes the stranded pods: the next attempt forms elsewhere and the evaluators are
-replaced while the node stays silent."""
+replaced while the node stays silent, and the status names the node until they are."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import re
+import subprocess
 
 import pytest
 import yaml
@@ -15,7 +18,7 @@ import yaml
 from devcluster import _nodes
 from rlightning import contract
 
-from operator_cluster import apply, get_json, items, pods, running, small, wait_for
+from operator_cluster import apply, condition, get_json, items, pods, running, small, wait_for
 
 SILENT = _nodes.node_name(40)  # beyond the cluster's own nodes (its pod CIDR too)
 OTHER = _nodes.node_name(0)
@@ -85,7 +88,33 @@ def silence(cluster, node, victims, namespace):
         cluster.kubectl("delete", "pod", name, "-n", namespace, f"--grace-period={GRACE_SECONDS}", "--wait=false")
 
 
-def test_pods_of_a_silent_node_are_force_deleted_and_the_run_goes_on(crd, namespace, operator, silent_node):
+@contextlib.contextmanager
+def statuses(cluster, namespace, path):
+    """Every version of the PolicyGroup `cartpole` while the block runs (`kubectl get -w`, written to `path`), so
+    that a status held for a moment only is seen; yields a function that returns them parsed."""
+    with path.open("w") as out:
+        watch = subprocess.Popen([str(cluster.bin("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get", "pg",
+                                  "cartpole", "-n", namespace, "-w", "-o", "json"], stdout=out,
+                                 stderr=subprocess.DEVNULL)
+
+    def seen() -> list[dict]:
+        text, found, at = path.read_text(), [], 0
+        while (start := text.find("{", at)) >= 0:
+            try:
+                version, at = json.JSONDecoder().raw_decode(text, start)
+            except json.JSONDecodeError:  # the last one half written
+                break
+            found.append(version)
+        return found
+
+    try:
+        yield seen
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
+
+
+def test_pods_of_a_silent_node_are_force_deleted_and_the_run_goes_on(crd, namespace, operator, silent_node, tmp_path):
     apply(crd, namespace, small(replicas=EVALUATORS, **{
         "spec.train.pod": placed([SILENT, OTHER], preferred=SILENT), "spec.eval.pod": placed([SILENT, OTHER])}))
 
@@ -100,17 +129,32 @@ def test_pods_of_a_silent_node_are_force_deleted_and_the_run_goes_on(crd, namesp
     lost_trainers, lost_evaluators = on(SILENT, trainers), on(SILENT, evaluators)
     assert lost_trainers, f"the trainer prefers {SILENT}: {[p['spec'].get('nodeName') for p in trainers]}"
     assert lost_evaluators, f"evaluators spread over {SILENT} and {OTHER}: {on(OTHER, evaluators)} on {OTHER}"
-    silence(crd, SILENT, lost_trainers + lost_evaluators, namespace)
+    with statuses(crd, namespace, tmp_path / "statuses.json") as seen:
+        silence(crd, SILENT, lost_trainers + lost_evaluators, namespace)
 
-    def next_attempt():
-        trainers = [p for p in pods(crd, namespace, "train")
-                    if p["metadata"]["labels"].get(contract.LABEL_ATTEMPT) == "1"]
-        return trainers if running(trainers) == 1 else None
+        def next_attempt():
+            trainers = [p for p in pods(crd, namespace, "train")
+                        if p["metadata"]["labels"].get(contract.LABEL_ATTEMPT) == "1"]
+            return trainers if running(trainers) == 1 else None
 
-    (trainer,) = wait_for("attempt 1 running", next_attempt)
-    assert trainer["spec"]["nodeName"] == OTHER
-    replaced = wait_for("the evaluators replaced", lambda: (lambda e: e if running(e) == EVALUATORS and not on(
-        SILENT, e) else None)(pods(crd, namespace, "eval")))
+        (trainer,) = wait_for("attempt 1 running", next_attempt)
+        assert trainer["spec"]["nodeName"] == OTHER
+        replaced = wait_for("the evaluators replaced", lambda: (lambda e: e if running(e) == EVALUATORS and not on(
+            SILENT, e) else None)(pods(crd, namespace, "eval")))
+
+        def ready_again():
+            group = get_json(crd, "pg", "cartpole", "-n", namespace)
+            ok = all(condition(group, t).get("status") == "True" for t in ("TrainersReady", "EvaluatorsReady"))
+            return group if ok and group["status"]["train"]["attempt"] == 1 else None
+
+        ready = wait_for("trainers and evaluators ready again", ready_again)
+        versions = wait_for("the watch to deliver that status", lambda: (lambda v: v if any(
+            x["metadata"]["resourceVersion"] == ready["metadata"]["resourceVersion"] for x in v) else None)(seen()))
+    naming = re.compile(rf"; node {SILENT} unreachable since \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    named = {c["type"] for v in versions for c in (v.get("status") or {}).get("conditions") or []
+             if naming.search(c["message"])}
+    assert {"TrainersReady", "EvaluatorsReady"} <= named, [condition(v, "TrainersReady") for v in versions]
+    assert not [c for c in ready["status"]["conditions"] if SILENT in c["message"]], "replaced: no longer named"
     assert sorted(p["metadata"]["name"] for p in replaced) == sorted(p["metadata"]["name"] for p in evaluators)
     node = get_json(crd, "node", SILENT)
     assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["Unknown"], \

@@ -434,6 +434,23 @@ def test_pods_stranded_on_a_silent_node_are_force_deleted_and_the_next_attempt_f
     outcome = reconciler.reconcile(body)
     assert [(a.type, a.kind) for a in outcome.actions] == [("create", "Job")], "no pod of attempt 0 is left"
     assert not [e for e in events if e[1] == "NodeUnreachable"], "each pod is force-deleted once"
+    assert named_unreachable(stored_status(api)) == {"TrainersReady", "EvaluatorsReady", "Ready"}, "until replaced"
+
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1}  # attempt 1 runs elsewhere
+    reconciler.refresh_status({**group(), "status": copy.deepcopy(stored_status(api))})
+    assert named_unreachable(stored_status(api)) == {"EvaluatorsReady", "Ready"}, "the trainers are replaced"
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
+    reconciler.refresh_status({**group(), "status": copy.deepcopy(stored_status(api))})
+    assert named_unreachable(stored_status(api)) == set(), "the evaluators are replaced too"
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 1}
+    reconciler.refresh_status({**group(), "status": copy.deepcopy(stored_status(api))})
+    assert named_unreachable(stored_status(api)) == set(), "a later problem is not the node's: it is forgotten"
+
+
+def named_unreachable(status):
+    """The types of the conditions whose message names node-a as unreachable since its pods were marked not ready."""
+    return {c["type"] for c in status["conditions"]
+            if c["message"].endswith("; node node-a unreachable since 2026-12-01T09:55:00Z")}
 
 
 def test_an_evicted_evaluator_waits_for_its_grace_period_then_a_recheck_force_deletes_it(api, events, reconciler):

@@ -1,5 +1,6 @@
 """Gang restarts of the trainers, by table: the Job and pods of an attempt -> restart (failure or disruption),
-nothing, or no restart left (`_planner.plan_restart`, `_pods.trainer_loss`)."""
+nothing, or no restart left (`_planner.plan_restart`, `_pods.trainer_loss`); pods of a node that stopped answering:
+which are force-deleted, and how the status names the node until they are replaced."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import datetime
 import pytest
 
 from rlightning import contract
+from rlightning_operator import Observation, compute_status
+from rlightning_operator._pods import Stranded, unreachable_nodes
 from rlightning_operator._planner import Restarts, plan_force_deletes, plan_restart
+from rlightning_operator._status import unreachable_left
 
 T0, T1, T2 = "2026-12-01T10:00:00Z", "2026-12-01T10:00:01Z", "2026-12-01T10:00:05Z"
 
@@ -168,3 +172,33 @@ def test_force_delete_table(name, pods, attempt, now, expected):
     found = plan_force_deletes(pods, attempt, now)
     assert [s.pod for s in found] == expected
     assert all(s.since == T1 for s in found), "since the node lifecycle controller marked the pod not ready"
+    assert all(s.role == ("eval" if "eval" in s.pod else "train") for s in found), "whose condition names the node"
+
+
+# (name, stranded pods, the text that names their nodes)
+UNREACHABLE_CASES = [
+    ("none", [], ""),
+    ("one pod", [Stranded("g-eval-1", "kwok-node-1", T1, "eval")], f"node kwok-node-1 unreachable since {T1}"),
+    ("a node's earliest time", [Stranded("g-eval-1", "n1", T2, "eval"), Stranded("g-train-0-a", "n1", T0, "train")],
+     f"node n1 unreachable since {T0}"),
+    ("by node name", [Stranded("g-eval-1", "n2", T0, "eval"), Stranded("g-eval-0", "n1", T2, "eval")],
+     f"node n1 unreachable since {T2}; node n2 unreachable since {T0}"),
+]
+
+
+@pytest.mark.parametrize(("name", "left", "expected"), UNREACHABLE_CASES, ids=[c[0] for c in UNREACHABLE_CASES])
+def test_unreachable_nodes_table(name, left, expected):
+    assert unreachable_nodes(left) == expected
+
+
+def test_the_readiness_condition_of_the_role_names_the_node_until_it_is_ready():
+    left = [Stranded("g-eval-1", "n1", T0, "eval"), Stranded("g-train-0-a", "n2", T1, "train")]
+    sts = {"status": {"replicas": 2, "readyReplicas": 1}}
+    computed = compute_status(Observation("g", 1, nodes=1, replicas=2, job=job(ready=1), stateful_set=sts, now=T2,
+                                          unreachable=left))
+    messages = {c["type"]: c["message"] for c in computed["conditions"]}
+    assert messages["EvaluatorsReady"] == f"1/2 evaluator pods ready; node n1 unreachable since {T0}"
+    assert messages["Ready"] == messages["EvaluatorsReady"], "Ready shows the first condition not True"
+    assert messages["TrainersReady"] == "1/1 trainer pods ready", "a role ready again names no node"
+    assert unreachable_left(left, computed) == left[:1], "the trainers are replaced: their node is forgotten"
+
