@@ -28,7 +28,11 @@ def ready(cluster, namespace):
     return condition(group, "Ready").get("status") == "True"
 
 
-def test_a_crash_looping_evaluator_is_reported_with_its_exit_code(crd, namespace, operator):
+EVALUATOR_ERROR = 'RuntimeError: act() got NaN logits\n  at File "policy.py", line 40, in act (evaluator 1)'
+"""The termination message an evaluator whose policy raises writes (`rlightning.runtime._errors`)."""
+
+
+def test_a_crash_looping_evaluator_is_reported_with_its_exit_code_and_exception(crd, namespace, operator):
     apply(crd, namespace, small(replicas=2))
     wait_for("Ready=True", lambda: ready(crd, namespace))
     crashing = {"status": {
@@ -38,18 +42,19 @@ def test_a_crash_looping_evaluator_is_reported_with_its_exit_code(crd, namespace
             "name": "eval", "image": contract.DEFAULT_IMAGE, "imageID": "", "ready": False, "started": False,
             "restartCount": 5, "state": {"waiting": {"reason": "CrashLoopBackOff",
                                                      "message": "back-off 2m40s restarting failed container"}},
-            "lastState": {"terminated": {"exitCode": 2, "reason": "Error", "startedAt": "2026-12-01T07:00:00Z",
-                                         "finishedAt": "2026-12-01T07:00:01Z"}}}]}}
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T07:00:00Z",
+                                         "finishedAt": "2026-12-01T07:00:01Z", "message": EVALUATOR_ERROR}}}]}}
     crd.kubectl("patch", "pod", "cartpole-eval-1", "-n", namespace, "--subresource=status", "--type=merge",
                 "-p", json.dumps(crashing))
     group = wait_for("EvaluatorsReady=False, CrashLoopBackOff",
                      lambda: reason_of(crd, namespace, "EvaluatorsReady", "CrashLoopBackOff"))
     message = condition(group, "EvaluatorsReady")["message"]
-    for words in ("cartpole-eval-1", "container eval", "exit code 2 (Error)", "5 restarts"):
+    for words in ("cartpole-eval-1", "container eval", "exit code 1 (Error)", "5 restarts"):
         assert words in message, message
+    assert message.endswith(" ".join(EVALUATOR_ERROR.split())), "what the evaluator wrote, on one line"
     assert condition(group, "Ready")["reason"] == "CrashLoopBackOff"
     (event,) = wait_for("one CrashLoopBackOff Warning", lambda: warnings(crd, namespace, "CrashLoopBackOff"))
-    assert "cartpole-eval-1" in event["message"] and "exit code 2" in event["message"]
+    assert "cartpole-eval-1" in event["message"] and "exit code 1" in event["message"]
     table = crd.kubectl("get", "pg", "cartpole", "-n", namespace).stdout
     assert "REASON" in table.splitlines()[0] and "CrashLoopBackOff" in table.splitlines()[1], table
 
