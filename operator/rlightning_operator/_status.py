@@ -448,7 +448,7 @@ def _naming_unreachable(condition: dict[str, Any], obs: Observation, role: contr
     return {**condition, "message": f"{condition['message']}; {nodes}"}
 
 
-def unreachable_left(unreachable: Sequence[pods.Stranded], computed: Mapping[str, Any]) -> list[pods.Stranded]:
+def unreachable_left(unreachable: Sequence[Stranded], computed: Mapping[str, Any]) -> list[Stranded]:
     """The force-deleted pods whose nodes the status must still name: those whose role's readiness condition
     (`READINESS`) in `computed` is not True. Once it is True their replacements are ready (or training ended).
 
@@ -457,7 +457,7 @@ def unreachable_left(unreachable: Sequence[pods.Stranded], computed: Mapping[str
         computed (Mapping[str, Any]): `compute_status` of an observation with them.
 
     Returns:
-        list[pods.Stranded]: The ones to keep; a pod of no known role, or a condition absent (an invalid spec),
+        list[Stranded]: The ones to keep; a pod of no known role, or a condition absent (an invalid spec),
             keeps its pods.
     """
     status = {c["type"]: c["status"] for c in computed.get("conditions") or []}
