@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from devcluster import _gomod
 from devcluster import _toolchain
+from devcluster import _trim
 from devcluster import _versions
 
 RECIPE = "3"
@@ -57,6 +58,7 @@ class Target:
         packages (tuple[str, ...]): Packages to build (main packages; ``"."`` for the wrapper's own main).
         binaries (tuple[str, ...]): File names the invocation writes into the bin folder.
         ldflags (tuple[str, ...]): Extra ``-X`` settings.
+        trim (_trim.SourceTrim | None): Build from a trimmed copy of this upstream module (``_trim``).
     """
 
     name: str
@@ -64,6 +66,7 @@ class Target:
     packages: tuple[str, ...]
     binaries: tuple[str, ...]
     ldflags: tuple[str, ...] = ()
+    trim: _trim.SourceTrim | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +160,7 @@ def targets() -> tuple[Target, ...]:
             ("helm",),
             _helm_ldflags(),
         ),
-        Target("coredns", "coredns", ("github.com/coredns/coredns",), ("coredns",)),
+        Target("coredns", "coredns", (".",), ("coredns",)),
     )
 
 
@@ -171,6 +174,7 @@ ADDONS = {
         "keda",
         ("github.com/kedacore/keda/v2/cmd/operator", "github.com/kedacore/keda/v2/cmd/adapter"),
         ("keda-operator", "keda-adapter"),
+        trim=_trim.KEDA,
     ),
     "kueue": Target("kueue", "kueue", ("sigs.k8s.io/kueue/cmd/kueue",), ("kueue",)),
 }
@@ -310,9 +314,15 @@ def _marker_ok(key_dir: pathlib.Path) -> bool:
 def _run_target(target: Target, go: str, bin_dir: pathlib.Path, log: Callable[[str], None]) -> None:
     ldflags = " ".join(["-s", "-w", *(f"-X {setting}" for setting in target.ldflags)])
     out = str(bin_dir / target.binaries[0]) if len(target.binaries) == 1 else str(bin_dir) + os.sep
-    cmd = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", out, *target.packages]
+    modfile = []
+    if target.trim is not None:
+        try:
+            modfile = ["-modfile", str(_trim.prepare(target.trim, target.module, bin_dir.parent / "trimmed"))]
+        except _trim.TrimError as exc:
+            raise BuildError(f"go build of {target.name}: {exc}") from None
+    cmd = [go, "build", "-trimpath", "-ldflags", ldflags, *modfile, "-o", out, *target.packages]
     start = time.monotonic()
-    log(f"build: {target.name}: go build {' '.join(target.packages)}")
+    log(f"build: {target.name}: go build {' '.join(modfile + list(target.packages))}")
     proc = subprocess.run(
         cmd, cwd=_gomod.GO_DIR / target.module, env=_toolchain.go_env(), capture_output=True, text=True
     )
