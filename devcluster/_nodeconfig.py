@@ -206,7 +206,13 @@ def containerd(layout: NodeLayout) -> list[str]:
 
 
 def cni_conflist(layout: NodeLayout) -> dict:
-    """CNI network config list: a bridge on :data:`BRIDGE` with host-local addresses, then portmap.
+    """CNI network config list: a bridge on :data:`BRIDGE` with host-local addresses, then portmap and bandwidth.
+
+    bandwidth caps a pod's links as a cluster's CNI does: containerd passes the pod's
+    ``kubernetes.io/ingress-bandwidth`` and ``kubernetes.io/egress-bandwidth`` annotations (bits per second, as
+    quantities) as the ``bandwidth`` capability, and the plugin puts a tbf qdisc on the host end of the pod's veth
+    (ingress) and on an ifb device its traffic is redirected through (egress). Source: Kubernetes docs, "Network
+    Plugins" (support traffic shaping); CNI plugins docs, "bandwidth plugin".
 
     No IP masquerade: pods only talk to each other, the node and the API server (through one DNAT rule), so no
     NAT chains are left to clean up. host-local keeps its leases under the node's folder.
@@ -235,6 +241,7 @@ def cni_conflist(layout: NodeLayout) -> dict:
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": True}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": True}},
         ],
     }
 
