@@ -48,10 +48,16 @@ time.sleep(600)
 """
 
 
+class _StreamServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    total = 0  # bytes a fetch gets
+
+
 class _Stream(socketserver.BaseRequestHandler):
     """``G``: send ``server.total`` bytes and close; ``P``: read to the end, then answer one byte."""
 
     def handle(self) -> None:
+        assert isinstance(self.server, _StreamServer)
         kind = self.request.recv(1)
         if kind == b"G":
             block = bytes(CHUNK)
@@ -65,9 +71,7 @@ class _Stream(socketserver.BaseRequestHandler):
 
 @pytest.fixture
 def stream_server():
-    server = socketserver.ThreadingTCPServer((_nodeconfig.BRIDGE_IP, 0), _Stream)
-    server.daemon_threads = True
-    server.total = 0
+    server = _StreamServer((_nodeconfig.BRIDGE_IP, 0), _Stream)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
