@@ -40,7 +40,10 @@ def _process() -> str:
             return f"evaluator {settings.eval_ordinal(os.environ)}"
         except settings.SettingsError:
             return "evaluator"
-    return f"rank {os.environ.get(contract.TORCHRUN_RANK, '0')}"
+    try:
+        return f"rank {contract.TorchrunEnv.from_env(os.environ).rank}"
+    except ValueError:  # describing a failure must not fail on a malformed RANK
+        return "a trainer rank"
 
 
 def describe(error: BaseException) -> str:
