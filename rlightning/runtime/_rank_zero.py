@@ -191,14 +191,15 @@ class RankZero(TrainerHooks):
         run_dir: RunDir,
         startup: _startup.StartupClock,
     ) -> RankZero:
-        """Host the weight-sync store; the sender continues from the policy's (the checkpoint's) version.
+        """Host the weight-sync store; the sender continues from the policy's (the checkpoint's) version, its epoch
+        the gang's attempt (evaluators that have seen a newer attempt's publish refuse this one's).
 
         Raises:
             torch.distributed.DistNetworkError: The store's port cannot be bound.
         """
         sender = weights.WeightSender(
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, version=policy.weight_version,
-            bind_host=settings.bind_host,
+            bind_host=settings.bind_host, epoch=settings.attempt,
         )  # fmt: skip
         return cls(spec, settings, policy, run_dir, sender, startup)
 
