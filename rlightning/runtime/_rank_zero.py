@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from rlightning import trajectories, weights
 from rlightning.config import PolicyGroupSpec
-from rlightning.policy import BasePolicy, PolicyGroup
+from rlightning.policy import BasePolicy, PolicyGroup, _training_state
 from rlightning.runtime import _datasets, _fleet, _records, _resume, _startup, _stop
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings
@@ -98,9 +98,19 @@ def final_evaluation_seconds(spec: PolicyGroupSpec) -> float:
     return spec.weight_sync.timeout_seconds + spec.eval.evaluation_interval_seconds
 
 
-def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
-    """Write the checkpoint of the current iteration and delete all but the newest `checkpoint.keep`."""
-    path = policy.save_checkpoint(run_dir.checkpoint_path(policy.iteration))
+def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec, epoch: int) -> None:
+    """Write the checkpoint of the current iteration, recording `epoch` (the trainer's attempt) in it and in its name,
+    commit it unless a newer attempt marked the run directory, and delete all but the newest `checkpoint.keep`.
+
+    Raises:
+        FencedError: When a newer attempt marked the run directory (`RunDir.commit_checkpoint`): this trainer is a
+            zombie of an older attempt; it stops rather than go on training for nothing.
+    """
+    final = run_dir.checkpoint_path(policy.iteration, epoch)
+    staged = _training_state.write_checkpoint(
+        {**policy.checkpoint_state(), "epoch": epoch}, final.with_name(f".{final.name}.staged")
+    )
+    path = run_dir.commit_checkpoint(staged, policy.iteration, epoch)
     run_dir.prune_checkpoints(spec.train.checkpoint.keep)
     log.info("checkpoint %s (weight version %d)", path, policy.weight_version)
 
@@ -278,7 +288,7 @@ class RankZero(TrainerHooks):
         self.startup.mark("first_iteration")
         reason = _stop.decide(inputs)
         if reason is None and iteration % self.spec.train.checkpoint.interval_iterations == 0:
-            save_checkpoint(self.policy, self.run_dir, self.spec)
+            save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.attempt)
         return reason
 
     def _confirm_target(self, inputs: _stop.StopInputs, recent_return: float | None) -> _stop.StopInputs:
@@ -306,7 +316,7 @@ class RankZero(TrainerHooks):
         reports = self.fleet.live_reports()
         consistency = self.fleet.check(reports, exact=True)
         consistent, consistent_reason = _fleet.final_consistency(consistency, self.fleet.expected_count())
-        save_checkpoint(self.policy, self.run_dir, self.spec)
+        save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.attempt)
         target, totals = self.spec.train.target_eval_return, ending.fleet_totals
         self.recorder.summary(
             stop_reason=ending.reason.label,
