@@ -38,6 +38,7 @@ class FleetTotals:
         accepted (int): Batches trained on.
         stale (int): Batches dropped as older than `train.maxPolicyLag`.
         invalid (int): Batches dropped as malformed or not of the policy's layout.
+        older_attempt (int): Batches dropped as acted with an older trainer attempt's weights. Defaults to 0.
     """
 
     by_evaluator: dict[int, int]
@@ -45,6 +46,7 @@ class FleetTotals:
     accepted: int
     stale: int
     invalid: int
+    older_attempt: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,10 +127,12 @@ def dropped_summary(totals: FleetTotals, reports: dict[int, weights.ReceiverRepo
     Returns:
         dict[str, Any]: `reasons` (batches per reason: `stale`, older than `train.maxPolicyLag` on arrival or while
             held; `invalid`, not of the policy's layout; `cut_by_new_version`, collected on-policy while a new version
-            was applied, so never sent) and `share` (dropped / (trained on + dropped), 0.0 when none was produced).
+            was applied, so never sent; `older_attempt`, acted with the weights of an older trainer attempt than this
+            one) and `share` (dropped / (trained on + dropped), 0.0 when none was produced).
     """
     cut = sum(int(report.metrics.get("cut_batches", 0)) for report in reports.values())
-    reasons = {"stale": totals.stale, "invalid": totals.invalid, "cut_by_new_version": cut}
+    reasons = {"stale": totals.stale, "invalid": totals.invalid, "cut_by_new_version": cut,
+               "older_attempt": totals.older_attempt}
     dropped = sum(reasons.values())
     produced = totals.accepted + dropped
     return {"reasons": reasons, "share": round(dropped / produced, 4) if produced else 0.0}

@@ -406,6 +406,7 @@ class Evaluator:
             env_steps=batch.numel(),
             episode_returns=new.returns,
             episode_lengths=new.lengths,
+            epoch=self.receiver.epoch_of(version),  # a trainer of a newer attempt drops it
         )
         sender.send(batch, stamp)
         pacing.sent(version, collect_started)

@@ -107,7 +107,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
     if settings.fleet_data:
         try:
             source = _datasets.FleetExperience(
-                spec, policy, spec.ports.trajectories + settings.torchrun.local_rank, settings.bind_host
+                spec, policy, spec.ports.trajectories + settings.torchrun.local_rank, settings.bind_host,
+                epoch=settings.attempt,
             )
         except OSError as error:
             log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
@@ -235,8 +236,10 @@ def _fleet_totals(source: _rank_zero.Source) -> _rank_zero.FleetTotals | None:
     if not isinstance(source, _datasets.FleetExperience):
         return None
     stats = source.intake.stats
-    gathered: list[tuple[dict[int, int], int, int, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (source.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid))
+    gathered: list[tuple[dict[int, int], int, int, int, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(
+        gathered, (source.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid, stats.older_attempt)
+    )
     ranks = [rank for rank in gathered if rank is not None]
     by_evaluator: dict[int, int] = {}
     for steps, *_ in ranks:
@@ -248,6 +251,7 @@ def _fleet_totals(source: _rank_zero.Source) -> _rank_zero.FleetTotals | None:
         accepted=sum(rank[1] for rank in ranks),
         stale=sum(rank[2] for rank in ranks),
         invalid=sum(rank[3] for rank in ranks),
+        older_attempt=sum(rank[4] for rank in ranks),
     )
 
 

@@ -33,6 +33,10 @@ from rlightning.weights import (
 
 log = logging.getLogger(__name__)
 
+EPOCHS_KEPT = 16
+"""Versions whose epoch `WeightReceiver.epoch_of` remembers, the newest applied: a batch acted with an older one is
+stale for any trainer long before."""
+
 
 class _RoundFailed(Exception):
     """This publish cannot be used; the receiver drops its group and registers again."""
@@ -111,6 +115,7 @@ class WeightReceiver:
         """The highest epoch seen in any announcement: publishes of a lower one are refused."""
         self.refused = 0
         """Publishes refused so far, their epoch below `epoch`."""
+        self._epochs: dict[int, int] = {}  # version -> epoch of the newest versions applied, oldest first
         self.sender_closed = False
         """True after the sender announced `close()`, until the next announcement of a (restarted) sender."""
 
@@ -304,6 +309,10 @@ class WeightReceiver:
         assert transport is not None
         if verdict is not _epoch.Verdict.APPLY:  # received aside (so the relay tree stays whole), never applied
             apply, into = None, None
+        else:  # before `apply`: rollouts may start with the version before `receive` returns
+            self._epochs[ann.version] = ann.epoch
+            for version in list(self._epochs)[:-EPOCHS_KEPT]:
+                del self._epochs[version]
         destination = self._choose_destination(layout, transport.device, apply, into)
         transfers = [torch.zeros(4, dtype=torch.int64, device=transport.device), *destination.segments]  # header first
         forwarder = _relay.Forwarder(self._children, transfers)
@@ -541,6 +550,18 @@ class WeightReceiver:
                 raise _RoundFailed(f"layout {signature[:12]} does not match its signature")
             self._layouts = {signature: layout}
         return self._layouts[signature]
+
+    def epoch_of(self, version: int) -> int:
+        """The epoch of the publish that brought weight `version` (for a trajectory batch's stamp); safe to call from
+        any thread.
+
+        Args:
+            version (int): One of the last `EPOCHS_KEPT` versions applied (or being applied).
+
+        Returns:
+            int: Its epoch; 0 for any other version (none held yet, or long replaced).
+        """
+        return self._epochs.get(version, 0)
 
     # -- reports and shutdown --------------------------------------------------------------------------
     def report(self, applied: _fingerprint.WeightRecord, metrics: dict[str, float]) -> bool:

@@ -8,7 +8,8 @@ middle of receiving version N (after its first transfers), to test a receiver th
 --leave-after-version N leaves cleanly once it applied version N (a scale-down: what an evaluator does on SIGTERM).
 --in-place receives straight into the policy's tensors (`receive(into=...)`, buffer strategy `none`); a receive
 that stops part way prints {"event": "torn"}.
-A publish it refuses (an older epoch's) prints {"event": "refused"} with the version and digests the policy holds.
+A publish it refuses (an older epoch's) prints {"event": "refused"} with the version, its epoch and digests the
+policy holds.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def main() -> None:
         if receiver.refused > refused:
             refused = receiver.refused
             print(json.dumps({"event": "refused", "version": policy.weight_version,
+                              "epoch": receiver.epoch_of(policy.weight_version),
                               "digests": tensor_digests(named_state(policy))}), flush=True)
         if got is None:
             if receiver.sender_closed and not args.keep_after_close:
