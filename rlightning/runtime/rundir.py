@@ -142,9 +142,11 @@ class RunDir:
             epoch (int): The trainer gang's attempt (`contract.ENV_TRAIN_ATTEMPT`, 0 locally).
 
         Raises:
-            FencedError: When the directory already names a newer epoch (this trainer is of an older attempt).
+            FencedError: When the directory already names a newer epoch (this trainer is of an older attempt; or of a
+                PolicyGroup deleted and applied again, whose attempts start again at 0, on an earlier group's claim).
         """
-        self._fence(epoch, "run")
+        self._fence(epoch, "run (a PolicyGroup applied again starts at attempt 0: give it a fresh claim, or remove "
+                           "epoch.json and the checkpoints of higher attempts)")
         if self.marked_epoch() < epoch or not self.epoch_path.exists():
             write_json_atomic(self.epoch_path, {"epoch": epoch})
 
