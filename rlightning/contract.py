@@ -142,7 +142,9 @@ ENV_LAUNCH_TIME = "RLIGHTNING_LAUNCH_TIME"
 """Epoch seconds when `rlightning run` started, set for its children: trainer rank 0 measures its start-up phases
 from it (summary.json `startup_seconds`); unset in pods, which measure from rank 0's own process start."""
 ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
-"""Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
+"""Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records and as the epoch that
+fences an older attempt's pods (weight publishes, checkpoints, trajectory batches; docs/operator.md); unset (0)
+locally."""
 ENV_ERROR_FILE = "RLIGHTNING_ERROR_FILE"
 """Where a failing process writes its own exception (type, message, where; `rlightning.runtime._errors`): the first
 failing trainer rank, or an evaluator. `TERMINATION_LOG_IN_POD` in pods (both roles), `ERROR_FILE_NAME` in the run

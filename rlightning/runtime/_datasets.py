@@ -90,18 +90,22 @@ class FleetExperience:
         port (int): This rank's intake port (`ports.trajectories` + local rank).
         bind_host (str | None, optional): The address the intake binds (`ProcessSettings.bind_host`); None: all
             interfaces. Defaults to None.
+        epoch (int, optional): The gang's attempt: batches acted with an older attempt's weights are dropped
+            (`TrajectoryIntake`). Defaults to 0.
 
     Raises:
         OSError: The port cannot be bound (naming it).
     """
 
-    def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, port: int, bind_host: str | None = None) -> None:
+    def __init__(
+        self, spec: PolicyGroupSpec, policy: BasePolicy, port: int, bind_host: str | None = None, epoch: int = 0
+    ) -> None:
         self.count = spec.train.batches_per_update
         self.max_policy_lag = spec.train.max_policy_lag
         fields = policy.experience_fields()
         size = (spec.train.rollout_steps, spec.env.num_envs)
         self.intake = trajectories.TrajectoryIntake(
-            port, validate=lambda batch: check_batch(batch, fields, size), bind_host=bind_host or "*"
+            port, validate=lambda batch: check_batch(batch, fields, size), bind_host=bind_host or "*", epoch=epoch
         )
 
     def next(self, version: int, stop: StopRequest, on_wait: Callable[[float], int]) -> Dataset | None:
@@ -150,8 +154,11 @@ class FleetExperience:
         return self.intake.pull_weights(version, timeout)
 
     def dropped_batches(self) -> int:
-        """Batches this rank's intake dropped since start (too old for `train.maxPolicyLag`, or invalid)."""
-        return self.intake.stats.stale + self.intake.stats.invalid
+        """Batches this rank's intake dropped since start (too old for `train.maxPolicyLag`, invalid, or acted with an
+        older trainer attempt's weights).
+        """
+        stats = self.intake.stats
+        return stats.stale + stats.invalid + stats.older_attempt
 
     def env_steps_by_evaluator(self) -> dict[int, int]:
         """Env steps of accepted batches per evaluator ordinal, on this rank, since start."""

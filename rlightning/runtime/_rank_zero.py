@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from rlightning import trajectories, weights
 from rlightning.config import PolicyGroupSpec
-from rlightning.policy import BasePolicy, PolicyGroup
+from rlightning.policy import BasePolicy, PolicyGroup, _training_state
 from rlightning.runtime import _datasets, _fleet, _records, _resume, _startup, _stop
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings
@@ -38,6 +38,7 @@ class FleetTotals:
         accepted (int): Batches trained on.
         stale (int): Batches dropped as older than `train.maxPolicyLag`.
         invalid (int): Batches dropped as malformed or not of the policy's layout.
+        older_attempt (int): Batches dropped as acted with an older trainer attempt's weights. Defaults to 0.
     """
 
     by_evaluator: dict[int, int]
@@ -45,6 +46,7 @@ class FleetTotals:
     accepted: int
     stale: int
     invalid: int
+    older_attempt: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +100,19 @@ def final_evaluation_seconds(spec: PolicyGroupSpec) -> float:
     return spec.weight_sync.timeout_seconds + spec.eval.evaluation_interval_seconds
 
 
-def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec) -> None:
-    """Write the checkpoint of the current iteration and delete all but the newest `checkpoint.keep`."""
-    path = policy.save_checkpoint(run_dir.checkpoint_path(policy.iteration))
+def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec, epoch: int) -> None:
+    """Write the checkpoint of the current iteration, recording `epoch` (the trainer's attempt) in it and in its name,
+    commit it unless a newer attempt marked the run directory, and delete all but the newest `checkpoint.keep`.
+
+    Raises:
+        FencedError: When a newer attempt marked the run directory (`RunDir.commit_checkpoint`): this trainer is a
+            zombie of an older attempt; it stops rather than go on training for nothing.
+    """
+    final = run_dir.checkpoint_path(policy.iteration, epoch)
+    staged = _training_state.write_checkpoint(
+        {**policy.checkpoint_state(), "epoch": epoch}, final.with_name(f".{final.name}.staged")
+    )
+    path = run_dir.commit_checkpoint(staged, policy.iteration, epoch)
     run_dir.prune_checkpoints(spec.train.checkpoint.keep)
     log.info("checkpoint %s (weight version %d)", path, policy.weight_version)
 
@@ -115,10 +127,12 @@ def dropped_summary(totals: FleetTotals, reports: dict[int, weights.ReceiverRepo
     Returns:
         dict[str, Any]: `reasons` (batches per reason: `stale`, older than `train.maxPolicyLag` on arrival or while
             held; `invalid`, not of the policy's layout; `cut_by_new_version`, collected on-policy while a new version
-            was applied, so never sent) and `share` (dropped / (trained on + dropped), 0.0 when none was produced).
+            was applied, so never sent; `older_attempt`, acted with the weights of an older trainer attempt than this
+            one) and `share` (dropped / (trained on + dropped), 0.0 when none was produced).
     """
     cut = sum(int(report.metrics.get("cut_batches", 0)) for report in reports.values())
-    reasons = {"stale": totals.stale, "invalid": totals.invalid, "cut_by_new_version": cut}
+    reasons = {"stale": totals.stale, "invalid": totals.invalid, "cut_by_new_version": cut,
+               "older_attempt": totals.older_attempt}
     dropped = sum(reasons.values())
     produced = totals.accepted + dropped
     return {"reasons": reasons, "share": round(dropped / produced, 4) if produced else 0.0}
@@ -191,14 +205,15 @@ class RankZero(TrainerHooks):
         run_dir: RunDir,
         startup: _startup.StartupClock,
     ) -> RankZero:
-        """Host the weight-sync store; the sender continues from the policy's (the checkpoint's) version.
+        """Host the weight-sync store; the sender continues from the policy's (the checkpoint's) version, its epoch
+        the gang's attempt (evaluators that have seen a newer attempt's publish refuse this one's).
 
         Raises:
             torch.distributed.DistNetworkError: The store's port cannot be bound.
         """
         sender = weights.WeightSender(
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, version=policy.weight_version,
-            bind_host=settings.bind_host,
+            bind_host=settings.bind_host, epoch=settings.attempt,
         )  # fmt: skip
         return cls(spec, settings, policy, run_dir, sender, startup)
 
@@ -277,7 +292,7 @@ class RankZero(TrainerHooks):
         self.startup.mark("first_iteration")
         reason = _stop.decide(inputs)
         if reason is None and iteration % self.spec.train.checkpoint.interval_iterations == 0:
-            save_checkpoint(self.policy, self.run_dir, self.spec)
+            save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.attempt)
         return reason
 
     def _confirm_target(self, inputs: _stop.StopInputs, recent_return: float | None) -> _stop.StopInputs:
@@ -305,7 +320,7 @@ class RankZero(TrainerHooks):
         reports = self.fleet.live_reports()
         consistency = self.fleet.check(reports, exact=True)
         consistent, consistent_reason = _fleet.final_consistency(consistency, self.fleet.expected_count())
-        save_checkpoint(self.policy, self.run_dir, self.spec)
+        save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.attempt)
         target, totals = self.spec.train.target_eval_return, ending.fleet_totals
         self.recorder.summary(
             stop_reason=ending.reason.label,

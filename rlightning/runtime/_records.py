@@ -47,7 +47,7 @@ class DataFigures:
         policy_lag_mean (float | None): Mean lag of the fleet batches trained on, in weight versions; None
             when the trainers collected their own data.
         policy_lag_max (int | None): Their largest lag.
-        dropped_batches (int): Fleet batches dropped since start (too old, or invalid).
+        dropped_batches (int): Fleet batches dropped since start (too old, invalid, or of an older trainer attempt).
         update_seconds (float): Seconds rank 0 spent in `update_dataset` and `train` (the learner's own cost).
     """
 

@@ -70,20 +70,22 @@ def broadcast_training_state(policy: BasePolicy, src: int = 0) -> None:
         _training_state.restore(policy, payload[0])
 
 
-def resume(policy: BasePolicy, run_dir: RunDir, enabled: bool) -> str | None:
+def resume(policy: BasePolicy, run_dir: RunDir, enabled: bool, epoch: int = 0) -> str | None:
     """Resume every rank from rank 0's newest checkpoint, if any (a collective over the default group).
 
     Args:
         policy (BasePolicy): The initialised train policy (after `init_train`, DDP already wrapped).
         run_dir (RunDir): This process's run directory; only rank 0's is read.
         enabled (bool): `train.checkpoint.resume`.
+        epoch (int, optional): The gang's attempt: the newest checkpoint by (epoch, iteration) of this attempt or an
+            older one is read (`RunDir.newest_checkpoint`). Defaults to 0.
 
     Returns:
         str | None: The checkpoint rank 0 resumed from, or None (then nothing changes: DDP made the initial
             weights equal when it wrapped them).
     """
     rank = dist.get_rank()
-    checkpoint: Path | None = run_dir.newest_checkpoint() if enabled and rank == 0 else None
+    checkpoint: Path | None = run_dir.newest_checkpoint(epoch) if enabled and rank == 0 else None
     if checkpoint is not None:
         # The checkpoint holds rank 0's RNG state; the other ranks keep their own seed + rank streams.
         policy.load_checkpoint(checkpoint, restore_rng=True)

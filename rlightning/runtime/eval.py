@@ -32,7 +32,8 @@ After every `eval.episodesPerReport` evaluation episodes it reports:
 - `return_version` and `version_return`: when the last `episodesPerReport` episodes were each played
   entirely with the version now applied, that version and their mean (what the trainer's target check uses);
 - `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent;
-  `cut_batches`: on-policy batches it collected and did not send, because a new version was applied meanwhile.
+  `cut_batches`: on-policy batches it collected and did not send, because a new version was applied meanwhile;
+  `refused_publishes`: publishes its receiver refused, sent by a trainer of an older attempt than one it has seen.
 
 With `policy.weightBuffer.bufferStrategy: none` a version is received in place (`WeightReceiver.receive(into=...)`,
 `rlightning.weights._inplace`): rollouts pause from its first transfer to its commit and it lands in the policy's
@@ -273,7 +274,8 @@ class Evaluator:
     def _post(self) -> None:
         with self._lock:
             record = self._applied_record
-            report = {**self._report, "env_steps": float(self._env_steps), "cut_batches": float(self._cut_batches)}
+            report = {**self._report, "env_steps": float(self._env_steps), "cut_batches": float(self._cut_batches),
+                      "refused_publishes": float(self.receiver.refused)}
         if record is not None:
             self.receiver.report(record, report)
 
@@ -404,6 +406,7 @@ class Evaluator:
             env_steps=batch.numel(),
             episode_returns=new.returns,
             episode_lengths=new.lengths,
+            epoch=self.receiver.epoch_of(version),  # a trainer of a newer attempt drops it
         )
         sender.send(batch, stamp)
         pacing.sent(version, collect_started)

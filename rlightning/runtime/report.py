@@ -72,7 +72,8 @@ class RunSummary:
             evaluators produced the data; None when the trainers collected their own.
         env_steps_by_rank (list[int] | None): Env steps of evaluator batches each trainer rank received and trained
             on, by rank.
-        dropped_batches (int): Evaluator batches dropped (older than train.maxPolicyLag, or invalid).
+        dropped_batches (int): Evaluator batches dropped (older than train.maxPolicyLag, invalid, or acted with an
+            older trainer attempt's weights).
         policy_lag_mean (float | None): Mean policy lag of the batches trained on, in weight versions.
         policy_lag_max (int | None): Largest policy lag trained on.
         dropped (dict[str, Any] | None): Why evaluator batches were not trained on (`reasons`: batches per reason)

@@ -6,9 +6,11 @@
   metrics.jsonl         one JSON object per training iteration, appended by trainer rank 0
   summary.json          written by trainer rank 0 when training ends
   published.json        the highest weight version trainer rank 0 published, rewritten at each publish
+  epoch.json            the newest trainer attempt that started here (`RunDir.mark_epoch`): older ones are fenced
   returns.png           train and eval return against env steps
   tensorboard/          TensorBoard event files of the same rows (when the tensorboard package is installed)
-  checkpoints/          iter-00000010.pt ..., the newest `train.checkpoint.keep` kept
+  checkpoints/          iter-00000010.pt (attempt 0), iter-00000012-attempt-1.pt ..., the newest
+                        `train.checkpoint.keep` by (attempt, iteration) kept
   logs/                 one log per local child process (trainer.log, eval-0.log, ...)
 ```
 The same layout is used in pods (under `ENV_RUN_DIR`) and by `rlightning run`.
@@ -27,7 +29,14 @@ from typing import Any
 
 from rlightning import contract
 
-_CHECKPOINT_RE = re.compile(r"^iter-(\d+)\.pt$")
+_CHECKPOINT_RE = re.compile(r"^iter-(\d+)(?:-attempt-(\d+))?\.pt$")
+"""A complete checkpoint's name: its iteration and, from attempt 1 on, the trainer attempt (the epoch) that wrote it."""
+
+
+class FencedError(RuntimeError):
+    """A trainer of an older attempt (epoch) than the one the run directory names tried to start or commit a
+    checkpoint: it is a pod of an attempt the operator gave up on that came back (a partition), a zombie.
+    """
 
 
 def default_run_dir(group_name: str, now: datetime | None = None, root: Path = Path("runs")) -> Path:
@@ -113,30 +122,114 @@ class RunDir:
         """Directory of the local child processes' logs."""
         return self.root / "logs"
 
+    @property
+    def epoch_path(self) -> Path:
+        """epoch.json: the newest trainer attempt (epoch) that started on this directory."""
+        return self.root / "epoch.json"
+
+    def marked_epoch(self) -> int:
+        """The epoch `mark_epoch` recorded; 0 when none is (or the record is unreadable)."""
+        try:
+            return int(json.loads(self.epoch_path.read_text())["epoch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def mark_epoch(self, epoch: int) -> None:
+        """Record that a trainer of attempt `epoch` starts here, before it resumes or writes any checkpoint: from now
+        on trainers of older attempts cannot commit checkpoints here (`commit_checkpoint`).
+
+        Args:
+            epoch (int): The trainer gang's attempt (`contract.ENV_TRAIN_ATTEMPT`, 0 locally).
+
+        Raises:
+            FencedError: When the directory already names a newer epoch (this trainer is of an older attempt; or of a
+                PolicyGroup deleted and applied again, whose attempts start again at 0, on an earlier group's claim).
+        """
+        self._fence(epoch, "run (a PolicyGroup applied again starts at attempt 0: give it a fresh claim, or remove "
+                           "epoch.json and the checkpoints of higher attempts)")
+        if self.marked_epoch() < epoch or not self.epoch_path.exists():
+            write_json_atomic(self.epoch_path, {"epoch": epoch})
+
+    def _fence(self, epoch: int, action: str) -> None:
+        """Raise `FencedError` (saying it may not `action`) when the marker names an epoch newer than `epoch`."""
+        marked = self.marked_epoch()
+        if marked > epoch:
+            raise FencedError(f"{self.epoch_path}: attempt {marked} of the trainer gang started on this run "
+                              f"directory; this trainer of attempt {epoch}, an older one, may not {action}")
+
     def create(self) -> RunDir:
         """Create the directory and its subdirectories (existing ones are kept). Returns self."""
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         return self
 
-    def checkpoint_path(self, iteration: int) -> Path:
-        """Path of the checkpoint written after training iteration `iteration`."""
-        return self.checkpoints_dir / f"iter-{iteration:08d}.pt"
+    def checkpoint_path(self, iteration: int, epoch: int = 0) -> Path:
+        """Path of the checkpoint written after training iteration `iteration` by a trainer of attempt `epoch`
+        (attempt 0's names carry no attempt, as before attempts were recorded).
+        """
+        suffix = f"-attempt-{epoch}" if epoch else ""
+        return self.checkpoints_dir / f"iter-{iteration:08d}{suffix}.pt"
 
-    def checkpoints(self) -> list[Path]:
-        """Complete checkpoints, oldest first (partially written `.tmp` files are ignored)."""
+    def checkpoints(self, epoch: int | None = None) -> list[Path]:
+        """Complete checkpoints, oldest first by (epoch, iteration) (partially written `.tmp` files are ignored).
+
+        Args:
+            epoch (int | None, optional): Only those of this epoch or older ones. Defaults to None: all.
+        """
         if not self.checkpoints_dir.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.checkpoints_dir.iterdir() if (m := _CHECKPOINT_RE.match(p.name))]
-        return [p for _, p in sorted(found)]
+        found = [
+            (int(m.group(2) or 0), int(m.group(1)), p)
+            for p in self.checkpoints_dir.iterdir()
+            if (m := _CHECKPOINT_RE.match(p.name))
+        ]
+        return [p for e, _, p in sorted(found) if epoch is None or e <= epoch]
 
-    def newest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
-        found = self.checkpoints()
+    def newest_checkpoint(self, epoch: int | None = None) -> Path | None:
+        """The checkpoint to resume: the newest complete one by (epoch, iteration), of `epoch` or an older one.
+
+        A newer epoch's checkpoint wins over an older epoch's of a higher iteration: the newer attempt continued from
+        one of the older's and the fleet follows its weight versions; a higher iteration of the older epoch could
+        only come from a trainer of that attempt still running when the newer one started (a zombie).
+
+        Args:
+            epoch (int | None, optional): The resuming trainer's attempt: checkpoints of newer attempts are never
+                read (such a trainer is fenced anyway, `mark_epoch`). Defaults to None: any.
+
+        Returns:
+            Path | None: The checkpoint, or None when there is none.
+        """
+        found = self.checkpoints(epoch)
         return found[-1] if found else None
 
+    def commit_checkpoint(self, staged: Path, iteration: int, epoch: int) -> Path:
+        """Move a fully written checkpoint file into place, unless a newer epoch marked the directory.
+
+        Args:
+            staged (Path): The written file, in `checkpoints_dir` under a name `checkpoints` ignores.
+            iteration (int): The training iteration it holds.
+            epoch (int): The attempt of the trainer that wrote it.
+
+        Returns:
+            Path: `checkpoint_path(iteration, epoch)`.
+
+        Raises:
+            FencedError: When the directory's marker names an epoch newer than `epoch` (the file is deleted). The
+                check and the rename are two steps: a checkpoint whose check passed just before a newer attempt
+                marked the directory is still committed, under its own older epoch, so it never outranks that
+                attempt's checkpoints (`newest_checkpoint`).
+        """
+        try:
+            self._fence(epoch, f"commit the checkpoint of iteration {iteration}")
+        except FencedError:
+            staged.unlink(missing_ok=True)
+            raise
+        path = self.checkpoint_path(iteration, epoch)
+        os.replace(staged, path)
+        return path
+
     def prune_checkpoints(self, keep: int) -> list[Path]:
-        """Delete all but the newest `keep` checkpoints.
+        """Delete all but the newest `keep` checkpoints by (epoch, iteration).
 
         Args:
             keep (int): Checkpoints to keep, >= 1.

@@ -23,6 +23,9 @@ collect their own data, else after every update) and checks the evaluators (`_fl
 (`_stop`, pure) and writes the records (`_records`: metrics.jsonl, Prometheus, status.training, summary.json);
 it writes the checkpoints, which hold the version published, and records the highest version published in the run
 directory (`RunDir.record_published`), so a resume from an older checkpoint publishes above it, never a version twice.
+Before any checkpoint is read, rank 0 marks the run directory with the gang's attempt (`RunDir.mark_epoch`): from
+then on a trainer of an older attempt (a pod that came back after a partition) can neither start on it nor commit a
+checkpoint to it (`rundir.FencedError`), and a resume reads the newest checkpoint by (attempt, iteration).
 
 Stopping on `train.targetEvalReturn` is confirmed on the newest weights: when the evaluators' recent returns
 reach the target, rank 0 holds training (the other ranks wait in the stop all-reduce) until every live evaluator
@@ -89,12 +92,12 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
         torch.cuda.set_device(policy.device)  # nccl collectives run on this rank's own GPU
     dist.init_process_group(_device_backend(policy.device), timeout=DDP_TIMEOUT)
     startup.mark("rendezvous")
-    if rank == 0:
-        run_dir.create()
+    if rank == 0:  # before any checkpoint is read or written: trainers of older attempts can commit none from now on
+        run_dir.create().mark_epoch(settings.attempt)
     seed = spec.train.seed + rank
     policy.init_train(EnvMeta.from_env_config(spec.env), spec.train, seed=seed)
     # Rank 0 picks and loads the checkpoint and broadcasts its training state: the ranks stay identical.
-    resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume)
+    resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume, settings.attempt)
     if rank == 0:  # the operator's gang attempt (0 locally): a restarted gang says where it resumed from
         log.info("attempt %d of the trainer gang: %s, weight version %d",
                  settings.attempt, f"resumed from {resumed_from}" if resumed_from
@@ -104,7 +107,8 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
     if settings.fleet_data:
         try:
             source = _datasets.FleetExperience(
-                spec, policy, spec.ports.trajectories + settings.torchrun.local_rank, settings.bind_host
+                spec, policy, spec.ports.trajectories + settings.torchrun.local_rank, settings.bind_host,
+                epoch=settings.attempt,
             )
         except OSError as error:
             log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
@@ -232,8 +236,10 @@ def _fleet_totals(source: _rank_zero.Source) -> _rank_zero.FleetTotals | None:
     if not isinstance(source, _datasets.FleetExperience):
         return None
     stats = source.intake.stats
-    gathered: list[tuple[dict[int, int], int, int, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (source.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid))
+    gathered: list[tuple[dict[int, int], int, int, int, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(
+        gathered, (source.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid, stats.older_attempt)
+    )
     ranks = [rank for rank in gathered if rank is not None]
     by_evaluator: dict[int, int] = {}
     for steps, *_ in ranks:
@@ -245,6 +251,7 @@ def _fleet_totals(source: _rank_zero.Source) -> _rank_zero.FleetTotals | None:
         accepted=sum(rank[1] for rank in ranks),
         stale=sum(rank[2] for rank in ranks),
         invalid=sum(rank[3] for rank in ranks),
+        older_attempt=sum(rank[4] for rank in ranks),
     )
 
 

@@ -24,7 +24,7 @@ BATCH_SIZE_KEY = "batch_size"
 """Metadata entry: the batch size as a JSON list of ints."""
 
 STAMP_KEY = "stamp"
-"""Metadata entry: the `BatchStamp` as a JSON object."""
+"""Metadata entry: the `BatchStamp` as a JSON object. `epoch` may be absent (0): evaluators from before it."""
 
 _HEADER_LENGTH_BYTES = 8
 """A safetensors payload starts with its JSON header's length, a little-endian u64 (the format's first field)."""
@@ -152,9 +152,9 @@ def _stamp(metadata: dict[str, str]) -> BatchStamp:
     except (KeyError, TypeError, json.JSONDecodeError) as err:
         raise BatchError(f"metadata.{STAMP_KEY}: missing or not JSON ({err!r})") from err
     fields = {field.name for field in dataclasses.fields(BatchStamp)}
-    if not isinstance(value, dict) or set(value) != fields:
-        raise BatchError(f"metadata.{STAMP_KEY}: must be an object with exactly the keys {sorted(fields)}, "
-                         f"got {value!r}")
+    if not isinstance(value, dict) or not fields - {"epoch"} <= set(value) <= fields:
+        raise BatchError(f"metadata.{STAMP_KEY}: must be an object with exactly the keys {sorted(fields)} ('epoch' "
+                         f"optional), got {value!r}")
     try:
         return BatchStamp(
             version=value["version"],
@@ -163,6 +163,7 @@ def _stamp(metadata: dict[str, str]) -> BatchStamp:
             env_steps=value["env_steps"],
             episode_returns=tuple(value["episode_returns"]),
             episode_lengths=tuple(value["episode_lengths"]),
+            epoch=value.get("epoch", 0),
         )
     except ValueError as err:  # BatchStamp names the field: "stamp.<field>: <rule>"
         raise BatchError(f"metadata.{err}") from err

@@ -51,6 +51,9 @@ class IntakeStats:
         accepted (int): Batches handed out by `drain`.
         stale (int): Batches dropped for policy lag, on arrival or while held for a newer version.
         invalid (int): Batches dropped as malformed or rejected by `validate`.
+        older_attempt (int): Batches dropped as acted with the weights of an older trainer attempt (`BatchStamp.epoch`
+            below the intake's `epoch`): evaluators that had not yet taken this attempt's first publish, or that
+            reach a trainer of an older attempt which came back.
         env_steps (dict[int, int]): Evaluator ordinal -> env steps of its batches handed out by `drain`.
         lag_sum (int): Sum over batches handed out of their policy lag, in versions (the `fill` version minus the
             stamp's, at least 0).
@@ -61,6 +64,7 @@ class IntakeStats:
     accepted: int = 0
     stale: int = 0
     invalid: int = 0
+    older_attempt: int = 0
     env_steps: dict[int, int] = dataclasses.field(default_factory=dict)
     lag_sum: int = 0
     lag_max: int = 0
@@ -81,6 +85,8 @@ class TrajectoryIntake:
             None when it can train on it, else the reason it cannot (keys, shapes, dtypes). Defaults to None (any
             well-formed batch).
         bind_host (str, optional): Interface to bind; `"*"` for all. Defaults to "*".
+        epoch (int, optional): This trainer's attempt (`contract.ENV_TRAIN_ATTEMPT`): batches stamped with an older
+            one are dropped, counted in `stats.older_attempt` and logged once per evaluator. Defaults to 0.
 
     Raises:
         OSError: Naming the port, when it is taken (`errno.EADDRINUSE`) or cannot be bound.
@@ -99,14 +105,15 @@ class TrajectoryIntake:
         port: int,
         validate: Callable[[TensorDict], str | None] | None = None,
         bind_host: str = "*",
+        epoch: int = 0,
     ) -> None:
-        self.port = port
+        self.port, self.epoch = port, epoch
         self.stats = IntakeStats()
         self._validate = validate
         self._held: list[tuple[TensorDict, BatchStamp]] = []
         self._version = 0
         self._count = 0  # the current (or last) fill's count, for the room acknowledged
-        self._logged_invalid: set[str] = set()
+        self._logged_drops: set[str] = set()  # sources whose dropped batches were logged (once each)
         self._peers: dict[bytes, None] = {}  # identities heard from, oldest first
         self._connected: dict[bytes, None] = {}  # identities that announced a connection (PROBE_ROUTER), oldest first
         self._unread: list[list[bytes]] = []  # batches read by `pull_weights`, for the next fill to judge
@@ -280,6 +287,13 @@ class TrajectoryIntake:
         except _codec.BatchError as err:
             self._reject(identity, sequence, f"peer {identity.hex()}", str(err))
             return
+        if stamp.epoch < self.epoch:
+            self.stats.older_attempt += 1
+            self._log_once(f"older attempt {stamp.ordinal}", "batches of evaluator %d acted with weights of attempt %d "
+                           "dropped: this trainer is of attempt %d (logged once per evaluator)",
+                           stamp.ordinal, stamp.epoch, self.epoch)
+            self._ack(identity, sequence, _messages.Outcome.OLDER_ATTEMPT)
+            return
         if version - stamp.version > max_policy_lag:
             self.stats.stale += 1
             self._ack(identity, sequence, _messages.Outcome.STALE)
@@ -304,11 +318,14 @@ class TrajectoryIntake:
 
     def _reject(self, identity: bytes, sequence: bytes, source: str, reason: str) -> None:
         self.stats.invalid += 1
-        if source not in self._logged_invalid:
-            self._logged_invalid.add(source)
-            log.warning("trajectory intake %d: invalid batch from %s dropped (logged once per source): %s",
-                        self.port, source, reason)
+        self._log_once(source, "invalid batch from %s dropped (logged once per source): %s", source, reason)
         self._ack(identity, sequence, _messages.Outcome.INVALID)
+
+    def _log_once(self, key: str, message: str, *args: object) -> None:
+        """Log a dropped batch's reason at WARNING, once per `key`."""
+        if key not in self._logged_drops:
+            self._logged_drops.add(key)
+            log.warning("trajectory intake %d: " + message, self.port, *args)
 
     def _ack(self, identity: bytes, sequence: bytes, outcome: _messages.Outcome) -> None:
         room = max(0, self._count - len(self._held))

@@ -26,6 +26,8 @@ class Outcome(enum.StrEnum):
     """Dropped: produced by weights more than `maxPolicyLag` versions old."""
     INVALID = "invalid"
     """Dropped: malformed, or rejected by the trainer's validation."""
+    OLDER_ATTEMPT = "older_attempt"
+    """Dropped: acted with weights of an older trainer attempt (epoch) than the receiving trainer's."""
 
 
 def batch_frames(sequence: int, payload: bytes) -> list[bytes]:

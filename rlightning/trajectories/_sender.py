@@ -83,6 +83,7 @@ class SenderCounts:
         accepted (int): Acknowledged as held for training.
         stale (int): Acknowledged as dropped for policy lag.
         invalid (int): Acknowledged as dropped for being malformed or failing validation.
+        older_attempt (int): Acknowledged as dropped for being acted with an older trainer attempt's weights.
         lost (int): Never acknowledged within `ack_timeout`, or not sent because no rank was connected.
     """
 
@@ -90,6 +91,7 @@ class SenderCounts:
     accepted: int = 0
     stale: int = 0
     invalid: int = 0
+    older_attempt: int = 0
     lost: int = 0
 
 
@@ -356,6 +358,8 @@ class TrajectorySender:
                 self.counts.accepted += 1
             elif ack.outcome is _messages.Outcome.STALE:
                 self.counts.stale += 1
+            elif ack.outcome is _messages.Outcome.OLDER_ATTEMPT:
+                self.counts.older_attempt += 1
             else:
                 self.counts.invalid += 1
 

@@ -16,6 +16,8 @@ class BatchStamp:
         env_steps (int): Environment steps in the batch (every env of every time step, >= 0).
         episode_returns (tuple[float, ...]): Undiscounted returns of the episodes that finished inside the batch.
         episode_lengths (tuple[int, ...]): Their lengths in steps, in the same order.
+        epoch (int): The epoch (trainer attempt) of the publish `version` came from (>= 0): a trainer drops batches
+            acted with an older attempt's weights than its own (`rlightning.weights._epoch`).
 
     Raises:
         ValueError: Naming the field, when a field breaks the rule above (a bool is not an int here).
@@ -27,9 +29,10 @@ class BatchStamp:
     env_steps: int
     episode_returns: tuple[float, ...] = ()
     episode_lengths: tuple[int, ...] = ()
+    epoch: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("version", 0), ("ordinal", 0), ("sequence", 1), ("env_steps", 0)):
+        for name, low in (("version", 0), ("ordinal", 0), ("sequence", 1), ("env_steps", 0), ("epoch", 0)):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise ValueError(f"stamp.{name}: must be an integer >= {low}, got {value!r}")

@@ -81,6 +81,9 @@ class Publish:
             group was evicted.
         groups (tuple[AnnouncedGroup, ...]): every group the publish addresses.
         fanout (int): children per member in each group's relay tree (`_topology.relay_tree`).
+        epoch (int): the sender's epoch, its trainer gang's attempt; receivers order publishes by
+            `(epoch, version)` and refuse one of an epoch below the highest they have seen (`_epoch`). Absent
+            (0) in the announcements of senders that predate it.
     """
 
     seq: int
@@ -89,6 +92,7 @@ class Publish:
     log_upto: int
     groups: tuple[AnnouncedGroup, ...]
     fanout: int
+    epoch: int = 0
     kind: Literal["weights"] = "weights"
 
 
@@ -121,15 +125,17 @@ class Ack:
 
     Attributes:
         outcome (str): `applied` (the version is the receiver's now: applied, when it receives with `apply`),
-            `failed` (its `apply` raised), `ignored` (it already held that version or a newer one), `closed`
+            `failed` (its `apply` raised), `ignored` (it already held that version or a newer one of the same epoch),
+            `refused` (the publish's epoch is below one it has seen: a zombie's, never applied), `closed`
             (it read the sender's close), or `lost`: written for it, where it wrote nothing yet (`write_absent`),
             by a tree neighbour whose edge to it broke in this publish, so it cannot have acknowledged the version
             (it, or the relay it hangs from, died or dropped the publish); the sender need not wait for it.
         version (int): the receiver's version after handling the announcement (-1 in a `lost` one).
-        error (str): why `apply` failed, or why the receiver was lost; empty otherwise.
+        error (str): why `apply` failed, why the receiver was lost, or why it refused (naming both epochs);
+            empty otherwise.
     """
 
-    outcome: Literal["applied", "failed", "ignored", "closed", "lost"]
+    outcome: Literal["applied", "failed", "ignored", "refused", "closed", "lost"]
     version: int
     error: str = ""
 

@@ -19,6 +19,7 @@ from rlightning.config import WeightSyncConfig
 from rlightning.weights import (
     _buckets,
     _destination,
+    _epoch,
     _fingerprint,
     _inplace,
     _messages,
@@ -31,6 +32,10 @@ from rlightning.weights import (
 )
 
 log = logging.getLogger(__name__)
+
+EPOCHS_KEPT = 16
+"""Versions whose epoch `WeightReceiver.epoch_of` remembers, the newest applied: a batch acted with an older one is
+stale for any trainer long before."""
 
 
 class _RoundFailed(Exception):
@@ -45,7 +50,10 @@ class WeightReceiver:
     sender publishes above it, see `WeightSender.fleet_version`) and then waits for announcements. Between publishes
     the receiver waits on the store, never inside a collective; call `receive` continuously (e.g. from a
     background thread) so it joins every publish within `timeout_seconds`, else it is evicted and registers
-    again. A version not newer than the newest one received is never returned. The receiver's collectives wait
+    again. Publishes are ordered by `(epoch, version)`, the epoch being the sender's trainer attempt (`_epoch`): a
+    publish not above the one received last is never returned, and one of an epoch below the highest this receiver
+    has seen (a trainer of an older attempt that came back) is refused, acknowledged `refused`, logged naming both
+    epochs and counted in `refused`. The receiver's collectives wait
     up to `SyncTimings.edge_from_parent` (twice `timeout_seconds`): the sender may spend one timeout on a stalled
     group before it goes on with the others, and a healthy group must outlast that. Every bound comes from
     `config.timings` (`SyncTimings`).
@@ -101,6 +109,13 @@ class WeightReceiver:
         self._ready: tuple[tuple[str, torch.device], list[torch.Tensor]] | None = None
         self.version = 0
         """The newest version received (0 before the first)."""
+        self.version_epoch = 0
+        """The epoch of the sender `version` came from."""
+        self.epoch = 0
+        """The highest epoch seen in any announcement: publishes of a lower one are refused."""
+        self.refused = 0
+        """Publishes refused so far, their epoch below `epoch`."""
+        self._epochs: dict[int, int] = {}  # version -> epoch of the newest versions applied, oldest first
         self.sender_closed = False
         """True after the sender announced `close()`, until the next announcement of a (restarted) sender."""
 
@@ -278,6 +293,8 @@ class WeightReceiver:
         apply: _destination.Apply | None,
         into: _inplace.InPlaceTarget | None,
     ) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        verdict = _epoch.judge(self.epoch, (self.version_epoch, self.version), (ann.epoch, ann.version))
+        self.epoch = max(self.epoch, ann.epoch)  # seen: a newer attempt's trainer exists
         group = self._member_of(ann)
         if group is None:
             return None  # registered after the sender planned this publish: wait for the next one
@@ -290,9 +307,12 @@ class WeightReceiver:
         layout = self._layout(store, ann.signature)
         transport = self._transport
         assert transport is not None
-        ignored = ann.version <= self.version  # acknowledged as ignored: the sender does not count it as applied
-        if ignored:  # received aside and never applied
+        if verdict is not _epoch.Verdict.APPLY:  # received aside (so the relay tree stays whole), never applied
             apply, into = None, None
+        else:  # before `apply`: rollouts may start with the version before `receive` returns
+            self._epochs[ann.version] = ann.epoch
+            for version in list(self._epochs)[:-EPOCHS_KEPT]:
+                del self._epochs[version]
         destination = self._choose_destination(layout, transport.device, apply, into)
         transfers = [torch.zeros(4, dtype=torch.int64, device=transport.device), *destination.segments]  # header first
         forwarder = _relay.Forwarder(self._children, transfers)
@@ -302,7 +322,7 @@ class WeightReceiver:
         except BaseException:
             destination.abort()
             raise
-        ack = _messages.Ack("ignored", self.version) if ignored else _messages.Ack("applied", ann.version)
+        ack = self._verdict_ack(verdict, ann)
         state: Mapping[str, torch.Tensor] | None = None
         try:
             state = destination.complete(ann.version)
@@ -310,15 +330,32 @@ class WeightReceiver:
             log.error("receiver %d: version %d %s", self.ordinal, ann.version, exc)
             ack = _messages.Ack("failed", self.version, exc.error)
         self._acknowledge(store, ann.seq, ack, tree, forwarder)
-        if ignored:
+        if verdict is _epoch.Verdict.IGNORE:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, ann.version, self.version)
+            return None
+        if verdict is _epoch.Verdict.REFUSE:
+            self.refused += 1
+            log.error("receiver %d: %s (%d refused so far)", self.ordinal, ack.error, self.refused)
             return None
         # buckets for the next publish are prepared between publishes only on the staged path
         self._last_layout = (layout, transport.device) if destination.staged else None
         if state is None:
             return None
-        self.version = ann.version
+        self.version, self.version_epoch = ann.version, ann.epoch
         return ann.version, state
+
+    def _verdict_ack(self, verdict: _epoch.Verdict, ann: _messages.Publish) -> _messages.Ack:
+        """The acknowledgement of `ann` for `verdict` (before `apply` ran: `failed` replaces `applied` if it raises)."""
+        if verdict is _epoch.Verdict.APPLY:
+            return _messages.Ack("applied", ann.version)
+        if verdict is _epoch.Verdict.IGNORE:
+            return _messages.Ack("ignored", self.version)
+        return _messages.Ack(
+            "refused",
+            self.version,
+            f"publish {ann.seq} of epoch {ann.epoch} (weight version {ann.version}) refused: epoch {self.epoch} was "
+            f"seen; holding weight version {self.version} of epoch {self.version_epoch}",
+        )
 
     def _member_of(self, ann: _messages.Publish) -> _messages.AnnouncedGroup | None:
         """The group of publish `ann` this receiver (this session) belongs to; None when it registered too late.
@@ -513,6 +550,18 @@ class WeightReceiver:
                 raise _RoundFailed(f"layout {signature[:12]} does not match its signature")
             self._layouts = {signature: layout}
         return self._layouts[signature]
+
+    def epoch_of(self, version: int) -> int:
+        """The epoch of the publish that brought weight `version` (for a trajectory batch's stamp); safe to call from
+        any thread.
+
+        Args:
+            version (int): One of the last `EPOCHS_KEPT` versions applied (or being applied).
+
+        Returns:
+            int: Its epoch; 0 for any other version (none held yet, or long replaced).
+        """
+        return self._epochs.get(version, 0)
 
     # -- reports and shutdown --------------------------------------------------------------------------
     def report(self, applied: _fingerprint.WeightRecord, metrics: dict[str, float]) -> bool:

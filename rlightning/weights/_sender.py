@@ -136,9 +136,12 @@ class WeightSender:
             trainer's checkpoint holds it); every publish goes above it. Defaults to 0.
         bind_host (str | None, optional): the one address the store listens on (127.0.0.1 in a local run);
             None: all interfaces. Defaults to None.
+        epoch (int, optional): the trainer gang's attempt (`contract.ENV_TRAIN_ATTEMPT`), announced with every
+            publish: receivers that have seen a newer epoch refuse this sender's publishes (`_epoch`). Defaults to 0.
 
     Raises:
         RuntimeError: (from torch) when the port is in use.
+        ValueError: when `version` or `epoch` is negative.
 
     Examples:
         >>> sender = WeightSender(WeightSyncConfig(), "127.0.0.1", 29600)
@@ -148,11 +151,19 @@ class WeightSender:
     """
 
     def __init__(
-        self, config: WeightSyncConfig, host: str, port: int, version: int = 0, bind_host: str | None = None
+        self,
+        config: WeightSyncConfig,
+        host: str,
+        port: int,
+        version: int = 0,
+        bind_host: str | None = None,
+        epoch: int = 0,
     ) -> None:
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
-        self.config = config
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.config, self.epoch = config, epoch
         self._timings = config.timings
         self._store = _store.host_store(port, self._timings.step, ipv6=":" in host, bind_host=bind_host)
         self._host, self._port = host, port
@@ -306,7 +317,7 @@ class WeightSender:
             for live in groups
         )
         publish = _messages.Publish(
-            seq, version, layout.signature, self._events_read, announced, self.config.relay_fanout
+            seq, version, layout.signature, self._events_read, announced, self.config.relay_fanout, self.epoch
         )
         _messages.write(self._store, _store.announce(seq), publish)
         self._store.add(_store.ANNOUNCE_COUNT, 1)
@@ -357,13 +368,14 @@ class WeightSender:
         errors: dict[int, str] = {}
         for live in groups:
             absent = [m for m in live.plan.members if live.error is not None or _store.ack(seq, m.ordinal) in missing]
-            refused: dict[int, str] = {}  # ordinal -> why its apply failed
+            refused: dict[int, str] = {}  # ordinal -> why its apply failed, or why it refused this epoch
             lost: dict[int, str] = {}  # ordinal -> why a tree neighbour reported it cut off
             for member in live.plan.members:
-                if member not in absent:  # acknowledged: applied, failed to apply, ignored, or lost
+                if member not in absent:  # acknowledged: applied, failed to apply, ignored, refused, or lost
                     ack = _messages.read(self._store, _store.ack(seq, member.ordinal), _messages.ACK)
-                    if ack.outcome == "failed":
-                        refused[member.ordinal] = ack.error
+                    if ack.outcome in ("failed", "refused"):
+                        verb = "failed to apply" if ack.outcome == "failed" else "refused the publish"
+                        refused[member.ordinal] = f"{verb}: {ack.error}"
                     elif ack.outcome == "lost":
                         lost[member.ordinal] = ack.error
                     elif ack.outcome == "applied" and ack.version == version:
@@ -373,7 +385,7 @@ class WeightSender:
             if absent or refused or lost:
                 stats.failed[live.plan.index] = sorted([m.ordinal for m in absent] + list(refused) + list(lost))
                 why = [live.error or f"no acknowledgement within {self._timings.step:g} s"] if absent else []
-                why += [f"ordinal {o} failed to apply: {error}" for o, error in sorted(refused.items())]
+                why += [f"ordinal {o} {error}" for o, error in sorted(refused.items())]
                 why += [f"ordinal {o} lost: {error}" for o, error in sorted(lost.items())]
                 errors[live.plan.index] = "; ".join(why)
             absent += [m for m in live.plan.members if m.ordinal in lost]

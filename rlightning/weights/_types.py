@@ -34,7 +34,8 @@ class SyncStats:
         receivers_ignored (list[int]): ordinals that received the version but dropped it, already holding that
             version or a newer one (not a failure), sorted.
         failed (dict[int, list[int]]): group index -> ordinals that did not acknowledge the version as applied
-            (no acknowledgement in time, or their `apply` failed), sorted; only groups with such ordinals.
+            (no acknowledgement in time, their `apply` failed, or they refused the sender's epoch as older than one
+            they have seen), sorted; only groups with such ordinals.
     """
 
     version: int

@@ -50,7 +50,7 @@ def test_on_policy_every_sample_comes_from_the_version_before_the_update(
     # batch, racing the first's (the example's longer runs drop about 1%, benchmarks/peers.py).
     dropped = summary["dropped"]
     assert sum(dropped["reasons"].values()) <= 4, dropped
-    assert set(dropped["reasons"]) == {"stale", "invalid", "cut_by_new_version"}, dropped
+    assert set(dropped["reasons"]) == {"stale", "invalid", "cut_by_new_version", "older_attempt"}, dropped
     assert dropped["reasons"]["stale"] + dropped["reasons"]["invalid"] == summary["dropped_batches"], dropped
     assert rows[-1]["dropped_batches"] == summary["dropped_batches"]
     assert all(r["env_steps_per_second"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1 for r in rows)

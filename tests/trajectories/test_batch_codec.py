@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from rlightning.trajectories import BatchError, BatchStamp, decode_batch, encode_batch
 
 STAMP = BatchStamp(version=7, ordinal=3, sequence=12, env_steps=64,
-                   episode_returns=(21.5, 500.0), episode_lengths=(22, 500))
+                   episode_returns=(21.5, 500.0), episode_lengths=(22, 500), epoch=2)
 
 
 def nested_batch() -> TensorDict:
@@ -49,6 +49,15 @@ def test_empty_episode_lists_and_zero_rows_round_trip():
     stamp = BatchStamp(version=0, ordinal=0, sequence=1, env_steps=0)
     decoded, got = decode_batch(encode_batch(TensorDict({"x": torch.zeros(0, 3)}, batch_size=[0]), stamp))
     assert got == stamp and decoded["x"].shape == (0, 3)
+
+
+def test_a_stamp_without_an_epoch_reads_as_epoch_zero():
+    # what an evaluator from before epochs sends
+    old = {"version": 7, "ordinal": 3, "sequence": 1, "env_steps": 4, "episode_returns": [], "episode_lengths": []}
+    payload = safetensors.torch.save({"x": torch.zeros(4)}, metadata={"batch_size": "[4]", "stamp": json.dumps(old)})
+    assert decode_batch(payload)[1] == BatchStamp(version=7, ordinal=3, sequence=1, env_steps=4, epoch=0)
+    with pytest.raises(ValueError, match="stamp.epoch: must be an integer >= 0"):
+        BatchStamp(version=7, ordinal=3, sequence=1, env_steps=4, epoch=-1)
 
 
 def test_encode_rejects_keys_that_cannot_be_split_back():

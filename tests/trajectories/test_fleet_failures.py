@@ -153,7 +153,7 @@ def test_a_rank_whose_host_does_not_resolve_yet_does_not_break_the_sender(sender
                            "--count", "6", "--ack-timeout", "5")
     senders.append(sender)
     (done,) = fill_until_done(intake, [sender], version=0, max_policy_lag=0, timeout=EVENT_SECONDS)
-    assert done["counts"] == {"sent": 6, "accepted": 6, "stale": 0, "invalid": 0, "lost": 0}
+    assert done["counts"] == {"sent": 6, "accepted": 6, "stale": 0, "invalid": 0, "older_attempt": 0, "lost": 0}
     assert intake.held == 6
 
 

@@ -32,7 +32,7 @@ def test_an_intake_that_does_not_read_runs_the_senders_credits_out(senders, inta
     assert [e["sequence"] for e in sender.seen if e["event"] == "sent"] == [1, 2]
     assert intake.held == 0
     (done,) = fill_until_done(intake, [sender], version=0, max_policy_lag=0, timeout=EVENT_SECONDS)
-    assert done["counts"] == {"sent": 8, "accepted": 8, "stale": 0, "invalid": 0, "lost": 0}
+    assert done["counts"] == {"sent": 8, "accepted": 8, "stale": 0, "invalid": 0, "older_attempt": 0, "lost": 0}
     assert max(e["in_flight"] for e in sender.seen if "in_flight" in e) == 2
     assert [stamp.sequence for _, stamp in intake.drain()] == list(range(1, 9))
     assert intake.stats.wait_seconds > 0

@@ -1,6 +1,6 @@
 """A trainer rank's intake judges each batch from a real sender process: accepted, stale or invalid, and says so.
 
-Ports: TRAJECTORIES 0-4 and 14 (one per test).
+Ports: TRAJECTORIES 0-4, 14 and 20 (one per test).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from traj_helpers import SENDER, WorkerProcess, fill_until_done, is_whole
 
 from rlightning.trajectories import BatchStamp, TrajectoryIntake, encode_batch
 from rlightning.trajectories import _messages as messages
+from rlightning.runtime._rank_zero import FleetTotals, dropped_summary
 from tests._ports import TRAJECTORIES
 
 ROWS = 4
@@ -46,7 +47,9 @@ def test_max_policy_lag_bounds_the_versions_accepted_exactly(senders, intakes, m
     assert intake.stats.lag_max == max(max(0, 5 - v) for v in expected)
     assert intake.stats.lag_sum == sum(max(0, 5 - v) for v in expected)
     assert intake.stats.env_steps == {0: ROWS * len(expected)}
-    assert done["counts"] == {"sent": 6, "accepted": len(expected), "stale": stale, "invalid": 0, "lost": 0}
+    assert done["counts"] == {
+        "sent": 6, "accepted": len(expected), "stale": stale, "invalid": 0, "older_attempt": 0, "lost": 0
+    }
 
 
 @pytest.mark.slow  # starts processes that import torch
@@ -80,7 +83,7 @@ def test_invalid_batches_are_dropped_counted_and_acknowledged(senders, intakes, 
     good = WorkerProcess(SENDER, "--endpoints", f"127.0.0.1:{port}", "--ordinal", "2", "--count", "2")
     senders.append(good)
     bad_done, good_done = fill_until_done(intake, [bad, good], version=0, max_policy_lag=0, timeout=FILL_SECONDS)
-    assert bad_done["counts"] == {"sent": 3, "accepted": 0, "stale": 0, "invalid": 3, "lost": 0}
+    assert bad_done["counts"] == {"sent": 3, "accepted": 0, "stale": 0, "invalid": 3, "older_attempt": 0, "lost": 0}
     assert good_done["counts"]["accepted"] == 2
     assert raw.poll(int(FILL_SECONDS * 1000))
     acks = [messages.parse_ack(raw.recv_multipart())]
@@ -94,6 +97,29 @@ def test_invalid_batches_are_dropped_counted_and_acknowledged(senders, intakes, 
     logged = [r.getMessage() for r in caplog.records if "invalid batch" in r.getMessage()]
     assert sum("evaluator 1" in m for m in logged) == 1, logged
     assert any("missing key 'action'" in m for m in logged)
+
+
+@pytest.mark.slow  # starts processes that import torch
+def test_batches_acted_with_an_older_attempts_weights_are_dropped_and_counted(senders, intakes, caplog):
+    port = TRAJECTORIES.port(20)
+    intake = TrajectoryIntake(port, bind_host="127.0.0.1", epoch=1)  # a rank of the trainer gang's attempt 1
+    intakes.append(intake)
+    # Evaluator 3 acts alternately with attempt 1's weights and attempt 0's (a zombie trainer's, or weights it held
+    # before attempt 1's first publish reached it), all at the current version: only the epoch tells them apart.
+    sender = WorkerProcess(SENDER, "--endpoints", f"127.0.0.1:{port}", "--ordinal", "3", "--count", "4",
+                           "--versions", "5", "--epochs", "1,0,1,0", "--rows", str(ROWS), "--credits", "1")
+    senders.append(sender)
+    (done,) = fill_until_done(intake, [sender], version=5, max_policy_lag=0, timeout=FILL_SECONDS)
+    assert [(stamp.sequence, stamp.epoch) for _, stamp in intake.drain()] == [(1, 1), (3, 1)]
+    assert (intake.stats.accepted, intake.stats.older_attempt, intake.stats.stale, intake.stats.invalid) == (2, 2, 0, 0)
+    assert done["counts"] == {"sent": 4, "accepted": 2, "stale": 0, "invalid": 0, "older_attempt": 2, "lost": 0}
+    logged = [r.getMessage() for r in caplog.records if "acted with weights of attempt 0" in r.getMessage()]
+    assert len(logged) == 1 and "evaluator 3" in logged[0] and "attempt 1" in logged[0], logged
+    # the run's summary gives the reason beside the others (summary.json's `dropped`)
+    totals = FleetTotals({3: 2 * ROWS}, [2 * ROWS], accepted=2, stale=0, invalid=0, older_attempt=2)
+    assert dropped_summary(totals, {}) == {
+        "reasons": {"stale": 0, "invalid": 0, "cut_by_new_version": 0, "older_attempt": 2}, "share": 0.5
+    }
 
 
 def test_a_taken_port_is_a_clear_error_naming_it(intakes):

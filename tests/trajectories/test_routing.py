@@ -49,7 +49,9 @@ def test_each_rank_gets_exactly_what_its_fill_wants(senders, intakes, sender_cre
         for rank, count in zip(ranks, counts, strict=True):
             rank.fill(count, version=0, max_policy_lag=0, timeout=0.1)
     assert [rank.held for rank in ranks] == list(counts)
-    assert done["counts"] == {"sent": sum(counts), "accepted": sum(counts), "stale": 0, "invalid": 0, "lost": 0}
+    assert done["counts"] == {
+        "sent": sum(counts), "accepted": sum(counts), "stale": 0, "invalid": 0, "older_attempt": 0, "lost": 0
+    }
 
 
 def test_wanted_turns_false_once_every_rank_holds_enough_of_the_version(intakes):

@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--credits", type=int, default=2)
     parser.add_argument("--ack-timeout", type=float, default=60.0)
     parser.add_argument("--versions", default="0", help="comma-separated stamp versions, cycled")
+    parser.add_argument("--epochs", default="0", help="comma-separated stamp epochs (trainer attempts), cycled")
     parser.add_argument("--rows", type=int, default=4, help="batch size; float32 observation of 16 per row")
     parser.add_argument("--omit", default="", help="a key to leave out (an invalid batch for the trainer)")
     parser.add_argument("--credit-wait", type=float, default=0.5, help="seconds per wait_for_credit call")
@@ -35,6 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     versions = [int(v) for v in args.versions.split(",")]
+    epochs = [int(e) for e in args.epochs.split(",")]
     held = None if args.hold_version is None else traj_helpers.held_state(args.hold_version)
     sender = TrajectorySender(args.endpoints.split(","), args.ordinal, args.credits, args.ack_timeout,
                               held_weights=None if held is None else lambda: (args.hold_version, held))
@@ -50,7 +52,8 @@ def main() -> None:
         version = versions[(sequence - 1) % len(versions)]
         batch = traj_helpers.make_batch(args.ordinal, sequence, args.rows, omit=args.omit)
         stamp = BatchStamp(version, args.ordinal, sequence, env_steps=args.rows,
-                           episode_returns=(float(sequence),), episode_lengths=(sequence,))
+                           episode_returns=(float(sequence),), episode_lengths=(sequence,),
+                           epoch=epochs[(sequence - 1) % len(epochs)])
         sender.send(batch, stamp)
         emit(event="sent", sequence=sequence, in_flight=sender.in_flight)
     while sender.in_flight and time.monotonic() < deadline:

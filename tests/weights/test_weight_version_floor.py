@@ -1,10 +1,13 @@
-"""The weight version survives a trainer restart without its checkpoint, and waiting for a sender is quiet.
+"""The weight version survives a trainer restart without its checkpoint, a trainer of an older attempt is fenced,
+and waiting for a sender is quiet.
 
 Real receiver processes over gloo on 127.0.0.1. Ports: WEIGHTS_VERSION_FLOOR of tests/_ports.py, one per test.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import logging
 import os
 import signal
@@ -16,7 +19,7 @@ import torch
 from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, wait_members, wait_reports, weights_for
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import WeightSender, mismatched_digests, tensor_digests
+from rlightning.weights import WeightSender, WeightSyncError, mismatched_digests, tensor_digests
 from rlightning.weights import _membership, _store
 from rlightning.weights._membership import Member
 from tests._ports import WEIGHTS_VERSION_FLOOR
@@ -35,10 +38,10 @@ def config() -> WeightSyncConfig:
 
 
 
-def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:
-    """A trainer resumed from a checkpoint that published `versions` to `ordinals`, then went away (its store
-    with it)."""
-    sender = WeightSender(config(), "127.0.0.1", port, version=versions[0] - 1)
+def _first_sender(port: int, ordinals: set[int], versions: list[int], epoch: int = 0) -> None:
+    """A trainer (of attempt `epoch`) resumed from a checkpoint that published `versions` to `ordinals`, then went
+    away (its store with it)."""
+    sender = WeightSender(config(), "127.0.0.1", port, version=versions[0] - 1, epoch=epoch)
     try:
         wait_members(sender, ordinals)
         for version in versions:
@@ -46,6 +49,14 @@ def _first_sender(port: int, ordinals: set[int], versions: list[int]) -> None:
             assert (stats.version, stats.receivers_acked) == (version, sorted(ordinals))
     finally:
         sender.close()
+
+
+def _ended(procs: list) -> list[list[int]]:
+    """Stop the receiver processes; the versions each applied (what it printed after what a test read)."""
+    for p in procs:
+        p.terminate()
+    stop(procs)
+    return [applied_versions(p) for p in procs]
 
 
 def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_version: int) -> None:
@@ -73,10 +84,7 @@ def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
         _applied(sender, {0, 1}, 7, weights_version=7)
     finally:
         sender.close()
-    for p in procs:
-        p.terminate()
-    stop(procs)
-    assert [applied_versions(p) for p in procs] == [[5, 6, 7], [5, 6, 7]]
+    assert _ended(procs) == [[5, 6, 7], [5, 6, 7]]
 
 
 @pytest.mark.timeout(150)
@@ -101,11 +109,54 @@ def test_late_evaluator_with_a_newer_version_makes_the_sender_jump_above_it(proc
         _applied(sender, {0, 1}, 7, weights_version=2)
     finally:
         sender.close()
-    for p in procs:
-        p.terminate()
-    stop(procs)
-    assert applied_versions(late) == [5, 6, 7]
-    assert applied_versions(procs[1]) == [1, 7]
+    assert _ended(procs) == [[5, 6, 7], [1, 7]]  # the late evaluator, then the fresh one
+
+
+def _until_event(proc, event: str, timeout: float = 60.0) -> tuple[dict, list[int]]:
+    """Read `proc`'s JSON lines (bounded) up to the first of `event`; return it and the versions applied before.
+
+    Read in a thread: `select` on the pipe misses lines already in the file object's buffer.
+    """
+    assert proc.stdout is not None
+    applied: list[int] = []
+
+    def read() -> dict:
+        for line in proc.stdout:
+            got = json.loads(line)
+            if got["event"] == event:
+                return got
+            if got["event"] == "applied":
+                applied.append(got["applied"])
+        raise AssertionError(f"receiver pid {proc.pid} exited before printing {event!r}")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(read).result(timeout), applied
+
+
+@pytest.mark.timeout(150)
+def test_a_trainer_of_an_older_attempt_cannot_publish_to_receivers_that_took_a_newer_one(procs):
+    port = WEIGHTS_VERSION_FLOOR.port(6)
+    procs += [start_receiver(port, o, "--keep-after-close", lifetime=120.0) for o in (0, 1)]
+    _first_sender(port, {0, 1}, [5], epoch=1)  # attempt 1 of the trainer gang
+    # a pod of attempt 0 comes back (a partition healed) and reaches the evaluators, at a higher version
+    zombie = WeightSender(config(), "127.0.0.1", port, version=8, epoch=0)
+    try:
+        wait_members(zombie, {0, 1})
+        with pytest.raises(WeightSyncError) as refused:
+            zombie.publish(weights_for(9))
+        assert refused.value.stats.version == 9 and refused.value.stats.receivers_acked == []
+        assert refused.value.stats.failed == {0: [0, 1]}
+        assert ("ordinal 1 refused the publish: publish 1 of epoch 0 (weight version 9) refused: epoch 1 was seen; "
+                "holding weight version 5 of epoch 1") in str(refused.value)
+    finally:
+        zombie.close()
+    held = tensor_digests(weights_for(5))
+    for proc in procs:
+        event, applied = _until_event(proc, "refused")
+        assert applied == [5] and (event["version"], event["epoch"]) == (5, 1)  # what its batches are stamped with
+        assert mismatched_digests(held, event["digests"]) == []  # epoch 1's weights, bit for bit
+    _first_sender(port, {0, 1}, [6], epoch=1)  # attempt 1's trainer again: taken
+    assert _ended(procs) == [[6], [6]]
 
 
 def test_membership_keeps_the_highest_version_receivers_joined_with():

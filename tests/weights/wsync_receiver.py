@@ -8,6 +8,8 @@ middle of receiving version N (after its first transfers), to test a receiver th
 --leave-after-version N leaves cleanly once it applied version N (a scale-down: what an evaluator does on SIGTERM).
 --in-place receives straight into the policy's tensors (`receive(into=...)`, buffer strategy `none`); a receive
 that stops part way prints {"event": "torn"}.
+A publish it refuses (an older epoch's) prints {"event": "refused"} with the version, its epoch and digests the
+policy holds.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ torch.set_num_threads(1)
 from wsync_helpers import Policy  # noqa: E402
 
 from rlightning.config import WeightSyncConfig  # noqa: E402
-from rlightning.weights import WeightReceiver, WeightRecord, named_state  # noqa: E402
+from rlightning.weights import WeightReceiver, WeightRecord, named_state, tensor_digests  # noqa: E402
 from rlightning.weights import _transport  # noqa: E402
 
 
@@ -105,10 +107,16 @@ def main() -> None:
 
     print(json.dumps({"event": "started"}), flush=True)
     end = time.monotonic() + args.lifetime
+    refused = 0
     while time.monotonic() < end:
         got = receiver.receive(
             timeout=1.0, apply=apply if args.apply_in_receive else None, into=InPlace() if args.in_place else None
         )
+        if receiver.refused > refused:
+            refused = receiver.refused
+            print(json.dumps({"event": "refused", "version": policy.weight_version,
+                              "epoch": receiver.epoch_of(policy.weight_version),
+                              "digests": tensor_digests(named_state(policy))}), flush=True)
         if got is None:
             if receiver.sender_closed and not args.keep_after_close:
                 break
