@@ -142,9 +142,34 @@ ENV_LAUNCH_TIME = "RLIGHTNING_LAUNCH_TIME"
 """Epoch seconds when `rlightning run` started, set for its children: trainer rank 0 measures its start-up phases
 from it (summary.json `startup_seconds`); unset in pods, which measure from rank 0's own process start."""
 ENV_TRAIN_ATTEMPT = "RLIGHTNING_TRAIN_ATTEMPT"
-"""Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records and as the epoch that
-fences an older attempt's pods (weight publishes, checkpoints, trajectory batches; docs/operator.md); unset (0)
-locally."""
+"""Trainer pods only: the gang's attempt (LABEL_ATTEMPT), for the runtime's logs and records; unset (0) locally."""
+ENV_TRAIN_EPOCH = "RLIGHTNING_TRAIN_EPOCH"
+"""Trainer pods only: the epoch (`train_epoch`) that fences an older attempt's pods (weight publishes, checkpoints,
+trajectory batches; docs/operator.md); unset locally, where the attempt (0) is the epoch."""
+EPOCH_ATTEMPTS = 1_000_000
+"""Attempts one PolicyGroup may use within its epochs (`train_epoch`)."""
+
+
+def train_epoch(created_seconds: int, attempt: int) -> int:
+    """The fencing epoch of one trainer attempt: `created_seconds * EPOCH_ATTEMPTS + attempt`.
+
+    The attempt alone starts again at 0 when a PolicyGroup is deleted and applied again, and its first trainer
+    would be fenced off a claim where an earlier group of the same name restarted; the PolicyGroup's creation time
+    (`metadata.creationTimestamp`, set by the API server, whole seconds) puts every later incarnation's epochs above
+    every earlier one's. Two groups created within the same second on one claim are not told apart.
+
+    Args:
+        created_seconds (int): The PolicyGroup's creation time, Unix seconds (0 when unknown).
+        attempt (int): The gang's attempt, 0 first.
+
+    Returns:
+        int: The epoch (below 2**63 until the year 294,000); attempts past `EPOCH_ATTEMPTS - 1` share its epoch.
+
+    Examples:
+        >>> train_epoch(1764748800, 2)
+        1764748800000002
+    """
+    return max(0, created_seconds) * EPOCH_ATTEMPTS + min(max(0, attempt), EPOCH_ATTEMPTS - 1)
 ENV_ERROR_FILE = "RLIGHTNING_ERROR_FILE"
 """Where a failing process writes its own exception (type, message, where; `rlightning.runtime._errors`): the first
 failing trainer rank, or an evaluator. `TERMINATION_LOG_IN_POD` in pods (both roles), `ERROR_FILE_NAME` in the run

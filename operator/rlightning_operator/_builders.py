@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import hashlib
 import json
 from collections.abc import Mapping
@@ -453,16 +454,19 @@ def attempt_of(child: Mapping[str, Any] | None) -> int:
     return int(value) if str(value).isdigit() else 0
 
 
-def with_attempt(job: dict[str, Any], attempt: int) -> dict[str, Any]:
+def with_attempt(job: dict[str, Any], attempt: int, created_seconds: int = 0) -> dict[str, Any]:
     """A copy of the trainers' Job (from `build_train`) for one attempt of the gang.
 
     The attempt is a label of the Job and its pods, `contract.ENV_TRAIN_ATTEMPT` in the trainer container, and
     part of the spec hash, so the planner replaces the Job of another attempt (JobSet's restart attempts, done by
-    this operator: the whole gang goes before the next attempt starts).
+    this operator: the whole gang goes before the next attempt starts). The container also gets the attempt's
+    fencing epoch (`contract.ENV_TRAIN_EPOCH`, `contract.train_epoch`), which the hash leaves out: it follows from
+    the attempt and the PolicyGroup's creation time.
 
     Args:
         job (dict[str, Any]): The Job built by `build_train`.
         attempt (int): The attempt, 0 first.
+        created_seconds (int, optional): The PolicyGroup's creation time, Unix seconds (`created_seconds`).
 
     Returns:
         dict[str, Any]: The Job with the attempt stamped on.
@@ -472,13 +476,26 @@ def with_attempt(job: dict[str, Any], attempt: int) -> dict[str, Any]:
     for metadata in (result["metadata"], template["metadata"]):
         metadata["labels"] = dict(sorted({**metadata["labels"], contract.LABEL_ATTEMPT: str(attempt)}.items()))
     container = next(c for c in template["spec"]["containers"] if c["name"] == str(contract.PolicyRole.TRAIN))
-    env = [e for e in container["env"] if e["name"] != contract.ENV_TRAIN_ATTEMPT]
-    container["env"] = sorted([*env, {"name": contract.ENV_TRAIN_ATTEMPT, "value": str(attempt)}],
+    epoch = contract.train_epoch(created_seconds, attempt)
+    stamped = {contract.ENV_TRAIN_ATTEMPT: attempt, contract.ENV_TRAIN_EPOCH: epoch}
+    env = [e for e in container["env"] if e["name"] not in stamped]
+    container["env"] = sorted([*env, *({"name": k, "value": str(v)} for k, v in stamped.items())],
                               key=lambda e: e["name"])
     value = digest([result["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH], attempt])
     result["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = value
     template["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = value
     return result
+
+
+def created_seconds(body: Mapping[str, Any]) -> int:
+    """An object's `metadata.creationTimestamp` (RFC 3339, set by the API server) as Unix seconds; 0 when absent or
+    unreadable.
+    """
+    stamp = str((body.get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        return max(0, int(datetime.datetime.fromisoformat(stamp).timestamp()))
+    except ValueError:
+        return 0
 
 
 def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:

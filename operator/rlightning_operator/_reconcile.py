@@ -612,7 +612,7 @@ class Reconciler:
         desired = []
         for child in builders.build_children(manifest, namespace, self._network_policy):
             if child["kind"] == "Job":
-                child = builders.with_attempt(child, current.attempt)
+                child = builders.with_attempt(child, current.attempt, builders.created_seconds(body))
             elif child["kind"] == "StatefulSet" and _stop_evaluators(manifest, job, current):
                 child["spec"]["replicas"] = 0
             desired.append(builders.with_owner(child, dict(body)))

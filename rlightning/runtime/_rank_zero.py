@@ -213,7 +213,7 @@ class RankZero(TrainerHooks):
         """
         sender = weights.WeightSender(
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, version=policy.weight_version,
-            bind_host=settings.bind_host, epoch=settings.attempt,
+            bind_host=settings.bind_host, epoch=settings.epoch,
         )  # fmt: skip
         return cls(spec, settings, policy, run_dir, sender, startup)
 
@@ -292,7 +292,7 @@ class RankZero(TrainerHooks):
         self.startup.mark("first_iteration")
         reason = _stop.decide(inputs)
         if reason is None and iteration % self.spec.train.checkpoint.interval_iterations == 0:
-            save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.attempt)
+            save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.epoch)
         return reason
 
     def _confirm_target(self, inputs: _stop.StopInputs, recent_return: float | None) -> _stop.StopInputs:
@@ -320,7 +320,7 @@ class RankZero(TrainerHooks):
         reports = self.fleet.live_reports()
         consistency = self.fleet.check(reports, exact=True)
         consistent, consistent_reason = _fleet.final_consistency(consistency, self.fleet.expected_count())
-        save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.attempt)
+        save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.epoch)
         target, totals = self.spec.train.target_eval_return, ending.fleet_totals
         self.recorder.summary(
             stop_reason=ending.reason.label,

@@ -9,7 +9,7 @@
   epoch.json            the newest trainer attempt that started here (`RunDir.mark_epoch`): older ones are fenced
   returns.png           train and eval return against env steps
   tensorboard/          TensorBoard event files of the same rows (when the tensorboard package is installed)
-  checkpoints/          iter-00000010.pt (attempt 0), iter-00000012-attempt-1.pt ..., the newest
+  checkpoints/          iter-00000010.pt (epoch 0), iter-00000012-epoch-1796271000000001.pt ..., the newest
                         `train.checkpoint.keep` by (attempt, iteration) kept
   logs/                 one log per local child process (trainer.log, eval-0.log, ...)
 ```
@@ -29,8 +29,8 @@ from typing import Any
 
 from rlightning import contract
 
-_CHECKPOINT_RE = re.compile(r"^iter-(\d+)(?:-attempt-(\d+))?\.pt$")
-"""A complete checkpoint's name: its iteration and, from attempt 1 on, the trainer attempt (the epoch) that wrote it."""
+_CHECKPOINT_RE = re.compile(r"^iter-(\d+)(?:-epoch-(\d+))?\.pt$")
+"""A complete checkpoint's name: its iteration and, from epoch 1 on, the epoch of the trainer attempt that wrote it."""
 
 
 class FencedError(RuntimeError):
@@ -139,14 +139,13 @@ class RunDir:
         on trainers of older attempts cannot commit checkpoints here (`commit_checkpoint`).
 
         Args:
-            epoch (int): The trainer gang's attempt (`contract.ENV_TRAIN_ATTEMPT`, 0 locally).
+            epoch (int): The trainer attempt's epoch (`contract.ENV_TRAIN_EPOCH`, `contract.train_epoch`; 0 locally).
 
         Raises:
-            FencedError: When the directory already names a newer epoch (this trainer is of an older attempt; or of a
-                PolicyGroup deleted and applied again, whose attempts start again at 0, on an earlier group's claim).
+            FencedError: When the directory already names a newer epoch: this trainer is of an older attempt (or
+                of a PolicyGroup created earlier than the one that used the directory last).
         """
-        self._fence(epoch, "run (a PolicyGroup applied again starts at attempt 0: give it a fresh claim, or remove "
-                           "epoch.json and the checkpoints of higher attempts)")
+        self._fence(epoch, "run")
         if self.marked_epoch() < epoch or not self.epoch_path.exists():
             write_json_atomic(self.epoch_path, {"epoch": epoch})
 
@@ -154,8 +153,8 @@ class RunDir:
         """Raise `FencedError` (saying it may not `action`) when the marker names an epoch newer than `epoch`."""
         marked = self.marked_epoch()
         if marked > epoch:
-            raise FencedError(f"{self.epoch_path}: attempt {marked} of the trainer gang started on this run "
-                              f"directory; this trainer of attempt {epoch}, an older one, may not {action}")
+            raise FencedError(f"{self.epoch_path}: a trainer of epoch {marked} started on this run directory; this "
+                              f"trainer of epoch {epoch}, an older attempt, may not {action}")
 
     def create(self) -> RunDir:
         """Create the directory and its subdirectories (existing ones are kept). Returns self."""
@@ -165,9 +164,9 @@ class RunDir:
 
     def checkpoint_path(self, iteration: int, epoch: int = 0) -> Path:
         """Path of the checkpoint written after training iteration `iteration` by a trainer of attempt `epoch`
-        (attempt 0's names carry no attempt, as before attempts were recorded).
+        (epoch 0's names carry no epoch, as before epochs were recorded).
         """
-        suffix = f"-attempt-{epoch}" if epoch else ""
+        suffix = f"-epoch-{epoch}" if epoch else ""
         return self.checkpoints_dir / f"iter-{iteration:08d}{suffix}.pt"
 
     def checkpoints(self, epoch: int | None = None) -> list[Path]:

@@ -80,6 +80,8 @@ class ProcessSettings:
         fleet_data (bool): Whether the evaluators produce the training data (`ENV_FLEET_DATA` = `1`).
         health_file (Path | None): The file of the pod's probe (`ENV_HEALTH_FILE`); None outside pods.
         attempt (int): The trainer gang's attempt (`ENV_TRAIN_ATTEMPT`); 0 outside the operator's pods.
+        epoch (int): The fencing epoch of that attempt (`ENV_TRAIN_EPOCH`, `contract.train_epoch`); the attempt
+            when unset.
         bind_host (str | None): The address the process's listening ports bind (`ENV_BIND_HOST`): 127.0.0.1 in
             a local run; None (unset, pods): all interfaces.
         launch_time (float | None): Epoch seconds when `rlightning run` started (`ENV_LAUNCH_TIME`); None in pods.
@@ -101,6 +103,7 @@ class ProcessSettings:
     fleet_data: bool = False
     health_file: Path | None = None
     attempt: int = 0
+    epoch: int = 0
     bind_host: str | None = None
     launch_time: float | None = None
     torchrun: contract.TorchrunEnv = contract.TorchrunEnv()
@@ -160,6 +163,7 @@ class ProcessSettings:
             fleet_data=environ.get(contract.ENV_FLEET_DATA, "") == "1",
             health_file=Path(environ[contract.ENV_HEALTH_FILE]) if environ.get(contract.ENV_HEALTH_FILE) else None,
             attempt=_int(environ, contract.ENV_TRAIN_ATTEMPT, 0),
+            epoch=_int(environ, contract.ENV_TRAIN_EPOCH, _int(environ, contract.ENV_TRAIN_ATTEMPT, 0)),
             bind_host=environ.get(contract.ENV_BIND_HOST) or None,
             launch_time=launched_at,
             torchrun=torchrun,

@@ -93,11 +93,11 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
     dist.init_process_group(_device_backend(policy.device), timeout=DDP_TIMEOUT)
     startup.mark("rendezvous")
     if rank == 0:  # before any checkpoint is read or written: trainers of older attempts can commit none from now on
-        run_dir.create().mark_epoch(settings.attempt)
+        run_dir.create().mark_epoch(settings.epoch)
     seed = spec.train.seed + rank
     policy.init_train(EnvMeta.from_env_config(spec.env), spec.train, seed=seed)
     # Rank 0 picks and loads the checkpoint and broadcasts its training state: the ranks stay identical.
-    resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume, settings.attempt)
+    resumed_from = _resume.resume(policy, run_dir, spec.train.checkpoint.resume, settings.epoch)
     if rank == 0:  # the operator's gang attempt (0 locally): a restarted gang says where it resumed from
         log.info("attempt %d of the trainer gang: %s, weight version %d",
                  settings.attempt, f"resumed from {resumed_from}" if resumed_from
@@ -108,7 +108,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
         try:
             source = _datasets.FleetExperience(
                 spec, policy, spec.ports.trajectories + settings.torchrun.local_rank, settings.bind_host,
-                epoch=settings.attempt,
+                epoch=settings.epoch,
             )
         except OSError as error:
             log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)

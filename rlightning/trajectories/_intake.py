@@ -85,7 +85,7 @@ class TrajectoryIntake:
             None when it can train on it, else the reason it cannot (keys, shapes, dtypes). Defaults to None (any
             well-formed batch).
         bind_host (str, optional): Interface to bind; `"*"` for all. Defaults to "*".
-        epoch (int, optional): This trainer's attempt (`contract.ENV_TRAIN_ATTEMPT`): batches stamped with an older
+        epoch (int, optional): This trainer attempt's epoch (`contract.ENV_TRAIN_EPOCH`): batches stamped with an older
             one are dropped, counted in `stats.older_attempt` and logged once per evaluator. Defaults to 0.
 
     Raises:

@@ -1,6 +1,6 @@
 """The order of publishes across trainer attempts: what a receiver does with one (pure, no I/O).
 
-A publish carries its sender's epoch, the trainer gang's attempt (`contract.ENV_TRAIN_ATTEMPT`): the operator starts
+A publish carries its sender's epoch, its trainer attempt's (`contract.train_epoch`): the operator starts
 attempt N+1 only after giving up on attempt N, so a sender of an epoch below one a receiver has seen is a pod of an
 older attempt that came back (a partition healed), a zombie, and its weights must never be used. Within an epoch
 versions only go up; across epochs the newer epoch wins whatever its version (the order is lexicographic on

@@ -136,7 +136,7 @@ class WeightSender:
             trainer's checkpoint holds it); every publish goes above it. Defaults to 0.
         bind_host (str | None, optional): the one address the store listens on (127.0.0.1 in a local run);
             None: all interfaces. Defaults to None.
-        epoch (int, optional): the trainer gang's attempt (`contract.ENV_TRAIN_ATTEMPT`), announced with every
+        epoch (int, optional): the trainer attempt's epoch (`contract.ENV_TRAIN_EPOCH`), announced with every
             publish: receivers that have seen a newer epoch refuse this sender's publishes (`_epoch`). Defaults to 0.
 
     Raises:

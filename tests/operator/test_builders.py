@@ -436,3 +436,18 @@ def test_an_attempt_is_a_label_an_env_var_and_part_of_the_hash(example):
     assert len(hashes) == 3  # the planner replaces a Job of another attempt
     assert contract.LABEL_ATTEMPT not in job["metadata"]["labels"]  # the input is left alone
     assert builders.attempt_of(None) == 0 and builders.attempt_of({"metadata": {"labels": {}}}) == 0
+
+
+def test_an_attempts_epoch_rises_across_attempts_and_across_a_group_applied_again(example):
+    job = _by_kind(build_children(example, NS))["Job"]
+    created = builders.created_seconds({"metadata": {"creationTimestamp": "2026-12-03T04:10:00Z"}})
+    applied_again = builders.created_seconds({"metadata": {"creationTimestamp": "2026-12-03T04:10:01Z"}})
+    epochs = [int(_env(builders.with_attempt(job, attempt, at))[contract.ENV_TRAIN_EPOCH])
+              for at, attempt in ((created, 0), (created, 5), (applied_again, 0))]
+
+    assert epochs == sorted(epochs) and len(set(epochs)) == 3  # a group applied again fences its predecessor
+    assert epochs[1] - epochs[0] == 5
+    hashes = {builders.with_attempt(job, 1, at)["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
+              for at in (created, applied_again)}
+    assert len(hashes) == 1  # the epoch follows from the attempt: no Job is replaced for it
+    assert builders.created_seconds({}) == 0 and builders.created_seconds({"metadata": {"creationTimestamp": "x"}}) == 0

@@ -33,14 +33,14 @@ def test_checkpoints_order_by_attempt_then_iteration(tmp_path: Path) -> None:
     for iteration, epoch in ((50, 0), (10, 0), (12, 1), (3, 2), (40, 1)):
         run.checkpoint_path(iteration, epoch).write_bytes(b"x")
     assert [p.name for p in run.checkpoints()] == [
-        "iter-00000010.pt", "iter-00000050.pt", "iter-00000012-attempt-1.pt", "iter-00000040-attempt-1.pt",
-        "iter-00000003-attempt-2.pt",
+        "iter-00000010.pt", "iter-00000050.pt", "iter-00000012-epoch-1.pt", "iter-00000040-epoch-1.pt",
+        "iter-00000003-epoch-2.pt",
     ]
     assert run.newest_checkpoint() == run.checkpoint_path(3, 2)
     assert run.newest_checkpoint(1) == run.checkpoint_path(40, 1)  # never a newer attempt's
     assert run.newest_checkpoint(0) == run.checkpoint_path(50, 0)
     assert [p.name for p in run.prune_checkpoints(keep=2)] == [
-        "iter-00000010.pt", "iter-00000050.pt", "iter-00000012-attempt-1.pt"
+        "iter-00000010.pt", "iter-00000050.pt", "iter-00000012-epoch-1.pt"
     ]
 
 
@@ -61,12 +61,12 @@ def test_a_zombie_of_an_older_attempt_cannot_commit_and_the_resume_reads_the_new
     expected = _resume.state_digest(current)
 
     zombie.iteration, zombie.weight_version = 20, 9  # the partition heals; attempt 0 trained on, further
-    with pytest.raises(FencedError, match="attempt 1 .* this trainer of attempt 0, an older one, may not commit"):
+    with pytest.raises(FencedError, match="epoch 1 .* this trainer of epoch 0, an older attempt, may not commit"):
         _rank_zero.save_checkpoint(zombie, run, SPEC, epoch=0)
     with pytest.raises(FencedError, match="may not run"):
         run.mark_epoch(0)  # nor can a pod of attempt 0 start on the directory
     # nothing of the zombie's refused commit is left, staged file included
-    assert sorted(p.name for p in run.checkpoints_dir.iterdir()) == ["iter-00000010.pt", "iter-00000012-attempt-1.pt"]
+    assert sorted(p.name for p in run.checkpoints_dir.iterdir()) == ["iter-00000010.pt", "iter-00000012-epoch-1.pt"]
     assert _training_state.read_checkpoint(run.checkpoint_path(12, 1))["epoch"] == 1
 
     run.mark_epoch(2)  # attempt 2 resumes attempt 1's checkpoint, bit for bit

@@ -125,3 +125,11 @@ def test_locally_the_launchers_count_counts() -> None:
     started = time.monotonic()
     assert slow.settle(timeout=1.0) == [0]
     assert time.monotonic() - started < 10
+
+
+def test_the_fencing_epoch_is_the_operators_else_the_attempt() -> None:
+    base = {contract.ENV_SPEC_PATH: "/x.yaml", contract.ENV_TRAIN_ATTEMPT: "2"}
+    assert ProcessSettings.from_env({contract.ENV_SPEC_PATH: "/x.yaml"}).epoch == 0  # a local run
+    assert ProcessSettings.from_env(base).epoch == 2
+    stamped = {**base, contract.ENV_TRAIN_EPOCH: str(contract.train_epoch(1796271000, 2))}
+    assert ProcessSettings.from_env(stamped).epoch == 1796271000000002
