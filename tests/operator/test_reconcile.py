@@ -594,3 +594,42 @@ def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_
     outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
     assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
     assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("rolling", [False, True], ids=["trainers-never-report", "rolling-update"])
+def test_a_group_left_alone_costs_no_request_across_its_rechecks(monkeypatch, api, reconciler, rolling):
+    """Trainers that are ready but never report (kwok's), or evaluators rolling: the status asks for rechecks, and
+    every recheck that finds nothing new costs no request; the one that finds TrainingProgressing turned writes once.
+    """
+    clock = [datetime.datetime(2026, 12, 3, 10, 0, tzinfo=datetime.UTC)]
+    monkeypatch.setattr("rlightning_operator._reconcile._now",
+                        lambda: clock[0].strftime("%Y-%m-%dT%H:%M:%SZ"))
+    reconciler.reconcile(group())
+    revisions = {"currentRevision": "r1", "updateRevision": "r2" if rolling else "r1"}
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2, **revisions}
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1, "active": 1}
+    for key in (("Job", NS, "cartpole-train"), ("StatefulSet", NS, "cartpole-eval")):
+        reconciler.note_child(api.objects[key])
+
+    def recheck(seconds):
+        """Advance the clock, run the pass a recheck runs, deliver its write as the watch would; its requests."""
+        clock[0] += datetime.timedelta(seconds=seconds)
+        api.requests.clear()
+        outcome = reconciler.refresh(NS, "cartpole", full=False)
+        reconciler.note_group(api.objects[(contract.KIND, NS, "cartpole")])
+        return outcome, list(api.requests)
+
+    outcome, requests = recheck(0)
+    assert requests == ["patch/status"], "the trainers and evaluators became ready"
+    progressing = {c["type"]: c for c in stored_status(api)["conditions"]}["TrainingProgressing"]
+    assert progressing["reason"] == "Starting" and outcome.recheck_seconds is not None
+    for _ in range(5):  # early rechecks (another condition's, a rollout's every 5 s) find nothing new
+        outcome, requests = recheck(min(outcome.recheck_seconds, 5.0) if rolling else 1.0)
+        assert requests == [] and outcome.recheck_seconds is not None
+    outcome, requests = recheck(300)  # past the bound: the condition turns, once
+    progressing = {c["type"]: c for c in stored_status(api)["conditions"]}["TrainingProgressing"]
+    assert requests == ["patch/status"] and progressing["reason"] == "NotStarted"
+    assert (outcome.recheck_seconds is not None) is rolling, "nothing else waits on time"
+    for _ in range(5):
+        outcome, requests = recheck(outcome.recheck_seconds or 600.0)
+        assert requests == [], "a pass long after the condition turned writes nothing"

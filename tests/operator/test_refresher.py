@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import prometheus_client
 import pytest
 
 from rlightning_operator import _kube as kube
@@ -162,8 +163,14 @@ class RecheckingReconciler(FakeReconciler):
         return Outcome(actions=[], status={}, status_written=False, recheck_seconds=again)
 
 
+def _rechecks_counted() -> float:
+    return prometheus_client.REGISTRY.get_sample_value("rlightning_operator_reconciles_total",
+                                                       {"trigger": "recheck"}) or 0.0
+
+
 def test_a_pass_that_waits_on_time_is_rechecked_without_an_event():
     reconciler = RecheckingReconciler(rechecks=2)
+    counted = _rechecks_counted()
 
     async def scenario():
         refresher = Refresher(reconciler, delay=0.01)
@@ -179,3 +186,4 @@ def test_a_pass_that_waits_on_time_is_rechecked_without_an_event():
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert reconciler.calls == [("status", "a")] * 3
+    assert _rechecks_counted() - counted == 3, "every pass came from a recheck, none from an event"
