@@ -190,8 +190,7 @@ class Reconciler:
                 self._children_seen.pop(key, None)
                 return
             self._children_seen[key] = {
-                **child,
-                "metadata": {k: v for k, v in metadata.items() if k != "managedFields"},
+                **_without_managed_fields(child),
                 "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
             }
 
@@ -218,7 +217,7 @@ class Reconciler:
             if deleted:
                 self._groups_seen.pop(key, None)
             elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")):
-                self._groups_seen[key] = _SeenGroup(dict(body))
+                self._groups_seen[key] = _SeenGroup(_without_managed_fields(body))
             else:
                 self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
 
@@ -290,10 +289,11 @@ class Reconciler:
 
     def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it."""
-        stored = self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status")
+        stored = _without_managed_fields(
+            self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"))
         with self._groups_guard:
             self._groups_seen[(namespace, name)] = _SeenGroup(
-                stored, (stored.get("metadata") or {}).get("resourceVersion"), time.monotonic())
+                stored, stored["metadata"].get("resourceVersion"), time.monotonic())
             self._status_written[(namespace, name)] = stored.get("status") or {}
 
     def refresh(self, namespace: str, name: str, full: bool) -> Outcome | None:
@@ -671,6 +671,14 @@ class Reconciler:
                 return False
             raise
         return True
+
+
+def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy of `obj` without `metadata.managedFields` (server-side apply's bookkeeping, several KB an object
+    that nothing here reads), for what the reconciler keeps of watched objects.
+    """
+    metadata = obj.get("metadata") or {}
+    return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
 
 
 def _role(pod: Mapping[str, Any]) -> str | None:

@@ -82,7 +82,8 @@ class Refresher:
         """
         previous = self._seen.pop(uid, unseen)
         if not deleted:
-            self._seen[uid] = fingerprint
+            if fingerprint != unseen:  # an absent uid counts as `unseen`: a settled pod's costs no entry
+                self._seen[uid] = fingerprint
             if previous == fingerprint:
                 return False
         self.schedule(namespace, name, full=child and deleted)

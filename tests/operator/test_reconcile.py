@@ -633,3 +633,15 @@ def test_a_group_left_alone_costs_no_request_across_its_rechecks(monkeypatch, ap
     for _ in range(5):
         outcome, requests = recheck(outcome.recheck_seconds or 600.0)
         assert requests == [], "a pass long after the condition turned writes nothing"
+
+
+def test_what_is_kept_of_watched_objects_holds_no_managed_fields(api, reconciler):
+    managed = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    watched = group()
+    watched["metadata"]["managedFields"] = managed
+    reconciler.note_group(watched)
+    assert "managedFields" not in reconciler.read_group(NS, "cartpole")["metadata"]
+    api.objects[(contract.KIND, NS, "cartpole")]["metadata"]["managedFields"] = managed
+    reconciler.reconcile(watched)  # its status write returns the object: kept until the watch delivers it
+    kept = reconciler.read_group(NS, "cartpole")
+    assert "managedFields" not in kept["metadata"] and kept["status"] == stored_status(api)
