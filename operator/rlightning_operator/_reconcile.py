@@ -204,7 +204,10 @@ class Reconciler:
         """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
 
         Until the operator's own status write comes back through the watch, an event of another write may be older
-        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it.
+        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it. An event
+        whose status is the one written is not older: it is the write's, or a later one that left status alone
+        (kopf delivers only the last of the events within its batch window, so its own annotation patch right after
+        the write may hide the write's event).
 
         Args:
             body (Mapping[str, Any]): The PolicyGroup.
@@ -216,7 +219,8 @@ class Reconciler:
             seen = self._groups_seen.get(key)
             if deleted:
                 self._groups_seen.pop(key, None)
-            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")):
+            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
+                    body.get("status") == self._status_written.get(key):
                 self._groups_seen[key] = _SeenGroup(_without_managed_fields(body))
             else:
                 self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)

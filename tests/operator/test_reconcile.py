@@ -576,6 +576,36 @@ def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_wri
     assert api.requests == ["get"]
 
 
+@pytest.mark.parametrize(("training", "reads"), [(None, []), ({"iteration": 3}, ["get"])],
+                         ids=["kopf-annotation-patch", "trainer-report"])
+def test_an_event_that_hides_the_status_write_s_own_is_taken_when_it_carries_the_written_status(
+        api, reconciler, training, reads):
+    """kopf delivers the last of the events within its batch window: its annotation patch right after a status write
+    can hide the write's own event. That event carries the written status and is taken; one with another status
+    (another writer's, or older) leaves the body unknown until the write's own arrives, and a pass reads it."""
+    versions = itertools.count(10)
+    patch = api.patch
+
+    def versioned_patch(*args, **kwargs):
+        stored = patch(*args, **kwargs)
+        stored["metadata"]["resourceVersion"] = str(next(versions))
+        return stored
+    api.patch = versioned_patch
+    watched = group()
+    watched["metadata"]["resourceVersion"] = "5"
+    reconciler.note_group(watched)
+    reconciler.reconcile(watched)  # writes status: resourceVersion 10
+    event = copy.deepcopy(api.objects[(contract.KIND, NS, "cartpole")])
+    event["metadata"]["resourceVersion"] = "11"
+    if training is not None:
+        event["status"]["training"] = training
+    reconciler.note_group(event)
+    api.requests.clear()
+    kept = reconciler.read_group(NS, "cartpole")
+    assert api.requests == reads
+    assert (kept["metadata"].get("resourceVersion") == "11") is (not reads), "the event itself when taken"
+
+
 def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_reconciles_whole(api, reconciler):
     reconciler.reconcile(group())
     api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
