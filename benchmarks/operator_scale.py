@@ -10,9 +10,11 @@ Figures per scenario: seconds from the first `kubectl apply` until every pod is 
 says Ready=True; the reconciler's API requests until then (`rlightning_operator_api_requests_total`; kopf's
 own watch and bookkeeping requests are not counted), by kind; the operator's peak RSS (VmHWM); and the
 reconciler's requests per minute at steady state (once no reconcile happened for 10 s, measured over
-`--steady-seconds`). The baseline (`baseline_seconds`, unless `--no-baseline`): the same children (built by the
-operator's builders) created directly by this script with the operator's number of threads, no operator, in a
-namespace of their own, until every pod is Running; the operator's share of the wall time is the ratio.
+`--steady-seconds`), also by verb and kind, with the passes a minute by trigger (`recheck`: a condition that turns
+with time, such as TrainingProgressing of kwok's trainers, which never report). The baseline (`baseline_seconds`,
+unless `--no-baseline`): the same children (built by the operator's builders) created directly by this script with
+the operator's number of threads, no operator, in a namespace of their own, until every pod is Running; the
+operator's share of the wall time is the ratio.
 
 Usage:
     python benchmarks/operator_scale.py [--scenario wide|many|thousand|all] [--steady-seconds 60]
