@@ -541,15 +541,20 @@ def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, even
     assert (restarts["reason"] == "PodDeleted") is not group_deleted
 
 
-def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_write_is_not_back(api, reconciler):
+def versioned(api):
+    """Make the fake API give each patch's result a new resourceVersion (10, 11, ...), as the API server does."""
     versions = itertools.count(10)
     patch = api.patch
 
-    def versioned_patch(*args, **kwargs):  # the API server gives each write a new resourceVersion
+    def versioned_patch(*args, **kwargs):
         stored = patch(*args, **kwargs)
         stored["metadata"]["resourceVersion"] = str(next(versions))
         return stored
     api.patch = versioned_patch
+
+
+def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_write_is_not_back(api, reconciler):
+    versioned(api)
     api.requests.clear()
     assert reconciler.read_group(NS, "cartpole") is not None and api.requests == ["get"], "not watched yet: read"
     watched = group()
@@ -583,14 +588,7 @@ def test_an_event_that_hides_the_status_write_s_own_is_taken_when_it_carries_the
     """kopf delivers the last of the events within its batch window: its annotation patch right after a status write
     can hide the write's own event. That event carries the written status and is taken; one with another status
     (another writer's, or older) leaves the body unknown until the write's own arrives, and a pass reads it."""
-    versions = itertools.count(10)
-    patch = api.patch
-
-    def versioned_patch(*args, **kwargs):
-        stored = patch(*args, **kwargs)
-        stored["metadata"]["resourceVersion"] = str(next(versions))
-        return stored
-    api.patch = versioned_patch
+    versioned(api)
     watched = group()
     watched["metadata"]["resourceVersion"] = "5"
     reconciler.note_group(watched)
