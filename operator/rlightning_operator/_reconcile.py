@@ -292,13 +292,17 @@ class Reconciler:
         return self._client.read(contract.KIND, namespace, name)
 
     def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it."""
+        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it (unless the
+        watch already did: its event can come before the response is handled in this thread).
+        """
         stored = _without_managed_fields(
             self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"))
+        key = (namespace, name)
         with self._groups_guard:
-            self._groups_seen[(namespace, name)] = _SeenGroup(
-                stored, stored["metadata"].get("resourceVersion"), time.monotonic())
-            self._status_written[(namespace, name)] = stored.get("status") or {}
+            seen = self._groups_seen.get(key)
+            self._status_written[key] = stored.get("status") or {}
+            if seen is None or seen.body is None or seen.body.get("status") != self._status_written[key]:
+                self._groups_seen[key] = _SeenGroup(stored, stored["metadata"].get("resourceVersion"), time.monotonic())
 
     def refresh(self, namespace: str, name: str, full: bool) -> Outcome | None:
         """A pass for a PolicyGroup named by an event of its children or pods: `reconcile` (``full``) or

@@ -581,6 +581,25 @@ def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_wri
     assert api.requests == ["get"]
 
 
+def test_a_status_write_whose_event_came_before_its_response_costs_no_read_later(monkeypatch, api, reconciler):
+    """The watch may deliver a status write's event before the writing thread handles the response."""
+    monkeypatch.setattr("rlightning_operator._reconcile.STATUS_ECHO_SECONDS", 0.0)  # any later pass: echo overdue
+    versioned(api)
+    patch = api.patch
+
+    def echoed_first(*args, **kwargs):
+        stored = patch(*args, **kwargs)
+        reconciler.note_group(copy.deepcopy(stored))  # the kopf thread, before this one sees the response
+        return stored
+    api.patch = echoed_first
+    watched = group()
+    watched["metadata"]["resourceVersion"] = "5"
+    reconciler.note_group(watched)
+    reconciler.reconcile(watched)
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api) and api.requests == []
+
+
 @pytest.mark.parametrize(("training", "reads"), [(None, []), ({"iteration": 3}, ["get"])],
                          ids=["kopf-annotation-patch", "trainer-report"])
 def test_an_event_that_hides_the_status_write_s_own_is_taken_when_it_carries_the_written_status(
