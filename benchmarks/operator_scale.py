@@ -10,9 +10,11 @@ Figures per scenario: seconds from the first `kubectl apply` until every pod is 
 says Ready=True; the reconciler's API requests until then (`rlightning_operator_api_requests_total`; kopf's
 own watch and bookkeeping requests are not counted), by kind; the operator's peak RSS (VmHWM); and the
 reconciler's requests per minute at steady state (once no reconcile happened for 10 s, measured over
-`--steady-seconds`). The baseline (`baseline_seconds`, unless `--no-baseline`): the same children (built by the
-operator's builders) created directly by this script with the operator's number of threads, no operator, in a
-namespace of their own, until every pod is Running; the operator's share of the wall time is the ratio.
+`--steady-seconds`), also by verb and kind, with the passes a minute by trigger (`recheck`: a condition that turns
+with time, such as TrainingProgressing of kwok's trainers, which never report). The baseline (`baseline_seconds`,
+unless `--no-baseline`): the same children (built by the operator's builders) created directly by this script with
+the operator's number of threads, no operator, in a namespace of their own, until every pod is Running; the
+operator's share of the wall time is the ratio.
 
 Usage:
     python benchmarks/operator_scale.py [--scenario wide|many|thousand|all] [--steady-seconds 60]
@@ -186,6 +188,12 @@ def _by_labels(operator: OperatorProcess, name: str, labels: tuple[str, ...]) ->
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def _per_minute(before: dict[str, int], after: dict[str, int], seconds: float) -> dict[str, float]:
+    """Per-minute rates of the keys of `_by_labels` that moved between two readings `seconds` apart."""
+    return {key: round((value - before.get(key, 0)) * 60 / seconds, 1)
+            for key, value in after.items() if value != before.get(key, 0)}
+
+
 def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_seconds: float, log_dir: Path) -> dict:
     """Run one scenario; returns its figures."""
     groups, evaluators = SCENARIOS[name]
@@ -208,6 +216,8 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
         reconciles = operator.counter("rlightning_operator_reconciles_total")
         settle = _settle(operator)
         before = operator.counter("rlightning_operator_api_requests_total")
+        requests_before = _by_labels(operator, "rlightning_operator_api_requests_total", ("verb", "kind"))
+        reconciles_before = _by_labels(operator, "rlightning_operator_reconciles_total", ("trigger",))
         time.sleep(steady_seconds)
         steady = (operator.counter("rlightning_operator_api_requests_total") - before) * 60 / steady_seconds
         return {
@@ -221,6 +231,12 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
             "settle_seconds_after_ready": round(settle, 1),
             "peak_rss_mib": round(_rss_peak_mib(operator.process.pid), 1),
             "steady_requests_per_minute": round(steady, 1),
+            "steady_requests_per_minute_by_kind": _per_minute(
+                requests_before, _by_labels(operator, "rlightning_operator_api_requests_total", ("verb", "kind")),
+                steady_seconds),
+            "steady_reconciles_per_minute": _per_minute(
+                reconciles_before, _by_labels(operator, "rlightning_operator_reconciles_total", ("trigger",)),
+                steady_seconds),
             "errors": int(operator.counter("rlightning_operator_reconcile_errors_total")),
             "api_requests_by_kind": _by_labels(operator, "rlightning_operator_api_requests_total", ("verb", "kind")),
             "watch_events": _by_labels(operator, "rlightning_operator_watch_events_total", ("kind", "outcome")),

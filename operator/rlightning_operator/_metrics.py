@@ -6,7 +6,9 @@ import prometheus_client
 
 RECONCILES = prometheus_client.Counter(
     "rlightning_operator_reconciles_total",
-    "Reconciles of a PolicyGroup, by trigger (create, update, resume, child).",
+    "Reconciles of a PolicyGroup, by trigger (create, update, resume; child: a whole reconcile after a child's "
+    "event; child-status: a status refresh after a child's or pod's event; recheck: a status refresh that a "
+    "condition turning with time asked for).",
     ["trigger"],
 )
 RECONCILE_ERRORS = prometheus_client.Counter(

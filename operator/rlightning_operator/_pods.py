@@ -229,7 +229,8 @@ def stuck_rollout(
             waited = _seconds(now) - _seconds(since)
             if waited > ROLLOUT_PROGRESS_DEADLINE_SECONDS:
                 return PodProblem(ROLLOUT_STUCK, f"rollout to revision {update} is stuck: pod {_name(pod)} not ready "
-                                                 f"for {waited:.0f} s; {_FORCED_ROLLBACK.format(pod=_name(pod))}",
+                                                 f"since {since} (over {ROLLOUT_PROGRESS_DEADLINE_SECONDS:.0f} s); "
+                                                 f"{_FORCED_ROLLBACK.format(pod=_name(pod))}",
                                   _name(pod))
     return None
 

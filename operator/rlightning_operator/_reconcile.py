@@ -193,8 +193,7 @@ class Reconciler:
                 self._children_seen.pop(key, None)
                 return
             self._children_seen[key] = {
-                **child,
-                "metadata": {k: v for k, v in metadata.items() if k != "managedFields"},
+                **_without_managed_fields(child),
                 "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
             }
 
@@ -208,7 +207,10 @@ class Reconciler:
         """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
 
         Until the operator's own status write comes back through the watch, an event of another write may be older
-        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it.
+        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it. An event
+        whose status is the one written is not older: it is the write's, or a later one that left status alone
+        (kopf delivers only the last of the events within its batch window, so its own annotation patch right after
+        the write may hide the write's event).
 
         Args:
             body (Mapping[str, Any]): The PolicyGroup.
@@ -220,8 +222,9 @@ class Reconciler:
             seen = self._groups_seen.get(key)
             if deleted:
                 self._groups_seen.pop(key, None)
-            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")):
-                self._groups_seen[key] = _SeenGroup(dict(body))
+            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
+                    body.get("status") == self._status_written.get(key):
+                self._groups_seen[key] = _SeenGroup(_without_managed_fields(body))
             else:
                 self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
 
@@ -293,12 +296,17 @@ class Reconciler:
         return self._client.read(contract.KIND, namespace, name)
 
     def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it."""
-        stored = self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status")
+        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it (unless the
+        watch already did: its event can come before the response is handled in this thread).
+        """
+        stored = _without_managed_fields(
+            self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"))
+        key = (namespace, name)
         with self._groups_guard:
-            self._groups_seen[(namespace, name)] = _SeenGroup(
-                stored, (stored.get("metadata") or {}).get("resourceVersion"), time.monotonic())
-            self._status_written[(namespace, name)] = stored.get("status") or {}
+            seen = self._groups_seen.get(key)
+            self._status_written[key] = stored.get("status") or {}
+            if seen is None or seen.body is None or seen.body.get("status") != self._status_written[key]:
+                self._groups_seen[key] = _SeenGroup(stored, stored["metadata"].get("resourceVersion"), time.monotonic())
 
     def refresh(self, namespace: str, name: str, full: bool) -> Outcome | None:
         """A pass for a PolicyGroup named by an event of its children or pods: `reconcile` (``full``) or
@@ -688,6 +696,14 @@ class Reconciler:
                 return False
             raise
         return True
+
+
+def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy of `obj` without `metadata.managedFields` (server-side apply's bookkeeping, several KB an object
+    that nothing here reads), for what the reconciler keeps of watched objects.
+    """
+    metadata = obj.get("metadata") or {}
+    return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
 
 
 def _role(pod: Mapping[str, Any]) -> str | None:

@@ -48,6 +48,7 @@ class Refresher:
         self._full: set[tuple[str, str]] = set()
         self._seen: dict[str, tuple[Hashable, Hashable]] = {}
         self._rechecks: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._by_recheck: set[tuple[str, str]] = set()  # pending passes a recheck scheduled (no event), for metrics
         self._loop = asyncio.get_running_loop()  # made on the operator's event loop; `recheck` may come from threads
 
     def notify(
@@ -81,7 +82,8 @@ class Refresher:
         """
         previous = self._seen.pop(uid, unseen)
         if not deleted:
-            self._seen[uid] = fingerprint
+            if fingerprint != unseen:  # an absent uid counts as `unseen`: a settled pod's costs no entry
+                self._seen[uid] = fingerprint
             if previous == fingerprint:
                 return False
         self.schedule(namespace, name, full=child and deleted)
@@ -128,6 +130,8 @@ class Refresher:
 
     def _recheck_due(self, key: tuple[str, str]) -> None:
         self._rechecks.pop(key, None)
+        if key not in self._pending:
+            self._by_recheck.add(key)
         self.schedule(*key, full=False)
 
     async def _run(self, key: tuple[str, str], delay: float, attempt: int) -> None:
@@ -135,8 +139,10 @@ class Refresher:
         del self._pending[key]  # events from now on schedule another pass
         full = key in self._full
         self._full.discard(key)
+        by_recheck = key in self._by_recheck
+        self._by_recheck.discard(key)
         namespace, name = key
-        metrics.RECONCILES.labels(trigger="child" if full else "child-status").inc()
+        metrics.RECONCILES.labels(trigger="child" if full else "recheck" if by_recheck else "child-status").inc()
         try:
             outcome = await self._in_thread(self._reconciler.refresh, namespace, name, full)
             if outcome is None:

@@ -558,6 +558,7 @@ def _progress(obs: Observation, ready_since: str) -> tuple[dict[str, Any], float
 
     Trainer rank 0 reports when its attempt starts (after the rendezvous and the resume) and then at least every
     `launch.STATUS_REPORT_SECONDS` while its loop moves (`updatedAt`); a report of another attempt does not count.
+    The messages name times, not durations up to now, so that a later pass that finds nothing new writes nothing.
     """
     report = obs.training if int(obs.training.get("attempt") or 0) == obs.attempt else {}
     margin = launch.LIVENESS_MARGIN_SECONDS + launch.STATUS_REPORT_SECONDS
@@ -567,16 +568,16 @@ def _progress(obs: Observation, ready_since: str) -> tuple[dict[str, Any], float
         waited = _seconds_between(ready_since, obs.now)
         if waited is not None and waited > obs.stall_seconds:
             return _condition(PROGRESSING, False, NOT_STARTED, (
-                f"the trainer pods have been ready for {waited:.0f} s ({bound}) and rank 0 of attempt {obs.attempt} "
-                f"has not started: the rendezvous has not formed (does {train}-0.{train} resolve?) or its start is "
-                f"stuck; see `kubectl logs job/{train}`"), obs), None
+                f"the trainer pods have been ready since {ready_since}, longer than the {bound}, and rank 0 of "
+                f"attempt {obs.attempt} has not started: the rendezvous has not formed (does {train}-0.{train} "
+                f"resolve?) or its start is stuck; see `kubectl logs job/{train}`"), obs), None
         return _condition(PROGRESSING, True, "Starting",
                           f"attempt {obs.attempt}: waiting for rank 0 to start ({bound})", obs), \
             None if waited is None else obs.stall_seconds - waited
     age = _seconds_between(report["updatedAt"], obs.now)
     if age is not None and age > obs.stall_seconds:
         return _condition(PROGRESSING, False, STALLED, (
-            f"no report from the trainers for {age:.0f} s ({bound}): the last, at {report['updatedAt']}, was "
+            f"no report from the trainers for longer than the {bound}: the last, at {report['updatedAt']}, was "
             f"iteration {report.get('iteration', 0)}; training does not move"), obs), None
     return _condition(PROGRESSING, True, "Iterating", f"attempt {obs.attempt} reports its iterations ({bound})",
                       obs), None if age is None else obs.stall_seconds - age

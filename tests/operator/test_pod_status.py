@@ -89,7 +89,7 @@ CASES = [
     ("rollout held by a pod unready past the deadline", dict(
         job=job(ready=1), stateful_set=sts(2, current="r1", update="r2"), pods=[
             pod("g-eval-2", revision="r2", ready_since="2026-12-01T07:40:00Z")]),
-     "EvaluatorsReady", "RolloutStuck", ["revision r2", "g-eval-2", "1200 s"]),
+     "EvaluatorsReady", "RolloutStuck", ["revision r2", "g-eval-2", "since 2026-12-01T07:40:00Z"]),
     ("rollout young: only waiting", dict(job=job(ready=1), stateful_set=sts(2, current="r1", update="r2"), pods=[
         pod("g-eval-2", revision="r2", ready_since="2026-12-01T07:59:00Z")]),
      "EvaluatorsReady", "Waiting", ["2/3"]),

@@ -558,15 +558,20 @@ def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, even
     assert (restarts["reason"] == "PodDeleted") is not group_deleted
 
 
-def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_write_is_not_back(api, reconciler):
+def versioned(api):
+    """Make the fake API give each patch's result a new resourceVersion (10, 11, ...), as the API server does."""
     versions = itertools.count(10)
     patch = api.patch
 
-    def versioned_patch(*args, **kwargs):  # the API server gives each write a new resourceVersion
+    def versioned_patch(*args, **kwargs):
         stored = patch(*args, **kwargs)
         stored["metadata"]["resourceVersion"] = str(next(versions))
         return stored
     api.patch = versioned_patch
+
+
+def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_write_is_not_back(api, reconciler):
+    versioned(api)
     api.requests.clear()
     assert reconciler.read_group(NS, "cartpole") is not None and api.requests == ["get"], "not watched yet: read"
     watched = group()
@@ -593,6 +598,48 @@ def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_wri
     assert api.requests == ["get"]
 
 
+def test_a_status_write_whose_event_came_before_its_response_costs_no_read_later(monkeypatch, api, reconciler):
+    """The watch may deliver a status write's event before the writing thread handles the response."""
+    monkeypatch.setattr("rlightning_operator._reconcile.STATUS_ECHO_SECONDS", 0.0)  # any later pass: echo overdue
+    versioned(api)
+    patch = api.patch
+
+    def echoed_first(*args, **kwargs):
+        stored = patch(*args, **kwargs)
+        reconciler.note_group(copy.deepcopy(stored))  # the kopf thread, before this one sees the response
+        return stored
+    api.patch = echoed_first
+    watched = group()
+    watched["metadata"]["resourceVersion"] = "5"
+    reconciler.note_group(watched)
+    reconciler.reconcile(watched)
+    api.requests.clear()
+    assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api) and api.requests == []
+
+
+@pytest.mark.parametrize(("training", "reads"), [(None, []), ({"iteration": 3}, ["get"])],
+                         ids=["kopf-annotation-patch", "trainer-report"])
+def test_an_event_that_hides_the_status_write_s_own_is_taken_when_it_carries_the_written_status(
+        api, reconciler, training, reads):
+    """kopf delivers the last of the events within its batch window: its annotation patch right after a status write
+    can hide the write's own event. That event carries the written status and is taken; one with another status
+    (another writer's, or older) leaves the body unknown until the write's own arrives, and a pass reads it."""
+    versioned(api)
+    watched = group()
+    watched["metadata"]["resourceVersion"] = "5"
+    reconciler.note_group(watched)
+    reconciler.reconcile(watched)  # writes status: resourceVersion 10
+    event = copy.deepcopy(api.objects[(contract.KIND, NS, "cartpole")])
+    event["metadata"]["resourceVersion"] = "11"
+    if training is not None:
+        event["status"]["training"] = training
+    reconciler.note_group(event)
+    api.requests.clear()
+    kept = reconciler.read_group(NS, "cartpole")
+    assert api.requests == reads
+    assert (kept["metadata"].get("resourceVersion") == "11") is (not reads), "the event itself when taken"
+
+
 def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_reconciles_whole(api, reconciler):
     reconciler.reconcile(group())
     api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
@@ -611,3 +658,54 @@ def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_
     outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
     assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
     assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("rolling", [False, True], ids=["trainers-never-report", "rolling-update"])
+def test_a_group_left_alone_costs_no_request_across_its_rechecks(monkeypatch, api, reconciler, rolling):
+    """Trainers that are ready but never report (kwok's), or evaluators rolling: the status asks for rechecks, and
+    every recheck that finds nothing new costs no request; the one that finds TrainingProgressing turned writes once.
+    """
+    clock = [datetime.datetime(2026, 12, 3, 10, 0, tzinfo=datetime.UTC)]
+    monkeypatch.setattr("rlightning_operator._reconcile._now",
+                        lambda: clock[0].strftime("%Y-%m-%dT%H:%M:%SZ"))
+    reconciler.reconcile(group())
+    revisions = {"currentRevision": "r1", "updateRevision": "r2" if rolling else "r1"}
+    api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2, **revisions}
+    api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1, "active": 1}
+    for key in (("Job", NS, "cartpole-train"), ("StatefulSet", NS, "cartpole-eval")):
+        reconciler.note_child(api.objects[key])
+
+    def recheck(seconds):
+        """Advance the clock, run the pass a recheck runs, deliver its write as the watch would; its requests."""
+        clock[0] += datetime.timedelta(seconds=seconds)
+        api.requests.clear()
+        outcome = reconciler.refresh(NS, "cartpole", full=False)
+        reconciler.note_group(api.objects[(contract.KIND, NS, "cartpole")])
+        return outcome, list(api.requests)
+
+    outcome, requests = recheck(0)
+    assert requests == ["patch/status"], "the trainers and evaluators became ready"
+    progressing = {c["type"]: c for c in stored_status(api)["conditions"]}["TrainingProgressing"]
+    assert progressing["reason"] == "Starting" and outcome.recheck_seconds is not None
+    for _ in range(5):  # early rechecks (another condition's, a rollout's every 5 s) find nothing new
+        outcome, requests = recheck(min(outcome.recheck_seconds, 5.0) if rolling else 1.0)
+        assert requests == [] and outcome.recheck_seconds is not None
+    outcome, requests = recheck(300)  # past the bound: the condition turns, once
+    progressing = {c["type"]: c for c in stored_status(api)["conditions"]}["TrainingProgressing"]
+    assert requests == ["patch/status"] and progressing["reason"] == "NotStarted"
+    assert (outcome.recheck_seconds is not None) is rolling, "nothing else waits on time"
+    for _ in range(5):
+        outcome, requests = recheck(outcome.recheck_seconds or 600.0)
+        assert requests == [], "a pass long after the condition turned writes nothing"
+
+
+def test_what_is_kept_of_watched_objects_holds_no_managed_fields(api, reconciler):
+    managed = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    watched = group()
+    watched["metadata"]["managedFields"] = managed
+    reconciler.note_group(watched)
+    assert "managedFields" not in reconciler.read_group(NS, "cartpole")["metadata"]
+    api.objects[(contract.KIND, NS, "cartpole")]["metadata"]["managedFields"] = managed
+    reconciler.reconcile(watched)  # its status write returns the object: kept until the watch delivers it
+    kept = reconciler.read_group(NS, "cartpole")
+    assert "managedFields" not in kept["metadata"] and kept["status"] == stored_status(api)

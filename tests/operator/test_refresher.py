@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import tracemalloc
 
+import prometheus_client
 import pytest
 
 from rlightning_operator import _kube as kube
@@ -147,6 +149,38 @@ def test_a_new_pod_with_nothing_to_report_schedules_nothing():
     assert reconciler.calls == [("status", "a")]
 
 
+def test_quiet_pods_cost_the_refresher_no_memory():
+    """What the refresher remembers grows with pods that have something to report, not with pods: 10,000 settled
+    pods (their events, then a crash loop and its recovery in one of them) leave it holding nothing."""
+    from rlightning_operator._status import QUIET_POD, pod_fingerprint
+
+    crashing = {"status": {"phase": "Running", "containerStatuses": [
+        {"name": "eval", "ready": False, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    ready = {"status": {"phase": "Running", "containerStatuses": [{"name": "eval", "ready": True}]}}
+
+    async def scenario():
+        refresher = Refresher(FakeReconciler(), delay=60)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            for index in range(10_000):
+                assert not refresher.notify("ns", "a", f"uid-{index:05d}", pod_fingerprint(ready), deleted=False,
+                                            child=False, unseen=QUIET_POD)
+            assert refresher.notify("ns", "a", "uid-00000", pod_fingerprint(crashing), deleted=False, child=False,
+                                    unseen=QUIET_POD)
+            assert refresher.notify("ns", "a", "uid-00000", pod_fingerprint(ready), deleted=False, child=False,
+                                    unseen=QUIET_POD), "the recovery is news"
+            grown = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename")
+                        if stat.traceback[0].filename.endswith("_refresher.py"))
+        finally:
+            tracemalloc.stop()
+        await refresher.close()
+        return grown
+
+    grown = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert grown < 10_000, f"{grown} bytes held for 10,000 quiet pods"
+
+
 class RecheckingReconciler(FakeReconciler):
     """Its status passes ask for a recheck (a condition that turns with time) `rechecks` times."""
 
@@ -162,8 +196,14 @@ class RecheckingReconciler(FakeReconciler):
         return Outcome(actions=[], status={}, status_written=False, recheck_seconds=again)
 
 
+def _rechecks_counted() -> float:
+    return prometheus_client.REGISTRY.get_sample_value("rlightning_operator_reconciles_total",
+                                                       {"trigger": "recheck"}) or 0.0
+
+
 def test_a_pass_that_waits_on_time_is_rechecked_without_an_event():
     reconciler = RecheckingReconciler(rechecks=2)
+    counted = _rechecks_counted()
 
     async def scenario():
         refresher = Refresher(reconciler, delay=0.01)
@@ -179,3 +219,4 @@ def test_a_pass_that_waits_on_time_is_rechecked_without_an_event():
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert reconciler.calls == [("status", "a")] * 3
+    assert _rechecks_counted() - counted == 3, "every pass came from a recheck, none from an event"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rlightning import contract
@@ -249,14 +251,14 @@ PROGRESS = [
     ("pods ready now, rank 0 not reported yet", [], {}, 0, ("True", "Starting"), 246.0, "245 s"),
     ("ready 100 s, not reported yet", READY_SINCE_0, {}, 100, ("True", "Starting"), 146.0, "attempt 1"),
     ("ready 300 s, never reported: no rendezvous", READY_SINCE_0, {}, 300, ("False", "NotStarted"), None,
-     "ready for 300 s"),
+     "ready since 2026-12-02T10:00:00Z"),
     ("only the previous attempt reported", READY_SINCE_0, report(0, 10), 300, ("False", "NotStarted"), None,
      "g-train-0.g-train resolve"),
     ("rank 0 started, its first report", READY_SINCE_0, report(1, 280, iteration=0), 300, ("True", "Iterating"),
      226.0, "attempt 1"),
     ("iterating", READY_SINCE_0, report(1, 290), 300, ("True", "Iterating"), 236.0, "reports its iterations"),
     ("no report for 250 s: stalled", READY_SINCE_0, report(1, 50), 300, ("False", "Stalled"), None,
-     "for 250 s"),
+     "longer than the bound 245 s"),
     ("a report after the stall: cleared", STALLED_AT_250, report(1, 298), 300, ("True", "Iterating"), 244.0,
      "reports its iterations"),
 ]
@@ -276,6 +278,8 @@ def test_trainers_up_but_not_training(name, previous, training, now, expected, r
     assert recheck_seconds(observed, status) == recheck
     group = {"status": {**status, "training": training}}
     assert not progress_condition_stale(group), "the condition just computed agrees with the report"
+    again = compute_status(dataclasses.replace(observed, previous=status["conditions"], now=at(now + 1)))
+    assert not differs(status, again), "a pass a second later that finds nothing new writes nothing"
     if expected != ("True", "Iterating"):  # rank 0 reports: the next refresh says Iterating
         later = {"status": {**status, "training": report(1, now + 3)}}
         assert progress_condition_stale(later)
