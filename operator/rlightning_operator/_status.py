@@ -603,9 +603,8 @@ def recheck_seconds(observation: Observation, computed: Mapping[str, Any]) -> fl
     """
     current = {c["type"]: c for c in computed.get("conditions") or []}
     due: list[float] = []
-    sts_status = (observation.stateful_set or {}).get("status") or {}
-    rolling = sts_status.get("updateRevision") not in (None, sts_status.get("currentRevision"))
-    if rolling and (current.get("EvaluatorsReady") or {}).get("reason") != pods.ROLLOUT_STUCK:
+    stuck = (current.get("EvaluatorsReady") or {}).get("reason") == pods.ROLLOUT_STUCK
+    if _rolling(observation.stateful_set) and not stuck:
         due.append(ROLLOUT_RECHECK_SECONDS)
     if PROGRESSING in current and current[PROGRESSING]["status"] == "True":
         progress_due = _progress(observation, current["TrainersReady"]["lastTransitionTime"])[1]
@@ -699,8 +698,13 @@ def pods_matter(
     finished = _job_condition(job, "Complete") or _job_condition(job, "Failed")
     trainers_waiting = job is not None and not finished and int(job_status.get("ready") or 0) < nodes
     evaluators_waiting = stateful_set is not None and int(sts_status.get("readyReplicas") or 0) < replicas
-    rolling = sts_status.get("updateRevision") not in (None, sts_status.get("currentRevision"))
-    return trainers_waiting or evaluators_waiting or rolling
+    return trainers_waiting or evaluators_waiting or _rolling(stateful_set)
+
+
+def _rolling(stateful_set: Mapping[str, Any] | None) -> bool:
+    """Whether the evaluators' StatefulSet is rolling to a new revision (its update and current revisions differ)."""
+    sts_status = (stateful_set or {}).get("status") or {}
+    return sts_status.get("updateRevision") not in (None, sts_status.get("currentRevision"))
 
 
 def pod_fingerprint(pod: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
