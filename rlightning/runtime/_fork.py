@@ -6,7 +6,7 @@ CPU each, on cores the trainer ranks need). A fork shares them. The child is oth
 with `start_new_session=True` would start: a session of its own, stdin from /dev/null, stdout and stderr to
 one file, the given environment, default SIGINT and SIGTERM handlers, and exit codes as the interpreter gives
 them (a `SystemExit` code, 1 for an uncaught exception). As with multiprocessing's `fork` start method, the
-child ends with `os._exit`: the parent's atexit handlers do not run twice. Linux only (`os.pidfd_open`).
+child ends with `os._exit`: the parent's atexit handlers do not run twice. Linux only (`available`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from rlightning import launch
+
+
+def available() -> bool:
+    """Whether this platform forks and waits on a pid with a timeout (`os.fork`, `os.pidfd_open`: Linux)."""
+    return hasattr(os, "fork") and hasattr(os, "pidfd_open")
 
 
 class ForkedModule:

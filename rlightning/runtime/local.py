@@ -67,10 +67,10 @@ class Child:
         env (dict[str, str]): Its environment.
         log_path (Path): Its stdout and stderr.
         grace_seconds (float): Grace after SIGTERM before SIGKILL, in seconds.
-        fork (bool): `command` is `python -m MODULE ARGS` with this interpreter: its first start is a fork of
-            this process (`_fork.ForkedModule`), which shares the modules the launcher imported. Restarts come
-            mid-run, when the launcher may run other threads (the live view's), and a fork copies only the calling
-            thread: they exec `command`.
+        fork (bool): `command` is `python -m MODULE ARGS` with this interpreter, on a platform that forks
+            (`_fork.available`): its first start is a fork of this process (`_fork.ForkedModule`), which shares
+            the modules the launcher imported. Restarts come mid-run, when the launcher may run other threads (the
+            live view's), and a fork copies only the calling thread: they exec `command`.
         restarts (int): Times it was restarted.
     """
 
@@ -217,7 +217,8 @@ class LocalRun:
         """The child `name` of `role`, from its launch plan."""
         plan = launch.plan(self.manifest, role, self.launch_site(), ordinal)
         log_path = self.run_dir.logs_dir / f"{name}.log"
-        fork = plan.argv[:2] == (sys.executable, "-m")  # torchrun's agent and the evaluators share our imports
+        # torchrun's agent and the evaluators share our imports
+        fork = plan.argv[:2] == (sys.executable, "-m") and _fork.available()
         return Child(name, list(plan.argv), self.child_env(plan), log_path, plan.grace_seconds, fork)
 
     def children(self) -> list[Child]:

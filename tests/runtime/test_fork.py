@@ -14,6 +14,8 @@ import torch
 from rlightning import launch
 from rlightning.runtime import _fork
 
+pytestmark = pytest.mark.skipif(not _fork.available(), reason="forks with a pidfd: Linux only")
+
 CHILD = """
 import os, signal, sys, torch
 print("env", os.environ.get("FORK_TEST"), "argv", sys.argv[1:], "threads", torch.get_num_threads())
