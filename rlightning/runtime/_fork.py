@@ -4,13 +4,15 @@ The local launcher imports torch, tensordict, gymnasium and the policy class for
 starts anything; an evaluator or torchrun's agent started with `subprocess` imports them all again (seconds of
 CPU each, on cores the trainer ranks need). A fork shares them. The child is otherwise what `subprocess.Popen`
 with `start_new_session=True` would start: a session of its own, stdin from /dev/null, stdout and stderr to
-one file, the given environment, default SIGINT and SIGTERM handlers, and exit codes as the interpreter gives
-them (a `SystemExit` code, 1 for an uncaught exception). As with multiprocessing's `fork` start method, the
-child ends with `os._exit`: the parent's atexit handlers do not run twice. Linux only (`available`).
+one file, the given environment, default SIGINT and SIGTERM handlers, an unconfigured root logger, and exit
+codes as the interpreter gives them (a `SystemExit` code, 1 for an uncaught exception). As with multiprocessing's
+`fork` start method, the child ends with `os._exit`: the parent's atexit handlers do not run twice. Linux only
+(`available`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import runpy
 import select
@@ -103,6 +105,11 @@ def _run_child(module: str, args: Sequence[str], env: Mapping[str, str], log_fd:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
+        # The root logger as a fresh interpreter has it: an inherited handler would make an entrypoint's
+        # `logging.basicConfig` do nothing and send its records where the parent logs.
+        for handler in logging.root.handlers[:]:
+            logging.root.removeHandler(handler)
+        logging.root.setLevel(logging.WARNING)
         torch = sys.modules.get("torch")
         if torch is not None and env.get(launch.THREADS_ENV, "").isdigit():  # torch read it when imported
             torch.set_num_threads(int(env[launch.THREADS_ENV]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +18,9 @@ from rlightning.runtime import _fork
 pytestmark = pytest.mark.skipif(not _fork.available(), reason="forks with a pidfd: Linux only")
 
 CHILD = """
-import os, signal, sys, torch
+import logging, os, signal, sys, torch
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="child log %(message)s")
+logging.getLogger("fork_child").info("to its own log")
 print("env", os.environ.get("FORK_TEST"), "argv", sys.argv[1:], "threads", torch.get_num_threads())
 print("own session", os.getsid(0) == os.getpid(), "stdin", sys.stdin.read() == "")
 if sys.argv[1] == "raise":
@@ -48,7 +51,8 @@ def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             child.wait(timeout=30)
 
 
-def test_a_forked_module_runs_in_its_own_session_with_its_env_and_exit_code(start) -> None:
+def test_a_forked_module_runs_in_its_own_session_with_its_env_and_exit_code(start, caplog) -> None:
+    assert logging.root.handlers  # caplog's: a handler the child must not inherit
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the parent's; the child applies its own OMP_NUM_THREADS
     try:
@@ -60,6 +64,7 @@ def test_a_forked_module_runs_in_its_own_session_with_its_env_and_exit_code(star
     text = log.read_text()
     assert "env yes argv ['3'] threads 1" in text
     assert "own session True stdin True" in text
+    assert "child log to its own log" in text and not caplog.records
     assert "FORK_TEST" not in os.environ  # the parent's environment is untouched
 
 
