@@ -1,11 +1,12 @@
 """The local launcher behind `rlightning run`: the pods of a PolicyGroup as processes on this machine.
 
 Trainers run under `torchrun` (one node, `train.world_size` ranks, static rendezvous on 127.0.0.1 at
-`spec.ports.torchrun`); each evaluator is a process of its own. Their argv, environment and grace period come
-from the launch plan the operator puts into pods (`rlightning.launch`), at a local `LaunchSite`: the very
-entrypoints pods run (`rlightning.runtime.train`, `rlightning.runtime.eval`), the same ENV_* variables. Every
-port of the run (rendezvous, weight-sync store, trajectory intakes, gloo's sockets) binds 127.0.0.1 only
-(`LaunchSite.bind_host`): nothing on the network reaches a local run.
+`spec.ports.torchrun`); each evaluator is a process of its own. torchrun's agent and the evaluators first start
+as forks of this process (`_fork`), which share the modules the launcher's checks imported. Their argv,
+environment and grace period come from the launch plan the operator puts into pods (`rlightning.launch`), at a
+local `LaunchSite`: the very entrypoints pods run (`rlightning.runtime.train`, `rlightning.runtime.eval`), the
+same ENV_* variables. Every port of the run (rendezvous, weight-sync store, trajectory intakes, gloo's sockets)
+binds 127.0.0.1 only (`LaunchSite.bind_host`): nothing on the network reaches a local run.
 
 Supervision, as a cluster would do it:
 - The trainer ending with exit code 0 ends the run; the evaluators are then stopped with SIGTERM.
@@ -34,7 +35,7 @@ from typing import IO
 
 from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest
-from rlightning.runtime import _startup, _tensorboard
+from rlightning.runtime import _fork, _startup, _tensorboard
 from rlightning.runtime import progress as progress_mod
 from rlightning.runtime.report import plot_returns
 from rlightning.runtime.rundir import JsonlTail, RunDir, read_jsonl
@@ -66,6 +67,10 @@ class Child:
         env (dict[str, str]): Its environment.
         log_path (Path): Its stdout and stderr.
         grace_seconds (float): Grace after SIGTERM before SIGKILL, in seconds.
+        fork (bool): `command` is `python -m MODULE ARGS` with this interpreter, on a platform that forks
+            (`_fork.available`): its first start is a fork of this process (`_fork.ForkedModule`), which shares
+            the modules the launcher imported. Restarts come mid-run, when the launcher may run other threads (the
+            live view's), and a fork copies only the calling thread: they exec `command`.
         restarts (int): Times it was restarted.
     """
 
@@ -74,8 +79,9 @@ class Child:
     env: dict[str, str]
     log_path: Path
     grace_seconds: float
+    fork: bool = False
     restarts: int = 0
-    popen: subprocess.Popen | None = field(default=None, repr=False)
+    popen: subprocess.Popen | _fork.ForkedModule | None = field(default=None, repr=False)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> int:
@@ -86,14 +92,17 @@ class Child:
         """
         self._close_log()
         self._log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            self.command,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        if self.fork and not self.restarts:
+            self.popen = _fork.ForkedModule(self.command[2], self.command[3:], self.env, self._log.fileno())
+        else:
+            self.popen = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} pid {self.popen.pid}: {' '.join(self.command)}\n"
         self._log.write(header.encode())
         self._log.flush()
@@ -208,7 +217,9 @@ class LocalRun:
         """The child `name` of `role`, from its launch plan."""
         plan = launch.plan(self.manifest, role, self.launch_site(), ordinal)
         log_path = self.run_dir.logs_dir / f"{name}.log"
-        return Child(name, list(plan.argv), self.child_env(plan), log_path, plan.grace_seconds)
+        # torchrun's agent and the evaluators share our imports
+        fork = plan.argv[:2] == (sys.executable, "-m") and _fork.available()
+        return Child(name, list(plan.argv), self.child_env(plan), log_path, plan.grace_seconds, fork)
 
     def children(self) -> list[Child]:
         """Evaluators first (they wait for the trainer's store), then the trainer."""
@@ -243,9 +254,9 @@ class LocalRun:
         started = time.monotonic()
         self._started_at = time.time()
         try:
+            pids = [child.start() for child in children]  # before the view starts a thread: see `Child.fork`
             with view:
-                for child in children:
-                    pid = child.start()
+                for child, pid in zip(children, pids, strict=True):
                     view.message(f"started {child.name} (pid {pid}), log {child.log_path}")
                 if _tensorboard.available():
                     view.message(_tensorboard.logdir_hint(self.run_dir.tensorboard_dir))

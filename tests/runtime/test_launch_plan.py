@@ -14,7 +14,7 @@ import yaml
 
 from rlightning import contract, launch
 from rlightning.config import parse_manifest
-from rlightning.runtime import local
+from rlightning.runtime import _fork, local
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, eval_ordinal
 from rlightning_operator import _builders as builders
@@ -176,6 +176,14 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         if role == "eval":
             assert eval_ordinal(child.env) == ordinal
         assert child.grace_seconds == 75 and re.fullmatch(r"(eval-\d|trainer)", child.name)
+
+
+def test_local_children_fork_the_launcher_only_when_they_run_its_interpreter(tmp_path):
+    # A fork shares the launcher's imports (torch's agent and the evaluators); another interpreter needs an exec.
+    same = local.LocalRun(_manifest(), "", RunDir(tmp_path / "run")).children()
+    other = local.LocalRun(_manifest(), "", RunDir(tmp_path / "run"), python="/opt/other/python").children()
+    assert [child.fork for child in same] == [_fork.available()] * len(same)  # Linux: True
+    assert [child.fork for child in other] == [False] * len(other)
 
 
 @pytest.mark.parametrize(
