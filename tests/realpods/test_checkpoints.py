@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from realpods_helpers import CLAIM, WAIT_SECONDS, real_cartpole, wait_for, wait_until_succeeded
+from rlightning.runtime.rundir import RunDir
 from tests.operator.operator_cluster import apply, get_json
 
 FIRST_ENV_STEPS = 1024
@@ -37,8 +38,9 @@ def test_policygroup_applied_again_with_the_same_claim_resumes_from_its_checkpoi
     apply(cluster, real_namespace, real_cartpole("resumed", **edits, **{"spec.train.totalEnvSteps": FIRST_ENV_STEPS}))
     first = _succeeded(cluster, real_namespace, "resumed")
     assert first["iteration"] == 4 and first["weightVersion"] > 0
-    checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
-    assert checkpoints and checkpoints[-1] == "iter-00000004.pt", f"checkpoints on the claim's volume: {checkpoints}"
+    newest = RunDir(run_dir).newest_checkpoint()
+    assert newest is not None and newest.name.startswith("iter-00000004-epoch-"), list(run_dir.glob("checkpoints/*"))
+    first_epoch = RunDir(run_dir).marked_epoch()
     first_summary = json.loads((run_dir / "summary.json").read_text())
     assert first_summary["resumed_from"] is None
 
@@ -50,7 +52,8 @@ def test_policygroup_applied_again_with_the_same_claim_resumes_from_its_checkpoi
     apply(cluster, real_namespace, real_cartpole("resumed", **edits, **{"spec.train.totalEnvSteps": SECOND_ENV_STEPS}))
     second = _succeeded(cluster, real_namespace, "resumed")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["resumed_from"] is not None and summary["resumed_from"].endswith(checkpoints[-1])
+    assert summary["resumed_from"] is not None and summary["resumed_from"].endswith(newest.name)
+    assert RunDir(run_dir).marked_epoch() > first_epoch  # applied again: a later creation, a higher epoch
     assert second["iteration"] == 8 and second["envSteps"] == SECOND_ENV_STEPS
     assert second["weightVersion"] > first["weightVersion"]
     # One metrics row per iteration over both runs: the second run's rows continue the count, none restarts it.
