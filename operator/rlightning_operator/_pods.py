@@ -63,7 +63,9 @@ class PodProblem:
     pod: str
 
 
-_METADATA_KEPT = ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+_METADATA_KEPT = (
+    "name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"
+)
 _CONTAINER_KEPT = ("name", "ready", "restartCount", "state", "lastState")
 
 
@@ -87,6 +89,29 @@ def trim(pod: Mapping[str, Any]) -> dict[str, Any]:
     node = (pod.get("spec") or {}).get("nodeName")
     return {"kind": "Pod", "metadata": {key: metadata[key] for key in _METADATA_KEPT if key in metadata},
             "status": kept_status, **({"spec": {"nodeName": node}} if node else {})}
+
+
+def older_incarnation(pod: Mapping[str, Any], kept: Mapping[str, Any] | None) -> bool:
+    """Whether `pod` is an earlier pod of the same name than `kept` (a StatefulSet's replacement keeps the name).
+
+    kopf handles each pod (by UID) in a worker of its own, so the last events of a deleted evaluator pod may arrive
+    after the first of its replacement; they must not overwrite or remove it.
+
+    Args:
+        pod (Mapping[str, Any]): A pod as watched.
+        kept (Mapping[str, Any] | None): The pod of that name as kept (`trim`), if any.
+
+    Returns:
+        bool: True when both have UIDs, they differ, and `pod` was created earlier, or in the same second and is
+        being deleted.
+    """
+    if kept is None:
+        return False
+    new, old = kept.get("metadata") or {}, pod.get("metadata") or {}
+    if not new.get("uid") or not old.get("uid") or new["uid"] == old["uid"]:
+        return False
+    created, kept_created = str(old.get("creationTimestamp") or ""), str(new.get("creationTimestamp") or "")
+    return created < kept_created or (created == kept_created and bool(old.get("deletionTimestamp")))
 
 
 def settled(pod: Mapping[str, Any]) -> bool:
