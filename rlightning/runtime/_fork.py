@@ -19,6 +19,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
@@ -27,8 +28,11 @@ from rlightning import launch
 
 
 def available() -> bool:
-    """Whether this platform forks and waits on a pid with a timeout (`os.fork`, `os.pidfd_open`: Linux)."""
-    return hasattr(os, "fork") and hasattr(os, "pidfd_open")
+    """Whether a fork is safe here: the platform forks and waits on a pid with a timeout (`os.fork`,
+    `os.pidfd_open`: Linux), and this process runs one thread (a fork copies only the calling thread, so a lock
+    another thread held, in a library or an embedding such as a pytest-xdist worker, would stay held in the child).
+    """
+    return hasattr(os, "fork") and hasattr(os, "pidfd_open") and threading.active_count() == 1
 
 
 class ForkedModule:
