@@ -91,10 +91,7 @@ class RunDir:
 
     def published_version(self) -> int:
         """The highest weight version recorded by `record_published`; 0 when none is (or the record is unreadable)."""
-        try:
-            return int(json.loads(self.published_path.read_text())["weight_version"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0
+        return _recorded_count(self.published_path, "weight_version")
 
     def record_published(self, version: int) -> None:
         """Record that weight version `version` was published: a resume from an older checkpoint continues above
@@ -129,10 +126,7 @@ class RunDir:
 
     def marked_epoch(self) -> int:
         """The epoch `mark_epoch` recorded; 0 when none is (or the record is unreadable)."""
-        try:
-            return int(json.loads(self.epoch_path.read_text())["epoch"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0
+        return _recorded_count(self.epoch_path, "epoch")
 
     def mark_epoch(self, epoch: int) -> None:
         """Record that a trainer of attempt `epoch` starts here, before it resumes or writes any checkpoint: from now
@@ -308,3 +302,13 @@ class JsonlTail:
                 except json.JSONDecodeError:
                     continue
         return rows
+
+
+def _recorded_count(path: Path, key: str) -> int:
+    """The integer `key` of the JSON object in `path`; 0 when the file is missing or unreadable (a record is a
+    floor, and none means nothing to stay above).
+    """
+    try:
+        return int(json.loads(path.read_text())[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
