@@ -105,10 +105,11 @@ class PolicyGroup:
             version = self.last_sync_stats.version
         else:
             version = self.train_policy.weight_version + 1
-        self._push_to_evaluators(version, state)
-        # remote evaluators hold floating tensors in `weightSync.dtype`: compare in it
+        # recorded before an evaluator is handed the version, so a check in between expects it; remote
+        # evaluators hold floating tensors in `weightSync.dtype`: compare in it
         self.ledger.record(version, state, self.sender.config.dtype if self.sender is not None else None)
         self.train_policy.weight_version = version
+        self._push_to_evaluators(version, state)
         self._wait_for_evaluators(version, eval_timeout)
         if failure is not None:
             raise failure
