@@ -6,10 +6,11 @@ The observer also measures how far `status.training.weightVersion` trails rank 0
 `rlightning_weight_version` (docs/operator.md "How far status trails the pods": at most 5 s plus one iteration)
 and prints it.
 
-Two trainer pods with one rank each (DDP across pods). Once a checkpoint exists, rank 1 is lost: its pod deleted
-(a disruption) or its trainer process killed with SIGKILL (torchrun exits 1: a failure, counted against
-maxRestarts). The operator deletes the Job of attempt 0 (Foreground: both pods go) and creates the Job of attempt
-1 only then, so no pod of attempt 0 ever meets attempt 1's rendezvous.
+Two trainer pods with one rank each (DDP across pods). Rank 1 is lost twice in one run, each time once its attempt
+wrote a checkpoint: first its pod is deleted (a disruption), then, in attempt 1, its trainer process is killed with
+SIGKILL (torchrun exits 1: a failure, counted against maxRestarts). The operator deletes the Job of the lost attempt
+(Foreground: both pods go) and creates the next attempt's Job only then, so no pod of one attempt ever meets the
+next one's rendezvous.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import statistics
 import time
 import urllib.request
 
-import pytest
 from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
 from rlightning import contract
 from tests.operator.operator_cluster import apply, get_json
@@ -128,12 +128,8 @@ def lose(cluster, namespace: str, pod: str, how: str) -> None:
         assert "killed" in out, out
 
 
-@pytest.mark.parametrize(("how", "reason", "counts"), [
-    ("delete", "PodDeleted", (1, 1, 0)),  # (total, disruptions, failures)
-    ("kill -9", "PodFailed", (1, 0, 1)),
-])
-def test_a_lost_trainer_restarts_the_gang_which_resumes_and_reaches_its_target(
-    cluster, real_namespace, real_operator, checkpoint_claim, how, reason, counts
+def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reaches_its_target(
+    cluster, real_namespace, real_operator, checkpoint_claim
 ):
     run_dir = checkpoint_claim
     group = real_cartpole(NAME, **{
@@ -142,27 +138,26 @@ def test_a_lost_trainer_restarts_the_gang_which_resumes_and_reaches_its_target(
     })
     apply(cluster, real_namespace, group)
     watch = Observer(cluster, real_namespace)
-    wait_for("a checkpoint on the claim and weights published",
-             lambda: watch.group() and (run_dir / "checkpoints").is_dir()
-             and any((run_dir / "checkpoints").iterdir()) and watch.versions and watch.versions[-1] >= 2,
-             timeout=240.0, interval=1.0)
-    evaluators = {p["metadata"]["name"]: p["metadata"]["uid"] for p in watch.pods("eval")}
-    (victim,) = [p["metadata"]["name"] for p in watch.pods("train")
-                 if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"]
-    lose(cluster, real_namespace, victim, how)
+    evaluators = {}
+    # One run, both ways of losing rank 1 (a disruption, then a failure): each restart is a whole training run less.
+    for attempt, (how, reason, counts) in enumerate([("delete", "PodDeleted", (1, 1, 0)),
+                                                    ("kill -9", "PodFailed", (2, 1, 1))]):
+        victim = _lose_rank_1_once_checkpointed(cluster, real_namespace, watch, run_dir, attempt, how)
+        evaluators = evaluators or {p["metadata"]["name"]: p["metadata"]["uid"] for p in watch.pods("eval")}
 
-    def new_gang_running():
-        group = watch.phase("Running") or watch.phase("Succeeded")
-        return group if group and group["status"]["train"]["attempt"] == 1 else None
+        def next_gang_running(expected: int = attempt + 1):
+            group = watch.phase("Running") or watch.phase("Succeeded")
+            return group if group and group["status"]["train"]["attempt"] == expected else None
 
-    restarted = wait_for("attempt 1 running", new_gang_running, timeout=180.0, interval=1.0)
-    restarts = restarted["status"]["restarts"]
-    assert (restarts["total"], restarts["disruptions"], restarts["failures"]) == counts, restarts
-    assert restarts["pod"] == victim and restarts["reason"] == reason, restarts
-    # Evaluators rode through: same pods, never restarted (they kept their weights and waited for the new gang).
-    still = {p["metadata"]["name"]: p for p in watch.pods("eval")}
-    assert {name: p["metadata"]["uid"] for name, p in still.items()} == evaluators
-    assert all(c.get("restartCount", 0) == 0 for p in still.values() for c in p["status"].get("containerStatuses", []))
+        restarted = wait_for(f"attempt {attempt + 1} running", next_gang_running, timeout=180.0, interval=1.0)
+        restarts = restarted["status"]["restarts"]
+        assert (restarts["total"], restarts["disruptions"], restarts["failures"]) == counts, restarts
+        assert restarts["pod"] == victim and restarts["reason"] == reason, restarts
+        # Evaluators rode through: same pods, never restarted (they kept their weights and waited for the new gang).
+        still = {p["metadata"]["name"]: p for p in watch.pods("eval")}
+        assert {name: p["metadata"]["uid"] for name, p in still.items()} == evaluators
+        assert all(c.get("restartCount", 0) == 0 for p in still.values()
+                   for c in p["status"].get("containerStatuses", []))
 
     done = wait_for("the PolicyGroup to succeed", lambda: watch.phase("Succeeded"), timeout=TRAIN_SECONDS,
                     interval=2.0)
@@ -178,8 +173,26 @@ def test_a_lost_trainer_restarts_the_gang_which_resumes_and_reaches_its_target(
     assert max(lags) <= STATUS_LAG_BOUND_SECONDS, lags
     assert not watch.mixed, f"trainer pods of two attempts at once: {watch.mixed}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["resumed_from"], "attempt 1 resumed from the newest checkpoint on the claim"
-    assert all(p["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1" for p in watch.pods("train"))
+    assert summary["resumed_from"], "attempt 2 resumed from the newest checkpoint on the claim"
+    assert all(p["metadata"]["labels"][contract.LABEL_ATTEMPT] == "2" for p in watch.pods("train"))
     # Training has ended: the evaluators are scaled to zero (spec.eval.afterTraining: Stop, the default).
     wait_for("evaluators scaled to zero", lambda: not watch.pods("eval") and
              watch.group()["status"]["eval"]["afterTraining"] == "Stopped", timeout=120.0)
+
+
+def _lose_rank_1_once_checkpointed(cluster, namespace: str, watch: Observer, run_dir, attempt: int, how: str) -> str:
+    """Once `attempt` wrote a checkpoint and published two more versions, lose its rank 1 `how`; its pod's name."""
+    published = watch.versions[-1] if watch.versions else 0
+    wait_for(f"a checkpoint of attempt {attempt} on the claim and weights published",
+             lambda: watch.group() and _checkpointed(run_dir, attempt) and watch.versions
+             and watch.versions[-1] >= published + 2, timeout=240.0, interval=1.0)
+    (victim,) = [p["metadata"]["name"] for p in watch.pods("train")
+                 if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"]
+    lose(cluster, namespace, victim, how)
+    return victim
+
+
+def _checkpointed(run_dir, attempt: int) -> bool:
+    """Whether the claim holds a checkpoint of `attempt`: `iter-N-epoch-E.pt` with E = created * 10**6 + attempt."""
+    epochs = [int(path.stem.rpartition("-epoch-")[2]) for path in (run_dir / "checkpoints").glob("iter-*-epoch-*.pt")]
+    return any(epoch % contract.EPOCH_ATTEMPTS == attempt for epoch in epochs)
