@@ -7,7 +7,9 @@
    its own devcluster slot; the real node's tests and the autoscalers' are one group each, started first since
    they are the largest). Cold caches: ``pytest -m "not cluster"`` in parallel while the compiler takes what CPU
    the tests leave; once the control plane is built (``python -m devcluster build`` waits on the build lock) the
-   cluster tests; when the add-ons were still compiling, the autoscaling tests after them.
+   cluster tests, with the add-ons compiling beside them at normal priority (the add-ons and then the autoscaling
+   tests, not the cluster tests, are the longest chain of a cold run); as soon as the add-ons are built, the
+   autoscaling tests in a session of their own on the next devcluster slots, beside the cluster tests.
 
 At the end it prints where the time went: each phase's wall time, the Go build's, and per tier (unit, slow,
 cluster, autoscaling, realpods) the summed test durations from each phase's JUnit XML, then one closing line
@@ -24,6 +26,7 @@ import dataclasses
 import os
 import pathlib
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -68,27 +71,43 @@ class TierTime:
     seconds: float = 0.0
 
 
-def _run(name: str, command: list[str], phases: list[Phase], junit: pathlib.Path | None = None) -> bool:
+def _run(name: str, command: list[str], phases: list[Phase], junit: pathlib.Path | None = None,
+         env: dict[str, str] | None = None) -> bool:
     print(f"\n=== {name}: {shlex.join(command)}", flush=True)
     start = time.monotonic()
-    code = subprocess.call(command, cwd=REPO)
+    code = subprocess.call(command, cwd=REPO, env=env)
     # pytest's exit code 5 means no test was selected: an empty phase, not a failure.
     ok = code == 0 or (junit is not None and code == 5)
     phases.append(Phase(name, time.monotonic() - start, ok, junit))
     return ok
 
 
-def _pytest(python: str, name: str, marker: str | None, workers: int, phases: list[Phase]) -> bool:
+def _pytest(python: str, name: str, marker: str | None, workers: int, phases: list[Phase], first_slot: int = 0) -> bool:
+    """Run one pytest-xdist session; its workers take the devcluster slots from ``first_slot`` on (after the
+    environment's ``RLIGHTNING_DEVCLUSTER_SLOT``).
+    """
     junit = LOG_DIR / f"{name.replace(' ', '-')}.xml"
     junit.unlink(missing_ok=True)
     selection = ["-m", marker] if marker else []
     command = [python, "-m", "pytest", *selection, "-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit}"]
-    return _run(name, command, phases, junit)
+    base = int(os.environ.get("RLIGHTNING_DEVCLUSTER_SLOT", "0"))
+    env = {**os.environ, "RLIGHTNING_DEVCLUSTER_SLOT": str(base + first_slot)} if first_slot else None
+    return _run(name, command, phases, junit, env)
+
+
+def _unnice(builder: subprocess.Popen) -> None:
+    """Give the builder's process group (the go commands and their compilers) normal priority; a user who may not
+    lower a nice value (not root, no CAP_SYS_NICE) keeps the niced build, with a note.
+    """
+    try:
+        os.setpriority(os.PRIO_PGRP, builder.pid, 0)
+    except OSError as error:
+        print(f"note: the add-on builds stay niced ({error})", flush=True)
 
 
 def _cold_phases(python: str, builder: subprocess.Popen, workers: int, phases: list[Phase]) -> None:
-    """While the Go builds run: the tests without a cluster, then (control plane built) the cluster tests, then
-    (add-ons built) the autoscaling tests.
+    """While the Go builds run: the tests without a cluster, then (control plane built) the cluster tests and,
+    beside them as soon as the add-ons are built, the autoscaling tests (one worker: they are one group).
     """
     _pytest(python, "tests without a cluster", "not cluster", workers, phases)
     addons_ready = builder.poll() == 0
@@ -97,9 +116,16 @@ def _cold_phases(python: str, builder: subprocess.Popen, workers: int, phases: l
     if addons_ready:
         _pytest(python, "cluster tests", "cluster", workers, phases)
         return
+    _unnice(builder)
+
+    def autoscaling_once_built() -> None:
+        if builder.wait() == 0:
+            _pytest(python, "autoscaling tests", "autoscaling", 1, phases, first_slot=workers)
+
+    beside = threading.Thread(target=autoscaling_once_built)
+    beside.start()
     _pytest(python, "cluster tests", "cluster and not autoscaling", workers, phases)
-    if builder.wait() == 0:
-        _pytest(python, "autoscaling tests", "autoscaling", workers, phases)
+    beside.join()
 
 
 def _tally(phases: list[Phase]) -> tuple[dict[str, TierTime], dict[str, int]]:
@@ -161,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     addon_flags = [flag for name in ADDONS for flag in ("--addon", name)]
     print(f"=== go builds in the background (niced; log {build_log.relative_to(REPO)})", flush=True)
     with open(build_log, "w") as log:
+        # a process group of its own, so its priority can be raised once the cluster tests start (`_unnice`)
         builder = subprocess.Popen(["nice", "-n", "19", python, "-m", "devcluster", "build", *addon_flags],
-                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     build_end: list[float] = []
 
     def note_build_end() -> None:
@@ -188,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nthe Go builds failed (exit {builder.returncode}); the tail of {build_log}:")
             print("\n".join(build_log.read_text().splitlines()[-30:]))
     finally:
-        if builder.poll() is None:
-            builder.terminate()
+        if builder.poll() is None:  # interrupted: stop the go commands too (they are in the builder's group)
+            os.killpg(builder.pid, signal.SIGTERM)
             builder.wait()
     return _report(phases, build, time.monotonic() - start)
 
