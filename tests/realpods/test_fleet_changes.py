@@ -1,9 +1,10 @@
 """Behaviours 3 and 4 of issue 8 on the real node: the evaluation fleet changes while training runs (scaled up, a
-pod deleted); training goes on in the same trainer pod and ends consistent, every live evaluator on its weights."""
+pod deleted); training goes on in the same trainer pod and ends consistent, every live evaluator on its weights.
+Then the PolicyGroup is deleted: its pods go, and so do their containers, folders and cgroups on the node."""
 
 from __future__ import annotations
 
-from realpods_helpers import TRAIN_SECONDS, real_cartpole, wait_for
+from realpods_helpers import TRAIN_SECONDS, pods_on_host, real_cartpole, wait_for
 
 from tests.operator.operator_cluster import apply, get_json
 
@@ -43,45 +44,46 @@ def _finish_consistent_in_one_trainer_pod(cluster, namespace: str, name: str, tr
     return training
 
 
-def test_scaling_up_while_training_brings_new_evaluators_onto_the_current_weights(
-    cluster, real_namespace, real_operator
+def test_a_fleet_scaled_up_and_losing_a_pod_while_training_stays_on_the_weights_and_deletes_cleanly(
+    cluster, real_node, real_namespace, real_operator
 ):
+    # One training run for three behaviours: scaled up, a pod deleted, the group deleted at the end.
     # Serve: the fleet stays at its scale after training (Stop, the default, would scale it to zero).
     serving = {"spec.eval.replicas": 1, "spec.eval.afterTraining": "Serve"}
-    apply(cluster, real_namespace, real_cartpole("scaled", **serving))
-    wait_for("weights to be published", lambda: _weight_version(cluster, real_namespace, "scaled") >= 1, timeout=240)
+    apply(cluster, real_namespace, real_cartpole("changed", **serving))
+    wait_for("weights to be published", lambda: _weight_version(cluster, real_namespace, "changed") >= 1, timeout=240)
     (trainer,) = _running(_pods(cluster, real_namespace, "train"))
-    version_at_scale = _weight_version(cluster, real_namespace, "scaled")
+    version_at_scale = _weight_version(cluster, real_namespace, "changed")
 
-    cluster.kubectl("scale", "pg", "scaled", "-n", real_namespace, "--replicas=3")
+    cluster.kubectl("scale", "pg", "changed", "-n", real_namespace, "--replicas=3")
     wait_for("3 evaluators to run", lambda: len(_running(_pods(cluster, real_namespace, "eval"))) == 3, timeout=180)
     for ordinal in (1, 2):  # an evaluator logs this before its first episode and waits for weights to apply
         line = f"evaluator {ordinal} waiting for the first weights"
         wait_for(f"evaluator {ordinal} to wait for weights", lambda ordinal=ordinal, line=line: line in cluster.kubectl(
-            "logs", f"scaled-eval-{ordinal}", "-n", real_namespace).stdout)
+            "logs", f"changed-eval-{ordinal}", "-n", real_namespace).stdout)
 
-    training = _finish_consistent_in_one_trainer_pod(cluster, real_namespace, "scaled", trainer["metadata"]["uid"])
-    assert training["weightVersion"] > version_at_scale
-    assert get_json(cluster, "pg", "scaled", "-n", real_namespace)["status"]["replicas"] == 3
-
-
-def test_a_deleted_evaluator_is_replaced_and_catches_up_without_stalling_the_trainer(
-    cluster, real_namespace, real_operator
-):
-    apply(cluster, real_namespace, real_cartpole("kicked"))
-    wait_for("weights to be published", lambda: _weight_version(cluster, real_namespace, "kicked") >= 1, timeout=240)
-    (trainer,) = _running(_pods(cluster, real_namespace, "train"))
-    victim = next(p for p in _pods(cluster, real_namespace, "eval") if p["metadata"]["name"] == "kicked-eval-0")
-
-    cluster.kubectl("delete", "pod", "kicked-eval-0", "-n", real_namespace, "--grace-period=0", "--force")
+    victim = next(p for p in _pods(cluster, real_namespace, "eval") if p["metadata"]["name"] == "changed-eval-0")
+    cluster.kubectl("delete", "pod", "changed-eval-0", "-n", real_namespace, "--grace-period=0", "--force")
     wait_for(
-        "a new kicked-eval-0 to run",
+        "a new changed-eval-0 to run",
         lambda: any(
-            p["metadata"]["name"] == "kicked-eval-0" and p["metadata"]["uid"] != victim["metadata"]["uid"]
+            p["metadata"]["name"] == "changed-eval-0" and p["metadata"]["uid"] != victim["metadata"]["uid"]
             for p in _running(_pods(cluster, real_namespace, "eval"))
         ),
         timeout=180,
     )
-    version_after_replacement = _weight_version(cluster, real_namespace, "kicked")
-    training = _finish_consistent_in_one_trainer_pod(cluster, real_namespace, "kicked", trainer["metadata"]["uid"])
-    assert training["weightVersion"] >= version_after_replacement
+    version_after_replacement = _weight_version(cluster, real_namespace, "changed")
+
+    training = _finish_consistent_in_one_trainer_pod(cluster, real_namespace, "changed", trainer["metadata"]["uid"])
+    assert training["weightVersion"] > version_at_scale and training["weightVersion"] >= version_after_replacement
+    assert get_json(cluster, "pg", "changed", "-n", real_namespace)["status"]["replicas"] == 3
+
+    # Deleting the group removes its pods (3 serving evaluators, the finished trainer) and their host state.
+    pods = get_json(cluster, "pods", "-n", real_namespace)["items"]
+    uids = {p["metadata"]["uid"] for p in pods}
+    assert real_node.tasks_of({p["metadata"]["uid"] for p in _running(pods)}), "running pods have no containers"
+    cluster.kubectl("delete", "pg", "changed", "-n", real_namespace, "--wait=false")
+    wait_for("every pod of the PolicyGroup to be gone", lambda: not get_json(cluster, "pods", "-n", real_namespace)[
+        "items"], timeout=180.0)
+    wait_for("the node to drop the pods' containers, folders and cgroups", lambda: not pods_on_host(real_node, uids),
+             timeout=60.0, explain=lambda: "\n".join(pods_on_host(real_node, uids)))

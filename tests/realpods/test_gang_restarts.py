@@ -138,7 +138,7 @@ def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reache
     })
     apply(cluster, real_namespace, group)
     watch = Observer(cluster, real_namespace)
-    evaluators = {}
+    evaluators: dict[str, str] = {}
     # One run, both ways of losing rank 1 (a disruption, then a failure): each restart is a whole training run less.
     for attempt, (how, reason, counts) in enumerate([("delete", "PodDeleted", (1, 1, 0)),
                                                     ("kill -9", "PodFailed", (2, 1, 1))]):

@@ -1,6 +1,6 @@
-"""Behaviours 1, 2 and 7 of issue 8 on the real node: a PolicyGroup trains to Succeeded in real pods, its two
+"""Behaviours 1 and 2 of issue 8 on the real node: a PolicyGroup trains to Succeeded in real pods, its two
 trainer pods of one rank each training together (with pod templates and a sized /dev/shm, issue 24; one run proves
-both), and deleting it removes every pod and leaves nothing of them on the host."""
+both). Behaviour 7, deleting it, is in test_fleet_changes.py (its run ends with the deletion)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import devcluster
 from rlightning import contract
-from realpods_helpers import ON_REAL_NODE, SMALL_REQUESTS, pods_on_host, real_cartpole, wait_for, wait_until_succeeded
+from realpods_helpers import ON_REAL_NODE, SMALL_REQUESTS, real_cartpole, wait_for, wait_until_succeeded
 
 from tests.operator.operator_cluster import apply, get_json
 
@@ -108,27 +108,3 @@ def test_cartpole_trains_to_succeeded_in_real_pods_across_two_trainer_pods(
     assert header.split()[:7] == ["NAME", "PHASE", "TRAINERS", "EVALUATORS", "RESTARTS", "WEIGHTS", "CONSISTENT"]
     assert row.split()[1] == "Succeeded" and row.split()[5] == str(training["weightVersion"])
     assert row.split()[4] == "0" and row.split()[6] == "true"
-
-
-def test_deleting_the_policygroup_removes_its_pods_and_their_host_state(
-    cluster, real_node, real_namespace, real_operator
-):
-    apply(cluster, real_namespace, real_cartpole("doomed"))
-
-    def running_pods() -> list[dict]:
-        pods = get_json(cluster, "pods", "-n", real_namespace)["items"]
-        running = [p for p in pods if p["status"].get("phase") == "Running"]
-        return running if len(running) == 3 else []  # 1 trainer pod + 2 evaluators
-
-    pods = wait_for("the trainer and both evaluators to run", running_pods)
-    uids = {p["metadata"]["uid"] for p in pods}
-    assert real_node.tasks_of(uids), "running pods have no running containers on the node"
-
-    cluster.kubectl("delete", "pg", "doomed", "-n", real_namespace, "--wait=false")
-    wait_for(
-        "every pod of the PolicyGroup to be gone",
-        lambda: not get_json(cluster, "pods", "-n", real_namespace)["items"],
-        timeout=180.0,
-    )
-    wait_for("the node to drop the pods' containers, folders and cgroups", lambda: not pods_on_host(real_node, uids),
-             timeout=60.0, explain=lambda: "\n".join(pods_on_host(real_node, uids)))
