@@ -292,12 +292,13 @@ def build_addon(name: str, log: Callable[[str], None] = print) -> pathlib.Path:
             return binary
         (key_dir / "bin").mkdir(exist_ok=True)
         log(f"build: add-on {name} is not cached; building it with {go} ({_go_version(go)})")
+        modfile = _trimmed_modfile(target, key_dir / "trimmed")  # one copy for all its commands
         if len(target.packages) == len(target.binaries) > 1:  # one command per binary name
             for package, name_of_binary in zip(target.packages, target.binaries, strict=True):
                 _run_target(dataclasses.replace(target, packages=(package,), binaries=(name_of_binary,)), go,
-                            key_dir / "bin", log)
+                            key_dir / "bin", log, modfile)
         else:
-            _run_target(target, go, key_dir / "bin", log)
+            _run_target(target, go, key_dir / "bin", log, modfile)
         marker.write_text(json.dumps({"binaries": list(target.binaries), "key": key_dir.name}))
         return binary
 
@@ -311,15 +312,21 @@ def _marker_ok(key_dir: pathlib.Path) -> bool:
     return binaries_ok and (key_dir / "kwok-stages.yaml").is_file()
 
 
-def _run_target(target: Target, go: str, bin_dir: pathlib.Path, log: Callable[[str], None]) -> None:
+def _trimmed_modfile(target: Target, work_dir: pathlib.Path) -> list[str]:
+    """``go build`` flags that build ``target`` from its trimmed copy (written to ``work_dir``); none untrimmed."""
+    if target.trim is None:
+        return []
+    try:
+        return ["-modfile", str(_trim.prepare(target.trim, target.module, work_dir))]
+    except _trim.TrimError as exc:
+        raise BuildError(f"go build of {target.name}: {exc}") from None
+
+
+def _run_target(target: Target, go: str, bin_dir: pathlib.Path, log: Callable[[str], None],
+                modfile: list[str] | None = None) -> None:
     ldflags = " ".join(["-s", "-w", *(f"-X {setting}" for setting in target.ldflags)])
     out = str(bin_dir / target.binaries[0]) if len(target.binaries) == 1 else str(bin_dir) + os.sep
-    modfile = []
-    if target.trim is not None:
-        try:
-            modfile = ["-modfile", str(_trim.prepare(target.trim, target.module, bin_dir.parent / "trimmed"))]
-        except _trim.TrimError as exc:
-            raise BuildError(f"go build of {target.name}: {exc}") from None
+    modfile = modfile or []
     cmd = [go, "build", "-trimpath", "-ldflags", ldflags, *modfile, "-o", out, *target.packages]
     start = time.monotonic()
     log(f"build: {target.name}: go build {' '.join(modfile + list(target.packages))}")
