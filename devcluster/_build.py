@@ -165,21 +165,23 @@ def targets() -> tuple[Target, ...]:
 
 
 ADDONS = {
-    "metrics-server": Target(
-        "metrics-server", "metrics-server", ("sigs.k8s.io/metrics-server/cmd/metrics-server",), ("metrics-server",)
-    ),
-    "karpenter": Target("karpenter", "karpenter", ("sigs.k8s.io/karpenter/kwok",), ("karpenter-kwok",)),
     "keda": Target(
         "keda",
-        "keda",
+        _gomod.SHARED_ADDONS,
         ("github.com/kedacore/keda/v2/cmd/operator", "github.com/kedacore/keda/v2/cmd/adapter"),
         ("keda-operator", "keda-adapter"),
         trim=_trim.KEDA,
     ),
+    "metrics-server": Target(
+        "metrics-server", _gomod.SHARED_ADDONS, ("sigs.k8s.io/metrics-server/cmd/metrics-server",), ("metrics-server",)
+    ),
+    "karpenter": Target("karpenter", _gomod.SHARED_ADDONS, ("sigs.k8s.io/karpenter/kwok",), ("karpenter-kwok",)),
     "kueue": Target("kueue", "kueue", ("sigs.k8s.io/kueue/cmd/kueue",), ("kueue",)),
 }
 """Components built on demand (``build_addon``), each cached under a key of its own: they are not part of the
-control plane's key, so adding or bumping one never rebuilds the control plane."""
+control plane's key, so adding or bumping one never rebuilds the control plane. KEDA, metrics-server and Karpenter
+share one wrapper module (``_gomod.SHARED_ADDONS``), so most of what the first of them compiles the others reuse;
+bumping one of them changes all three keys."""
 
 ADDON_VERSIONS = {
     "metrics-server": _versions.METRICS_SERVER,
@@ -229,9 +231,10 @@ def cache_key(go: str) -> str:
         repr(KWOK_STAGES),
     ):
         digest.update(part.encode() + b"\0")
+    addon_modules = {target.module for target in ADDONS.values()}
     for path in sorted(_gomod.GO_DIR.rglob("*")):
         relative = path.relative_to(_gomod.GO_DIR)
-        if path.is_file() and path.suffix in {".mod", ".sum", ".go"} and relative.parts[0] not in ADDONS:
+        if path.is_file() and path.suffix in {".mod", ".sum", ".go"} and relative.parts[0] not in addon_modules:
             digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

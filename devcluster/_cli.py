@@ -82,7 +82,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_gomod(args: argparse.Namespace) -> int:
-    _gomod.generate(log=_log)
+    _gomod.generate(log=_log, only=args.wrapper)
     return 0
 
 
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 action="store_true",
                 help="also start a real kubelet node (root; installs containerd, runc, CNI plugins, iptables)",
             )
-    sub.add_parser("gomod", help="regenerate devcluster/go/*/go.mod and go.sum from the pinned versions").set_defaults(
-        func=_cmd_gomod
-    )
+    gomod = sub.add_parser("gomod", help="regenerate devcluster/go/*/go.mod and go.sum from the pinned versions")
+    gomod.add_argument("wrapper", nargs="*", choices=_gomod.WRAPPERS, help="only these wrapper folders (default: all)")
+    gomod.set_defaults(func=_cmd_gomod)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

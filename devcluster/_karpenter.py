@@ -86,7 +86,7 @@ class Karpenter(_addon.Addon):
     error = KarpenterError
 
     def _install(self, deadline: float) -> None:
-        _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir("karpenter", MODULE)), CRD_NAMES, deadline)
+        _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir(_gomod.SHARED_ADDONS, MODULE)), CRD_NAMES, deadline)
 
     def _spawn(self, binary: pathlib.Path) -> None:
         argv, env = _components.karpenter(

@@ -109,7 +109,7 @@ class Keda(_addon.Addon):
         return self.log_file(ADAPTER)
 
     def _install(self, deadline: float) -> None:
-        _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir("keda", MODULE)), CRD_NAMES, deadline)
+        _addon.apply_crds(self.cluster, crd_paths(_gomod.module_dir(_gomod.SHARED_ADDONS, MODULE)), CRD_NAMES, deadline)
         _addon.register_api(self._api, GROUP, VERSION, SERVICE, NAMESPACE, self.cluster.ports.keda_adapter)
 
     def _spawn(self, binary: pathlib.Path) -> None:

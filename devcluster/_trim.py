@@ -6,7 +6,8 @@ with them the cloud SDKs those import: half of the 3,450 packages a cold build c
 only their cases in the scaler factory's switch (between upstream's ``// TRIGGERS-START`` and ``// TRIGGERS-END``
 markers, which KEDA's own tooling keeps the list by), and builds with ``go build -modfile`` against the wrapper's
 go.mod plus a ``replace`` of the module with the copy (Go refuses ``-overlay`` files under the module cache). The
-wrapper's go.mod and go.sum stay as generated, so the module graph, and every version, is the release's.
+wrapper's go.mod and go.sum stay as generated, so the module graph, and every version, is the wrapper's (the
+add-ons' shared one, ``_gomod.SHARED_ADDONS``: the packages the trimmed build compiles are those the others reuse).
 
 A new upstream release that moves a kept scaler or the markers fails here, by name, instead of building something
 else.

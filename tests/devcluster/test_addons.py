@@ -18,19 +18,21 @@ def _go() -> str:
     return _toolchain.go_binary()
 
 
-@pytest.mark.parametrize("addon", sorted(_build.ADDONS))
-def test_an_addon_never_changes_the_control_plane_key(tmp_path, monkeypatch, addon):
-    others = [name for name in sorted(_build.ADDONS) if name != addon]
-    before = _build.cache_key(_go()), _build.addon_key(_go(), addon), [_build.addon_key(_go(), o) for o in others]
+@pytest.mark.parametrize("module", sorted({target.module for target in _build.ADDONS.values()}))
+def test_an_addon_module_never_changes_the_control_plane_key(tmp_path, monkeypatch, module):
+    inside = sorted(name for name, target in _build.ADDONS.items() if target.module == module)
+    outside = sorted(set(_build.ADDONS) - set(inside))
+    before = _build.cache_key(_go()), {name: _build.addon_key(_go(), name) for name in _build.ADDONS}
     copy = tmp_path / "go"
     shutil.copytree(_gomod.GO_DIR, copy)
     monkeypatch.setattr(_gomod, "GO_DIR", copy)
-    assert (_build.cache_key(_go()), _build.addon_key(_go(), addon)) == before[:2]
-    gomod = copy / addon / "go.mod"
+    assert (_build.cache_key(_go()), {name: _build.addon_key(_go(), name) for name in _build.ADDONS}) == before
+    gomod = copy / module / "go.mod"
     gomod.write_text(gomod.read_text() + "\n// bumped\n")
     assert _build.cache_key(_go()) == before[0], "the control plane is not rebuilt for an add-on"
-    assert _build.addon_key(_go(), addon) != before[1]
-    assert [_build.addon_key(_go(), o) for o in others] == before[2], "nor another add-on"
+    assert all(_build.addon_key(_go(), name) != before[1][name] for name in inside), "its add-ons are rebuilt"
+    assert [_build.addon_key(_go(), name) for name in outside] == [before[1][name] for name in outside], (
+        "the other module's add-ons are not")
 
 
 def test_karpenter_binary_does_not_clash_with_kwok():

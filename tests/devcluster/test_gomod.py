@@ -28,17 +28,18 @@ def test_kubernetes_wrapper_replaces_every_staging_module():
     assert f"k8s.io/kubernetes {devcluster.KUBERNETES}" in committed
 
 
-@pytest.mark.parametrize(
-    "name", ["kubernetes", "etcd", "kwok", "helm", "coredns", "metrics-server", "karpenter", "keda"]
-)
-def test_wrapper_has_go_sum(name):
-    assert (_gomod.GO_DIR / name / "go.sum").stat().st_size > 0
+def test_every_wrapper_is_committed_with_its_go_sum():
+    assert sorted(path.name for path in _gomod.GO_DIR.iterdir() if path.is_dir()) == sorted(_gomod.WRAPPERS)
+    for name in _gomod.WRAPPERS:
+        assert (_gomod.GO_DIR / name / "go.sum").stat().st_size > 0, name
 
 
-def test_keda_wrapper_repeats_the_upstream_module_replaces():
+def test_the_shared_addon_wrapper_requires_each_release_and_repeats_keda_s_module_replaces():
     upstream = _gomod.upstream_gomod("github.com/kedacore/keda/v2", devcluster.KEDA)
     replaces = _gomod.module_replacements(upstream)
     assert replaces, "KEDA's go.mod has a replace of a published module; the wrapper must repeat it"
-    committed = (_gomod.GO_DIR / "keda" / "go.mod").read_text()
+    committed = (_gomod.GO_DIR / _gomod.SHARED_ADDONS / "go.mod").read_text()
     assert _gomod.module_replacements(committed) == replaces  # go mod tidy may fold a one-line block
-    assert f"github.com/kedacore/keda/v2 {devcluster.KEDA}" in committed
+    for required in (f"github.com/kedacore/keda/v2 {devcluster.KEDA}", f"sigs.k8s.io/karpenter {devcluster.KARPENTER}",
+                     f"sigs.k8s.io/metrics-server {devcluster.METRICS_SERVER}"):
+        assert required in committed
