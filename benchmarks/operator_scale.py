@@ -35,8 +35,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "operator"))
-sys.path.append(str(REPO))  # operator_cluster imports tests._ports
+sys.path.append(str(REPO))  # the repository root, for tests.operator.operator_cluster
 
 import kubernetes  # noqa: E402
 import yaml  # noqa: E402
@@ -47,8 +46,7 @@ from rlightning.config import parse_manifest  # noqa: E402
 from rlightning_operator import _builders as builders  # noqa: E402
 from rlightning_operator import _kube as kube  # noqa: E402
 from rlightning_operator import _settings  # noqa: E402
-
-from operator_cluster import CRD_FILE, OperatorProcess, small, wait_for  # noqa: E402
+from tests.operator.operator_cluster import CRD_FILE, OperatorProcess, small, wait_for  # noqa: E402
 
 SCENARIOS = {"wide": (1, 1000), "many": (100, 10), "thousand": (1000, 10)}
 """name -> (PolicyGroups, evaluators each)."""

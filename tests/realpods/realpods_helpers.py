@@ -3,11 +3,15 @@ checks."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import pathlib
+import shutil
+from collections.abc import Iterator
 
 import devcluster
 from tests import _polling
-from tests.operator.operator_cluster import example, get_json
+from tests.operator.operator_cluster import apply, example, get_json
 
 WAIT_SECONDS = 120.0
 """Bound for a pod on the real node to start (image is local; python with torch imports in a few seconds)."""
@@ -151,3 +155,38 @@ def volume_claim(name: str, volume: str) -> dict:
             "resources": {"requests": {"storage": "1Gi"}},
         },
     }
+
+
+@contextlib.contextmanager
+def local_claim(cluster, node: devcluster.RealNode, namespace: str, claim: str) -> Iterator[pathlib.Path]:
+    """A Bound claim on a local volume under the real node's folder, for the namespace's PolicyGroups.
+
+    Args:
+        cluster: The devcluster.
+        node (devcluster.RealNode): The real node (its folder holds the volume's).
+        namespace (str): The claim's namespace.
+        claim (str): The claim's name; the volume is ``<namespace>-<claim>``.
+
+    Yields:
+        pathlib.Path: The volume's folder on the host. On exit the namespace's PolicyGroups, their pods, the claim,
+        the volume and the folder are removed.
+    """
+    volume = f"{namespace}-{claim}"
+    folder = node.layout.root / "volumes" / volume
+    folder.mkdir(parents=True)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(local_volume(volume, folder, namespace, claim)))
+    apply(cluster, namespace, volume_claim(claim, volume))
+    wait_for(f"claim {claim} to bind to {volume}",
+             lambda: get_json(cluster, "pvc", claim, "-n", namespace)["status"].get("phase") == "Bound")
+    try:
+        yield folder
+    finally:
+        # A completed trainer pod still uses the claim (pvc-protection), and a bound volume is not deleted
+        # (pv-protection): the group and its pods go first, then the claim, then the volume.
+        timeout = f"--timeout={WAIT_SECONDS:.0f}s"
+        cluster.kubectl("delete", "pg", "--all", "-n", namespace, timeout, check=False)
+        wait_for("the group's pods to be gone", lambda: not get_json(cluster, "pods", "-n", namespace)["items"],
+                 timeout=180.0)
+        cluster.kubectl("delete", "pvc", claim, "-n", namespace, timeout, check=False)
+        cluster.kubectl("delete", "pv", volume, timeout, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
