@@ -224,7 +224,10 @@ class Reconciler:
                 self._groups_seen.pop(key, None)
             elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
                     body.get("status") == self._status_written.get(key):
-                self._groups_seen[key] = _SeenGroup(_without_managed_fields(body))
+                kept = _without_managed_fields(body)
+                if key in self._status_written and kept.get("status") == self._status_written[key]:
+                    self._status_written[key] = kept["status"]  # one copy of the status a group, not two
+                self._groups_seen[key] = _SeenGroup(kept)
             else:
                 self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
 
