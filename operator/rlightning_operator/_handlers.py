@@ -24,7 +24,7 @@ There is no deletion handler and so no finalizer: children go with their owner t
 What kopf keeps (docs/operator.md, "At scale"): no copy of any watched body (event handlers have no diff base;
 only PolicyGroups get one, in an annotation); one small record per watched object (`PodsForgotten`: none per pod);
 initial listings in pages of `LIST_CHUNK_SIZE`; an object's worker (with its last body) gone `WORKER_IDLE_SECONDS`
-after its last event.
+after its last event; at most `kopf_connection_limit` connections to the API server.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 from kopf._core.reactor import inventory  # kopf exports no name for the memories `kopf.operator` accepts
 
@@ -57,8 +58,31 @@ WORKER_IDLE_SECONDS = 0.5
 """How long kopf keeps an object's worker (an asyncio task holding the object's last event, the whole body) after
 its last event (`settings.queueing.idle_timeout`, kopf's default 5 s): with 5 s, 1000 evaluators starting within a
 minute kept hundreds of pod bodies alive at once (peak RSS of `benchmarks/operator_scale.py --scenario wide` 119 MiB;
-82 MiB with 0.5 s). A worker that exited is started again by the object's next event; events within kopf's batch
-window (0.1 s) are still coalesced."""
+82 MiB with 0.5 s). A worker that exited is started again by the object's next event (kopf 1.45 handles every event
+in turn: it has no batch window that a longer wait would fill)."""
+WATCHED_KINDS = 4
+"""Kinds kopf watches (PolicyGroups, Jobs, StatefulSets, Pods): one long-lived watch connection each per served
+namespace (one each when cluster-wide)."""
+
+
+def kopf_connection_limit(settings: _settings.OperatorSettings) -> int:
+    """Connections kopf may hold to the API server: its watches, plus `settings.workers` for its short requests
+    (annotation patches of PolicyGroups, Events).
+
+    kopf's own session has no limit, and kopf patches each PolicyGroup's annotations from its worker and posts each
+    object's Events from a worker of their own, all at once: a burst of PolicyGroups opened one connection per
+    concurrent request and kept each in the pool for aiohttp's keep-alive (15 s), with its TLS read buffer (asyncio's
+    `SSLProtocol`) and OpenSSL's state: 60 connections and 7.5 MiB of read buffers (tracemalloc) for 100
+    PolicyGroups created at once (`benchmarks/operator_scale.py --scenario many`), up to one per group for more.
+
+    Args:
+        settings (_settings.OperatorSettings): The operator's settings (namespaces, workers).
+
+    Returns:
+        int: The limit, at least one more than the watches, so a short request never waits for a watch to end.
+    """
+    namespaces = 1 if settings.all_namespaces else len(settings.served_namespaces)
+    return WATCHED_KINDS * namespaces + settings.workers
 
 
 class PodsForgotten(inventory.ResourceMemories):
@@ -130,11 +154,20 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
 
 
 @kopf.on.login(registry=REGISTRY)
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(memo: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
     """kopf's credentials: the in-cluster service account, else $KUBECONFIG read now (a custom registry gets
-    no default login handler).
+    no default login handler), in a session of kopf's own making but with at most `kopf_connection_limit`
+    connections (kopf closes it when the credentials are replaced).
     """
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    if info is None:
+        return None
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=kopf_connection_limit(memo.settings), ssl=info.as_ssl_context()),
+        headers=info.as_http_headers(), proxy=info.proxy_url, trust_env=info.trust_env,
+    )
+    return kopf.AiohttpSession(aiohttp_session=session, server=info.server, priority=info.priority,
+                               default_namespace=info.default_namespace, expiration=info.expiration)
 
 
 @kopf.on.cleanup(registry=REGISTRY)

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -193,7 +194,8 @@ class Reconciler:
                 self._children_seen.pop(key, None)
                 return
             self._children_seen[key] = {
-                **_without_managed_fields(child),
+                **_without_managed_fields({k: v for k, v in child.items() if k != "spec"}),
+                # the spec as watched: an interned copy of it measured larger (tracemalloc, unexplained)
                 "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
             }
 
@@ -224,7 +226,10 @@ class Reconciler:
                 self._groups_seen.pop(key, None)
             elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
                     body.get("status") == self._status_written.get(key):
-                self._groups_seen[key] = _SeenGroup(_without_managed_fields(body))
+                kept = _without_managed_fields(body)
+                if key in self._status_written and kept.get("status") == self._status_written[key]:
+                    self._status_written[key] = kept["status"]  # one copy of the status a group, not two
+                self._groups_seen[key] = _SeenGroup(kept)
             else:
                 self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
 
@@ -702,11 +707,23 @@ class Reconciler:
 
 
 def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A shallow copy of `obj` without `metadata.managedFields` (server-side apply's bookkeeping, several KB an object
-    that nothing here reads), for what the reconciler keeps of watched objects.
+    """A copy of `obj` without `metadata.managedFields` (server-side apply's bookkeeping, several KB an object that
+    nothing here reads), its keys interned (`_interned`), for what the reconciler keeps of watched objects.
     """
     metadata = obj.get("metadata") or {}
-    return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    return _interned({**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}})
+
+
+def _interned(value: Any) -> Any:
+    """`value` rebuilt with every mapping key interned (`sys.intern`), so the bodies kept of many groups share their
+    keys: each parsed JSON document has its own copy of each key (what is kept of a settled 1 x 10 group, 21.9 -> 18.4
+    KiB, tracemalloc).
+    """
+    if isinstance(value, Mapping):
+        return {sys.intern(str(key)): _interned(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interned(item) for item in value]
+    return value
 
 
 def _role(pod: Mapping[str, Any]) -> str | None:

@@ -76,7 +76,10 @@ class OperatorSettings(BaseModel):
         default=16,
         ge=1,
         le=256,
-        description="Threads running reconciles (and API connections kept); bounds concurrent reconciles.",
+        description=(
+            "Threads running reconciles (and API connections kept); bounds concurrent reconciles, and kopf's "
+            "connections beside its watches (its annotation patches and Events)."
+        ),
     )
 
     watch_server_timeout_seconds: int = Field(

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import logging
+
+import kopf
 import pydantic
 import pytest
+import yaml
 
 from rlightning import contract
 from rlightning_operator import OperatorSettings
+from rlightning_operator import _handlers as handlers
 from rlightning_operator._builders import NetworkPolicyOptions
 from rlightning_operator.__main__ import main
 
@@ -82,3 +89,28 @@ def test_json_log_lines_and_quiet_child_events():
     other = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'reconcile-create' succeeded.", (),
                               None)
     assert not QuietChildEvents().filter(noisy) and QuietChildEvents().filter(other)
+
+
+def test_kopf_holds_at_most_its_watches_and_the_workers_connections(tmp_path, monkeypatch):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u", "namespace": "a"}}],
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    settings = OperatorSettings.from_env({}, namespaces=["a", "b"], workers=3)
+
+    async def log_in() -> tuple[int, str, str | None]:
+        context = await handlers.login(memo=handlers.Context(settings, reconciler=None), logger=logging.getLogger(),
+                                       settings=kopf.OperatorSettings(), retry=0, started=datetime.datetime.now(),
+                                       runtime=datetime.timedelta(0))
+        assert isinstance(context, kopf.AiohttpSession)
+        try:
+            return context.aiohttp_session.connector.limit, context.server, context.default_namespace
+        finally:
+            await context.aiohttp_session.close()
+
+    # 4 watched kinds in each of 2 namespaces, and one connection per worker for patches and Events
+    assert asyncio.run(log_in()) == (4 * 2 + 3, "https://127.0.0.1:6443", "a")
