@@ -211,8 +211,8 @@ class Reconciler:
         Until the operator's own status write comes back through the watch, an event of another write may be older
         than it (delivered late) or newer (another writer): the body is unknown then, and passes read it. An event
         whose status is the one written is not older: it is the write's, or a later one that left status alone
-        (kopf delivers only the last of the events within its batch window, so its own annotation patch right after
-        the write may hide the write's event).
+        (kopf's own annotation patch right after the write; kopf releases that batch events deliver only the last
+        of a batch window, which may hide the write's event).
 
         Args:
             body (Mapping[str, Any]): The PolicyGroup.

@@ -116,8 +116,9 @@ class BucketLayout:
 
     Tensors are ordered by (dtype, size class, name), small ones (< `ZERO_COPY_MIN_BYTES`) first, and filled
     greedily into buckets of at most `bucket_size_bytes`; a tensor larger than the bound gets a bucket of its
-    own. `segments` splits buckets into transfers of at most `TRANSFER_MAX_BYTES`: runs of small tensors, and
-    chunks of each large tensor (or lone tensor of a bucket). The
+    own. `segments` splits buckets into transfers of at most `TRANSFER_MAX_BYTES` or the bound, whichever is
+    smaller: runs of small tensors, and chunks of each large tensor (or lone tensor of a bucket), so a relay
+    forwards a tensor larger than the bound chunk by chunk, as pipelined as the rest. The
     same names, dtypes, shapes and bound give the same layout on every process, whatever the input order, and
     the same `signature`.
 
@@ -168,7 +169,7 @@ class BucketLayout:
                 close()
         close()
         self.buckets: tuple[BucketSpec, ...] = tuple(buckets)
-        self.segments: tuple[Segment, ...] = tuple(_segments(self.buckets))
+        self.segments: tuple[Segment, ...] = tuple(_segments(self.buckets, min(TRANSFER_MAX_BYTES, bucket_size_bytes)))
         """The transfers, in order, that move all buckets (same on sender and receiver)."""
         self.signature: str = hashlib.sha256(self.to_json().encode()).hexdigest()
         """SHA-256 (hex) of the layout's JSON form: equal on sender and receiver iff the layouts agree."""
@@ -283,7 +284,8 @@ class BucketLayout:
         return out
 
 
-def _segments(buckets: Sequence[BucketSpec]) -> list[Segment]:
+def _segments(buckets: Sequence[BucketSpec], transfer_bytes: int) -> list[Segment]:
+    """Split `buckets` into transfers of at most `transfer_bytes` (one element at least)."""
     out: list[Segment] = []
     for index, bucket in enumerate(buckets):
         run: list[TensorSlot] = []
@@ -291,13 +293,13 @@ def _segments(buckets: Sequence[BucketSpec]) -> list[Segment]:
             nbytes = slot.numel * bucket.dtype.itemsize
             if len(bucket.slots) == 1 or nbytes >= ZERO_COPY_MIN_BYTES:
                 _flush_run(out, index, run)
-                chunk = max(TRANSFER_MAX_BYTES // bucket.dtype.itemsize, 1)
+                chunk = max(transfer_bytes // bucket.dtype.itemsize, 1)
                 for first in range(0, max(slot.numel, 1), chunk):
                     numel = min(chunk, slot.numel - first)
                     out.append(Segment(index, slot.offset + first, numel, (slot,), True))
                 continue
             run_bytes = (slot.offset + slot.numel - run[0].offset) * bucket.dtype.itemsize if run else 0
-            if run_bytes > TRANSFER_MAX_BYTES:
+            if run_bytes > transfer_bytes:
                 _flush_run(out, index, run)
             run.append(slot)
         _flush_run(out, index, run)

@@ -94,3 +94,16 @@ def test_a_tensor_above_the_transfer_bound_travels_in_chunks_that_round_trip():
     for seg in layout.segments:  # packing a chunk copies just that range (what the sender does when it casts)
         layout.pack_segment(seg, state, flats[seg.bucket][seg.offset : seg.offset + seg.numel])
     assert tensor_digests(layout.unpack_all(flats)) == tensor_digests(state)
+
+
+def test_a_tensor_above_a_small_bucket_bound_travels_in_transfers_of_the_bound():
+    # a relay forwards transfer by transfer: a tensor sent whole would not pipeline through the tree
+    state = {"w": torch.randn(2**20 + 10), "b": torch.randn(10)}  # 4 MiB + 40 bytes, and a small one
+    layout = BucketLayout.from_state(state, 2**20)
+    chunks = [s.numel for s in layout.segments if s.slots[0].name == "w"]
+    assert chunks == [2**18] * 4 + [10]
+    assert all(s.numel * 4 <= 2**20 for s in layout.segments)
+    flats = [layout.allocate(i) for i in range(len(layout.buckets))]
+    for seg in layout.segments:
+        layout.pack_segment(seg, state, flats[seg.bucket][seg.offset : seg.offset + seg.numel])
+    assert tensor_digests(layout.unpack_all(flats)) == tensor_digests(state)
