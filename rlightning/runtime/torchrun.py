@@ -33,6 +33,8 @@ from rlightning.runtime import _fork
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 """TCPStore's own default timeout, for callers that pass none."""
+ConfigFromArgs = Callable[[argparse.Namespace], tuple[Any, Callable[..., Any] | str, list[str]]]
+"""`torch.distributed.run.config_from_args`: parsed arguments -> (LaunchConfig, entrypoint, its arguments)."""
 
 
 def store_on(bind_host: str) -> Any:
@@ -75,9 +77,6 @@ def run_module(module: str, *args: str) -> None:
         *args (str): Its arguments.
     """
     _fork.run_module(module, args)
-
-
-ConfigFromArgs = Callable[[argparse.Namespace], tuple[Any, Callable[..., Any] | str, list[str]]]
 
 
 def forking_modules(config_from_args: ConfigFromArgs) -> ConfigFromArgs:
