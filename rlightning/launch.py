@@ -18,7 +18,12 @@ TRAIN_MODULE = "rlightning.runtime.train"
 TORCHRUN_MODULE = "torch.distributed.run"
 """torchrun, run by the interpreter of every other process (pods)."""
 LOOPBACK_TORCHRUN_MODULE = "rlightning.runtime.torchrun"
-"""torchrun whose rendezvous store binds `ENV_BIND_HOST` only (torch's own binds all interfaces): local runs."""
+"""torchrun whose rendezvous store binds `ENV_BIND_HOST` only (torch's own binds all interfaces), and whose
+`--start-method=fork` forks the ranks of a module from the agent (`FORK_RANKS`): local runs."""
+FORK_RANKS = "--start-method=fork"
+"""A local run's ranks are forks of torchrun's agent, itself a fork of `rlightning run`: they begin with its imports
+(torch, tensordict, the policy class) instead of importing them again. Pods start fresh ranks (torchrun's default):
+their agent imported only torch."""
 LOOPBACK_INTERFACE = "lo"
 """The loopback interface, where gloo and NCCL bind their rank-to-rank sockets in a local run."""
 SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -269,8 +274,12 @@ def _argv(spec: PolicyGroupSpec, role: contract.PolicyRole, site: LaunchSite) ->
     else:
         nodes = [f"--nnodes={spec.train.nodes}", f"--nproc-per-node={spec.train.procs_per_node}"]
         nodes.append(f"--node-rank={site.node_rank}")
+    if site.bind_host is None:
+        torchrun: tuple[str, ...] = (TORCHRUN_MODULE,)
+    else:
+        torchrun = (LOOPBACK_TORCHRUN_MODULE, FORK_RANKS)
     return (
-        site.python, "-m", TORCHRUN_MODULE if site.bind_host is None else LOOPBACK_TORCHRUN_MODULE,
+        site.python, "-m", *torchrun,
         *nodes,
         f"--master-addr={site.master_addr}",
         f"--master-port={spec.ports.torchrun}",

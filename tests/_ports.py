@@ -12,6 +12,7 @@ RUNTIME_RUNS            27000-27099  tests/runtime/conftest.py ``tiny_manifest``
                                      2 trajectory intakes (4 per manifest, in session order, 25 per session)
 RUNTIME_METRICS         27100-27109  tests/runtime/test_prometheus.py (trainer, evaluator)
 AUTOSCALING_METRICS     27110-27119  tests/autoscaling/test_keda.py: the trainer's /metrics that KEDA reads (0)
+RUNTIME_TORCHRUN        27120-27129  tests/runtime/test_torchrun_fork.py: torchrun's master port (one per run)
 WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _relay (7, 14, 16, 17), _memory (6, 9),
                                      _liveness (10-13), _cadence (15), _dtype (18), _ack (19),
                                      _scale_down (8)
@@ -118,6 +119,7 @@ class PortBlock:
 RUNTIME_RUNS = PortBlock("RUNTIME_RUNS", 27000, 100)
 RUNTIME_METRICS = PortBlock("RUNTIME_METRICS", 27100, 10)
 AUTOSCALING_METRICS = PortBlock("AUTOSCALING_METRICS", 27110, 10)
+RUNTIME_TORCHRUN = PortBlock("RUNTIME_TORCHRUN", 27120, 10)
 WEIGHTS_SYNC = PortBlock("WEIGHTS_SYNC", 27200, 20)
 WEIGHTS_STATE = PortBlock("WEIGHTS_STATE", 27220, 10)
 WEIGHTS_VERSION_FLOOR = PortBlock("WEIGHTS_VERSION_FLOOR", 27230, 10)
@@ -132,9 +134,9 @@ BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
 BENCH_PEERS = PortBlock("BENCH_PEERS", 27930, 40)
 
 BLOCKS = (
-    RUNTIME_RUNS, RUNTIME_METRICS, AUTOSCALING_METRICS, WEIGHTS_SYNC, WEIGHTS_STATE, WEIGHTS_VERSION_FLOOR,
-    WEIGHTS_IN_PLACE, WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET,
-    BENCH_PEERS,
+    RUNTIME_RUNS, RUNTIME_METRICS, AUTOSCALING_METRICS, RUNTIME_TORCHRUN, WEIGHTS_SYNC, WEIGHTS_STATE,
+    WEIGHTS_VERSION_FLOOR, WEIGHTS_IN_PLACE, WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL,
+    TRAJECTORIES, BENCH_FLEET, BENCH_PEERS,
 )
 """Every block of the table above."""
 

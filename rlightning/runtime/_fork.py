@@ -92,6 +92,33 @@ class ForkedModule:
         return self.returncode
 
 
+def run_module(module: str, args: Sequence[str]) -> None:
+    """In a forked child: undo what it inherited that a fresh interpreter would not have, then run `python -m
+    module args` (`runpy`, as `__main__`). Its exceptions and `SystemExit` propagate to the caller.
+
+    Reset: SIGINT, SIGTERM, SIGHUP and SIGQUIT to their defaults (the launcher's and torchrun's agent's handlers
+    would act for the child), the root logger (an inherited handler would make an entrypoint's `logging.basicConfig`
+    do nothing and send its records where the parent logs), and torch's intra-op threads from `OMP_NUM_THREADS`
+    (torch read it when the parent imported it).
+
+    Args:
+        module (str): The module run as `__main__`, for example `rlightning.runtime.train`.
+        args (Sequence[str]): Its arguments (`sys.argv[1:]`).
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+    torch = sys.modules.get("torch")
+    threads = os.environ.get(launch.THREADS_ENV, "")
+    if torch is not None and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def _run_child(module: str, args: Sequence[str], env: Mapping[str, str], log_fd: int) -> NoReturn:
     """In the forked child: become a fresh `python -m module args` as far as it can see, run it, exit."""
     code = 1
@@ -105,20 +132,9 @@ def _run_child(module: str, args: Sequence[str], env: Mapping[str, str], log_fd:
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the interpreter's own stream, never closed
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
-        # The root logger as a fresh interpreter has it: an inherited handler would make an entrypoint's
-        # `logging.basicConfig` do nothing and send its records where the parent logs.
-        for handler in logging.root.handlers[:]:
-            logging.root.removeHandler(handler)
-        logging.root.setLevel(logging.WARNING)
-        torch = sys.modules.get("torch")
-        if torch is not None and env.get(launch.THREADS_ENV, "").isdigit():  # torch read it when imported
-            torch.set_num_threads(int(env[launch.THREADS_ENV]))
-        sys.argv = [module, *args]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        run_module(module, args)
         code = 0
     except SystemExit as done:
         if done.code is None or isinstance(done.code, int):

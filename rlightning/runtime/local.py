@@ -2,7 +2,8 @@
 
 Trainers run under `torchrun` (one node, `train.world_size` ranks, static rendezvous on 127.0.0.1 at
 `spec.ports.torchrun`); each evaluator is a process of its own. torchrun's agent and the evaluators first start
-as forks of this process (`_fork`), which share the modules the launcher's checks imported. Their argv,
+as forks of this process (`_fork`), which share the modules the launcher's checks imported, and the agent forks
+the ranks (`rlightning.runtime.torchrun`, `launch.FORK_RANKS`). Their argv,
 environment and grace period come from the launch plan the operator puts into pods (`rlightning.launch`), at a
 local `LaunchSite`: the very entrypoints pods run (`rlightning.runtime.train`, `rlightning.runtime.eval`), the
 same ENV_* variables. Every port of the run (rendezvous, weight-sync store, trajectory intakes, gloo's sockets)

@@ -43,7 +43,7 @@ POD = {"python": "python", "master_addr": POD_MASTER, "trainer_hosts": (POD_MAST
        "node_rank": "$(JOB_COMPLETION_INDEX)", "metrics": True,
        "expected_evaluators": None, "in_pod": True, "bind_host": None}  # fmt: skip
 TORCHRUN = ("-m", "torch.distributed.run")
-LOCAL_TORCHRUN = ("-m", "rlightning.runtime.torchrun")  # torchrun whose rendezvous store binds 127.0.0.1 only
+LOCAL_TORCHRUN = ("-m", "rlightning.runtime.torchrun", "--start-method=fork")  # store on 127.0.0.1, forked ranks
 TRAIN_TAIL = ("--max-restarts=0", "--monitor-interval=0.5", "-m", "rlightning.runtime.train")
 
 # (spec edits, site fields, role, ordinal, argv, env entries, env_from_pod)
@@ -163,7 +163,7 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         monkeypatch.setenv(name, value)
     run = local.LocalRun(_manifest(eval={"replicas": 3}), "", RunDir(tmp_path / "run"))
     *evals, trainer = run.children()
-    assert trainer.command[:3] == [sys.executable, *LOCAL_TORCHRUN] and evals[0].command[0] == sys.executable
+    assert trainer.command[:4] == [sys.executable, *LOCAL_TORCHRUN] and evals[0].command[0] == sys.executable
     for ordinal, child in enumerate([*evals, trainer]):
         settings = ProcessSettings.from_env(child.env)
         role = "train" if child is trainer else "eval"
