@@ -29,10 +29,14 @@ from rlightning import launch
 
 def available() -> bool:
     """Whether a fork is safe here: the platform forks and waits on a pid with a timeout (`os.fork`,
-    `os.pidfd_open`: Linux), and this process runs one thread (a fork copies only the calling thread, so a lock
-    another thread held, in a library or an embedding such as a pytest-xdist worker, would stay held in the child).
+    `os.pidfd_open`: Linux), this process runs one thread (a fork copies only the calling thread, so a lock
+    another thread held, in a library or an embedding such as a pytest-xdist worker, would stay held in the child),
+    and it has not initialized CUDA (a forked child cannot use CUDA then: "Cannot re-initialize CUDA in forked
+    subprocess", PyTorch's multiprocessing notes; a policy module that touched CUDA at import would do that).
     """
-    return hasattr(os, "fork") and hasattr(os, "pidfd_open") and threading.active_count() == 1
+    torch = sys.modules.get("torch")
+    cuda_initialized = torch is not None and torch.cuda.is_initialized()
+    return hasattr(os, "fork") and hasattr(os, "pidfd_open") and threading.active_count() == 1 and not cuda_initialized
 
 
 class ForkedModule:

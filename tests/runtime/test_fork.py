@@ -81,3 +81,12 @@ def test_wait_times_out_while_the_fork_runs_and_a_signal_ends_it(start) -> None:
     assert child.poll() is None
     os.killpg(child.pid, signal.SIGTERM)  # its own process group, as the launcher signals it
     assert child.wait(timeout=60) == -signal.SIGTERM
+
+
+def test_no_fork_once_cuda_is_initialized(monkeypatch) -> None:
+    # a forked child cannot use CUDA once its parent initialized it (mocked: no GPU here)
+    monkeypatch.setattr(_fork.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert _fork.available()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not _fork.available()
