@@ -40,8 +40,10 @@ def test_each_rank_gets_exactly_what_its_fill_wants(senders, intakes, sender_cre
     ports = TRAJECTORIES.port(16), TRAJECTORIES.port(17)
     ranks = [TrajectoryIntake(port, bind_host="127.0.0.1") for port in ports]
     intakes.extend(ranks)
+    # both ranks connected first: a rank that connects late leaves the other every batch, even one too many
     sender = WorkerProcess(SENDER, "--endpoints", ",".join(f"127.0.0.1:{port}" for port in ports),
-                           "--count", str(sum(counts)), "--credits", str(sender_credits), "--credit-wait", "0.1")
+                           "--count", str(sum(counts)), "--credits", str(sender_credits), "--credit-wait", "0.1",
+                           "--connected", "2")
     senders.append(sender)
     deadline = time.monotonic() + EVENT_SECONDS
     while (done := sender.poll_event("done")) is None:

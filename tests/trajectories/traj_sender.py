@@ -3,7 +3,8 @@
 Prints one JSON object per line: {"event": "sent", "sequence", "in_flight"} after each send,
 {"event": "no_credit", "in_flight"} when `wait_for_credit` times out, and {"event": "done", "counts"} once every
 batch is sent and acknowledged or counted lost (then exits 0). With `--count 0` it sends until killed. With
-`--hold-version V` it answers a trainer's pull with `traj_helpers.held_state(V)` under version V.
+`--hold-version V` it answers a trainer's pull with `traj_helpers.held_state(V)` under version V. With
+`--connected N` it sends nothing before N ranks are connected.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--credit-wait", type=float, default=0.5, help="seconds per wait_for_credit call")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds before giving up (exit 1)")
     parser.add_argument("--hold-version", type=int, default=None, help="answer pulls with this version's weights")
+    parser.add_argument("--connected", type=int, default=0, help="ranks connected before the first send")
     args = parser.parse_args()
 
     versions = [int(v) for v in args.versions.split(",")]
@@ -41,6 +43,10 @@ def main() -> None:
     sender = TrajectorySender(args.endpoints.split(","), args.ordinal, args.credits, args.ack_timeout,
                               held_weights=None if held is None else lambda: (args.hold_version, held))
     deadline = time.monotonic() + args.deadline
+    while sender.connected < args.connected:  # until then the connected ranks take every batch
+        if time.monotonic() > deadline:
+            sys.exit(f"sender {args.ordinal}: {args.connected} ranks not connected within {args.deadline}s")
+        time.sleep(0.02)
     sequence = 0
     while args.count == 0 or sequence < args.count:
         if time.monotonic() > deadline:
