@@ -1,15 +1,17 @@
 """What ``make test`` runs, in phases, timed: the Go builds overlap everything that does not need them.
 
-1. The control plane and the add-ons start compiling in the background (``nice -n 19``, log in
+1. The control plane and the add-ons start compiling in the background (``nice -n 19``, in a session of its own:
+   where the kernel's autogroup scheduling is on, as on this machine, a session's nice value counts only within
+   it, so the build takes an even share of the CPU beside the tests' session whatever its nice value; log in
    ``build/make-test/go-build.log``); on a warm cache this returns at once.
 2. ``make install`` (pip), then ``make lint``.
 3. Warm caches (the builds already ended): the whole suite in one parallel session (pytest-xdist, each worker on
    its own devcluster slot; the real node's tests and the autoscalers' are one group each, started first since
-   they are the largest). Cold caches: ``pytest -m "not cluster"`` in parallel while the compiler takes what CPU
-   the tests leave; once the control plane is built (``python -m devcluster build`` waits on the build lock) the
-   cluster tests, with the add-ons compiling beside them at normal priority (the add-ons and then the autoscaling
-   tests, not the cluster tests, are the longest chain of a cold run); as soon as the add-ons are built, the
-   autoscaling tests in a session of their own on the next devcluster slots, beside the cluster tests.
+   they are the largest). Cold caches: ``pytest -m "not cluster"`` in parallel beside the compiler; once the
+   control plane is built (``python -m devcluster build`` waits on the build lock) the cluster tests, with the
+   add-ons compiling beside them at normal priority (the add-ons and then the autoscaling tests, not the cluster
+   tests, are the longest chain of a cold run); as soon as the add-ons are built, the autoscaling tests in a
+   session of their own on the next devcluster slots, beside the cluster tests.
 
 At the end it prints where the time went: each phase's wall time, the Go build's, and per tier (unit, slow,
 cluster, autoscaling, realpods) the summed test durations from each phase's JUnit XML, then one closing line
@@ -187,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     addon_flags = [flag for name in ADDONS for flag in ("--addon", name)]
     print(f"=== go builds in the background (niced; log {build_log.relative_to(REPO)})", flush=True)
     with open(build_log, "w") as log:
-        # a process group of its own, so its priority can be raised once the cluster tests start (`_unnice`)
+        # a session (so a process group) of its own: its priority can be raised once the cluster tests start
+        # (`_unnice`); under autogroup scheduling the session shares the CPU evenly with the tests' session
         builder = subprocess.Popen(["nice", "-n", "19", python, "-m", "devcluster", "build", *addon_flags],
                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     build_end: list[float] = []
