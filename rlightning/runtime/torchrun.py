@@ -12,7 +12,7 @@ fork of the agent that runs the module in-process, as `--run-path` does for a sc
 agent's imports (under `rlightning run` the agent is itself a fork of the launcher, so torch, tensordict and the
 policy class are already imported). The agent is torch's own either way: the same rendezvous, rank variables,
 restarts, error files and exit codes. A rank so started shares the agent's process group; it falls back to torch's
-subprocesses where a fork is not safe (`_fork.available`: more than one thread).
+subprocesses where a fork is not safe (`_fork.available`: more than one thread, or CUDA initialized).
 """
 
 from __future__ import annotations
