@@ -6,11 +6,11 @@ The observer also measures how far `status.training.weightVersion` trails rank 0
 `rlightning_weight_version` (docs/operator.md "How far status trails the pods": at most 5 s plus one iteration)
 and prints it.
 
-Two trainer pods with one rank each (DDP across pods). Rank 1 is lost twice in one run, each time once its attempt
-wrote a checkpoint: first its pod is deleted (a disruption), then, in attempt 1, its trainer process is killed with
-SIGKILL (torchrun exits 1: a failure, counted against maxRestarts). The operator deletes the Job of the lost attempt
-(Foreground: both pods go) and creates the next attempt's Job only then, so no pod of one attempt ever meets the
-next one's rendezvous.
+Two trainer pods with one rank each (DDP across pods). Rank 1 is lost twice in one run: once attempt 0 wrote a
+checkpoint its trainer process is killed with SIGKILL (torchrun exits 1: a failure, counted against maxRestarts),
+then, as soon as attempt 1 trains, its pod is deleted (a disruption; early, so attempt 1 cannot have finished).
+The operator deletes the Job of the lost attempt (Foreground: both pods go) and creates the next attempt's Job only
+then, so no pod of one attempt ever meets the next one's rendezvous.
 """
 
 from __future__ import annotations
@@ -139,9 +139,9 @@ def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reache
     apply(cluster, real_namespace, group)
     watch = Observer(cluster, real_namespace)
     evaluators: dict[str, str] = {}
-    # One run, both ways of losing rank 1 (a disruption, then a failure): each restart is a whole training run less.
-    for attempt, (how, reason, counts) in enumerate([("delete", "PodDeleted", (1, 1, 0)),
-                                                    ("kill -9", "PodFailed", (2, 1, 1))]):
+    # One run, both ways of losing rank 1 (a failure, then a disruption): each restart is a whole training run less.
+    for attempt, (how, reason, counts) in enumerate([("kill -9", "PodFailed", (1, 0, 1)),
+                                                    ("delete", "PodDeleted", (2, 1, 1))]):
         victim = _lose_rank_1_once_checkpointed(cluster, real_namespace, watch, run_dir, attempt, how)
         evaluators = evaluators or {p["metadata"]["name"]: p["metadata"]["uid"] for p in watch.pods("eval")}
 
@@ -181,13 +181,20 @@ def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reache
 
 
 def _lose_rank_1_once_checkpointed(cluster, namespace: str, watch: Observer, run_dir, attempt: int, how: str) -> str:
-    """Once `attempt` wrote a checkpoint and published two more versions, lose its rank 1 `how`; its pod's name."""
+    """Lose rank 1 of `attempt` `how`; its pod's name. Attempt 0 once it wrote a checkpoint and published two
+    versions; a later attempt once it published one of its own, early, so its training cannot have ended."""
     published = watch.versions[-1] if watch.versions else 0
-    wait_for(f"a checkpoint of attempt {attempt} on the claim and weights published",
-             lambda: watch.group() and _checkpointed(run_dir, attempt) and watch.versions
-             and watch.versions[-1] >= published + 2, timeout=240.0, interval=1.0)
+
+    def ready() -> bool:
+        group = watch.group()
+        if attempt == 0:
+            return bool(_checkpointed(run_dir, 0) and watch.versions and watch.versions[-1] >= published + 2)
+        return (group["status"].get("train") or {}).get("attempt") == attempt and watch.versions[-1] > published
+
+    wait_for(f"attempt {attempt} to train", ready, timeout=240.0, interval=1.0)
     (victim,) = [p["metadata"]["name"] for p in watch.pods("train")
-                 if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"]
+                 if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"
+                 and p["metadata"]["labels"].get(contract.LABEL_ATTEMPT) == str(attempt)]
     lose(cluster, namespace, victim, how)
     return victim
 
