@@ -197,6 +197,7 @@ def measure(
 
 
 def print_row(row: dict, base: dict) -> None:
+    """Print one row: publish seconds (median), its ratio to `base`'s and to the link's time for the model."""
     ratio = row["seconds"] / base["seconds"]
     taken = ", ".join(f"{s:.2f}" for s in row["all_seconds"])
     print(f"{row['fanout']:>6} {row['evaluators']:>10} {row['seconds']:>10.3f} {ratio:>6.2f} "
@@ -205,6 +206,7 @@ def print_row(row: dict, base: dict) -> None:
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring); a bad value, or no root, exits 2 with argparse's message."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evaluators", default="1,8", help="evaluator counts; the first is the ratios' base")
     parser.add_argument("--fanouts", default="2", help="weightSync.relayFanout values, e.g. 2,1")
@@ -260,6 +262,7 @@ def run_cases(
 
 
 def main() -> int:
+    """Run the benchmark: one PolicyGroup per (fan-out, evaluator count); 0 once every row is printed."""
     args = parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up as on Ctrl-C
     cluster = devcluster.launch()
