@@ -99,7 +99,20 @@ def _cgroups() -> frozenset[str]:
 NETNS_DIR = "/var/run/netns"
 """Of the entries here only containerd's pod namespaces (``cni-<id>``) can be the node's; others belong to
 ``ip netns`` users beside it (the capped-link weight-sync tests on another worker), and the folder itself is made by
-either, so neither counts as the node's state nor is removed with it."""
+either, so neither counts as the node's state nor is removed with it. The same holds for their mount points (each
+named namespace is a bind mount, and ``ip netns`` mounts the folder onto itself)."""
+
+NETNS_MOUNT_DIRS = ("/run/netns", "/var/run/netns")
+"""Where a named network namespace's mount point can appear (``/var/run`` is a link to ``/run`` on Debian)."""
+
+
+def _is_others_netns_mount(point: str) -> bool:
+    for folder in NETNS_MOUNT_DIRS:
+        if point == folder:
+            return True
+        if point.startswith(folder + "/"):
+            return not point[len(folder) + 1 :].startswith("cni-")
+    return False
 
 
 def _paths() -> frozenset[str]:
@@ -151,7 +164,7 @@ def snapshot() -> HostState:
     return HostState(
         links=frozenset(entry.name for entry in pathlib.Path("/sys/class/net").iterdir()),
         iptables=_iptables_rules(),
-        mounts=frozenset(mount_points()),
+        mounts=frozenset(point for point in mount_points() if not _is_others_netns_mount(point)),
         cgroups=_cgroups(),
         paths=_paths(),
         sysctls=_sysctls(),

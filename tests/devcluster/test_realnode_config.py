@@ -6,9 +6,14 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import pathlib
+import shutil
+import subprocess
 import tarfile
 import tomllib
+
+import pytest
 
 from devcluster import _hoststate, _images, _nodeconfig, _realnode
 
@@ -82,3 +87,16 @@ def test_host_state_difference_names_what_changed():
     assert _hoststate.difference(before, before) == []
     after = dataclasses.replace(before, links=before.links | {"no-such-link0"}, mounts=before.mounts - {"/"})
     assert _hoststate.difference(before, after) == ["links: added no-such-link0", "mounts: removed /"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="ip netns needs root and iproute2")
+def test_a_named_network_namespace_of_another_user_is_not_the_nodes_host_state():
+    name = f"rlhoststate{os.getpid()}"
+    before = _hoststate.snapshot()
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        during = _hoststate.snapshot()
+        assert f"/run/netns/{name}" in _hoststate.mount_points()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=True)
+    assert _hoststate.difference(before, during) == []
