@@ -93,7 +93,8 @@ class Child:
         """
         self._close_log()
         self._log = self.log_path.open("ab")
-        if self.fork and not self.restarts:
+        forked = self.fork and not self.restarts
+        if forked:
             self.popen = _fork.ForkedModule(self.command[2], self.command[3:], self.env, self._log.fileno())
         else:
             self.popen = subprocess.Popen(
@@ -104,7 +105,8 @@ class Child:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} pid {self.popen.pid}: {' '.join(self.command)}\n"
+        how = " (a fork of the launcher)" if forked else ""
+        header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} pid {self.popen.pid}{how}: {' '.join(self.command)}\n"
         self._log.write(header.encode())
         self._log.flush()
         return self.popen.pid
@@ -156,6 +158,11 @@ class LocalRun:
             whether stdout is a terminal (None). Defaults to None.
         eval_restarts (int, optional): Restarts allowed per evaluator before the run fails. Defaults to 3.
         python (str, optional): Interpreter for the children. Defaults to sys.executable.
+        fork (bool, optional): Start the children that run this interpreter as forks of this process (they share
+            its imports), where `_fork.available()`. Only for a process whose threads are all known, as `rlightning
+            run`'s is: a fork copies one thread, and a lock that another thread held stays held in the child. An
+            embedding process (a notebook, a test runner) may run native threads that nothing here can see, so it
+            gets plain subprocesses. Defaults to False.
     """
 
     def __init__(
@@ -166,6 +173,7 @@ class LocalRun:
         plain: bool | None = None,
         eval_restarts: int = 3,
         python: str = sys.executable,
+        fork: bool = False,
     ) -> None:
         self.manifest = manifest
         self.manifest_text = manifest_text
@@ -173,6 +181,7 @@ class LocalRun:
         self.plain = plain
         self.eval_restarts = eval_restarts
         self.python = python
+        self.fork = fork
         self._interrupts = 0
         self._started_at = 0.0
         # The launch: this process's start (its imports and checks count), the children measure from it.
@@ -219,7 +228,7 @@ class LocalRun:
         plan = launch.plan(self.manifest, role, self.launch_site(), ordinal)
         log_path = self.run_dir.logs_dir / f"{name}.log"
         # torchrun's agent and the evaluators share our imports
-        fork = plan.argv[:2] == (sys.executable, "-m") and _fork.available()
+        fork = self.fork and plan.argv[:2] == (sys.executable, "-m") and _fork.available()
         return Child(name, list(plan.argv), self.child_env(plan), log_path, plan.grace_seconds, fork)
 
     def children(self) -> list[Child]:
@@ -385,4 +394,5 @@ def run_local(
     Returns:
         int: The launcher's exit code (0 finished, 1 a child failed, 130 interrupted).
     """
-    return LocalRun(manifest, manifest_path.read_text(encoding="utf-8"), RunDir(run_dir), plain, eval_restarts).run()
+    text = manifest_path.read_text(encoding="utf-8")
+    return LocalRun(manifest, text, RunDir(run_dir), plain, eval_restarts, fork=True).run()

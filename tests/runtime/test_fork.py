@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import logging
+import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlightning import launch
 from rlightning.runtime import _fork
 
-pytestmark = pytest.mark.skipif(not _fork.available(), reason="forks with a pidfd: Linux only")
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="forks with a pidfd: Linux only")
 
 CHILD = """
 import logging, os, signal, sys, torch
@@ -31,56 +31,62 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-@pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "fork_child.py").write_text(textwrap.dedent(CHILD))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    log = tmp_path / "child.log"
-    started = []
-
-    def run(arg: str) -> tuple[_fork.ForkedModule, Path]:
-        with log.open("ab") as out:
-            child = _fork.ForkedModule("fork_child", [arg], {"FORK_TEST": "yes", launch.THREADS_ENV: "1"}, out.fileno())
-        started.append(child)
-        return child, log
-
-    yield run
-    for child in started:
-        if child.poll() is None:
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(timeout=30)
-
-
-def test_a_forked_module_runs_in_its_own_session_with_its_env_and_exit_code(start, caplog) -> None:
-    assert logging.root.handlers  # caplog's: a handler the child must not inherit
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the parent's; the child applies its own OMP_NUM_THREADS
+# The launcher forks from a fresh `rlightning run` process; so does each test, from a fresh interpreter: this
+# test runner's worker has native threads (execnet's, gloo's, OpenMP's) whose locks a fork would leave held.
+DRIVER = """
+import json, logging, os, signal, subprocess, sys, torch
+from rlightning import launch
+from rlightning.runtime import _fork
+scenario, folder = sys.argv[1], sys.argv[2]
+sys.path.insert(0, folder)
+logging.basicConfig(level=logging.INFO, filename=os.path.join(folder, "parent.log"))  # the child must not inherit it
+torch.set_num_threads(2)  # the parent's; the child applies its own OMP_NUM_THREADS
+with open(os.path.join(folder, "child.log"), "ab") as out:
+    env = {"FORK_TEST": "yes", launch.THREADS_ENV: "1"}
+    child = _fork.ForkedModule("fork_child", [scenario], env, out.fileno())
+seen = {"threads": torch.get_num_threads(), "env": os.environ.get("FORK_TEST")}
+if scenario == "wait":
     try:
-        child, log = start("3")
-    finally:
-        torch.set_num_threads(threads)
-    assert child.wait(timeout=60) == 3
-    assert child.poll() == 3 and child.returncode == 3
-    text = log.read_text()
+        child.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+        seen["timed_out"] = True
+    seen["poll_while_running"] = child.poll()
+    os.killpg(child.pid, signal.SIGTERM)  # its own process group, as the launcher signals it
+seen["code"] = child.wait(timeout=60)
+seen["poll"], seen["returncode"] = child.poll(), child.returncode
+print(json.dumps(seen))
+"""
+
+
+def run_scenario(tmp_path: Path, scenario: str) -> tuple[dict, str]:
+    """Fork `fork_child SCENARIO` from a fresh interpreter; return what that parent saw and the child's log."""
+    (tmp_path / "fork_child.py").write_text(textwrap.dedent(CHILD))
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, scenario, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), (tmp_path / "child.log").read_text()
+
+
+def test_a_forked_module_runs_in_its_own_session_with_its_env_and_exit_code(tmp_path: Path) -> None:
+    seen, text = run_scenario(tmp_path, "3")
+    assert seen["code"] == seen["poll"] == seen["returncode"] == 3
     assert "env yes argv ['3'] threads 1" in text
     assert "own session True stdin True" in text
-    assert "child log to its own log" in text and not caplog.records
-    assert "FORK_TEST" not in os.environ  # the parent's environment is untouched
+    assert "child log to its own log" in text and (tmp_path / "parent.log").read_text() == ""
+    assert seen["env"] is None and seen["threads"] == 2  # the parent's environment and threads are untouched
 
 
-def test_an_uncaught_exception_ends_the_fork_with_1_and_its_traceback(start) -> None:
-    child, log = start("raise")
-    assert child.wait(timeout=60) == 1
-    assert "RuntimeError: boom" in log.read_text()
+def test_an_uncaught_exception_ends_the_fork_with_1_and_its_traceback(tmp_path: Path) -> None:
+    seen, text = run_scenario(tmp_path, "raise")
+    assert seen["code"] == 1
+    assert "RuntimeError: boom" in text
 
 
-def test_wait_times_out_while_the_fork_runs_and_a_signal_ends_it(start) -> None:
-    child, log = start("wait")
-    with pytest.raises(subprocess.TimeoutExpired):
-        child.wait(timeout=0.2)
-    assert child.poll() is None
-    os.killpg(child.pid, signal.SIGTERM)  # its own process group, as the launcher signals it
-    assert child.wait(timeout=60) == -signal.SIGTERM
+def test_wait_times_out_while_the_fork_runs_and_a_signal_ends_it(tmp_path: Path) -> None:
+    seen, _ = run_scenario(tmp_path, "wait")
+    assert seen["timed_out"] and seen["poll_while_running"] is None
+    assert seen["code"] == -signal.SIGTERM
 
 
 def test_no_fork_once_cuda_is_initialized(monkeypatch) -> None:

@@ -178,12 +178,16 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         assert child.grace_seconds == 75 and re.fullmatch(r"(eval-\d|trainer)", child.name)
 
 
-def test_local_children_fork_the_launcher_only_when_they_run_its_interpreter(tmp_path):
-    # A fork shares the launcher's imports (torch's agent and the evaluators); another interpreter needs an exec.
-    same = local.LocalRun(_manifest(), "", RunDir(tmp_path / "run")).children()
-    other = local.LocalRun(_manifest(), "", RunDir(tmp_path / "run"), python="/opt/other/python").children()
+def test_local_children_fork_the_launcher_only_when_asked_and_they_run_its_interpreter(tmp_path):
+    # A fork shares the launcher's imports (torch's agent and the evaluators); another interpreter needs an exec,
+    # and an embedding process (this test runner) may hold native threads a fork would leave locks of.
+    run_dir = RunDir(tmp_path / "run")
+    same = local.LocalRun(_manifest(), "", run_dir, fork=True).children()
+    other = local.LocalRun(_manifest(), "", run_dir, python="/opt/other/python", fork=True).children()
+    embedded = local.LocalRun(_manifest(), "", run_dir).children()
     assert [child.fork for child in same] == [_fork.available()] * len(same)  # Linux: True
     assert [child.fork for child in other] == [False] * len(other)
+    assert [child.fork for child in embedded] == [False] * len(embedded)
 
 
 @pytest.mark.parametrize(
