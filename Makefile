@@ -46,13 +46,15 @@ TEST_MYPY_FLAGS := --follow-imports=silent --allow-incomplete-defs --disable-err
 # runs them, and several directories have a conftest.py.
 TEST_DIRS := $(sort $(wildcard tests/*/))
 # mypy keys its cache by the options: runs with other flags keep caches of their own, or each would
-# invalidate the others' and every run would check the library again from scratch.
-MYPY_CACHE := .mypy_cache
+# invalidate the others' and every run would check the library again from scratch. The cache lives outside the
+# checkout, like the Go caches, so a fresh clone on this machine starts warm: mypy takes an entry whose file moved
+# (another clone, another venv) when the file's size and hash still match.
+MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rlightning/mypy
 
 ## Ruff, mypy and the import-layer contracts (pyproject.toml); zero findings.
 lint: install
 	$(VENV)/bin/ruff check rlightning operator devcluster benchmarks tests examples tools
-	$(VENV)/bin/mypy -p rlightning -p rlightning_operator -p devcluster
+	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/lib -p rlightning -p rlightning_operator -p devcluster
 	MYPYPATH=examples/custom_policy $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/user -p reinforce_policy  # as a user would check it
 	MYPYPATH=tests/operator $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/benchmarks --follow-imports=silent benchmarks
 	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)/tools tools
