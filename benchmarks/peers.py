@@ -16,9 +16,10 @@ it. Env steps are those trained on (rlightning: summary.json `env_steps`; SB3: `
 
 Threads: both sides run with `OMP_NUM_THREADS=1` (`THREADS`), set in the environment of the SB3 worker and of
 `rlightning run`. One intra-op thread a process is what `rlightning run` gives its children by default (they
-share the machine's cores), and a 64x64 MLP on 256 samples gains nothing from more; torch's default (one thread
-per core) let SB3's one process spin threads against the other sessions on a shared machine, so its wall swung
-from 9 s to 280 s under load. Pinning both the same way compares the algorithms' code, not the thread settings.
+share the machine's cores), and a 64x64 MLP on 256 samples gains nothing from more; with torch's default (one
+thread per core) SB3's one process ran threads of its own against the other processes on a shared machine (its wall
+went from 9 s to 280 s under load in one sitting, README; not measured apart). Pinning both the same way compares
+the two codes, not their thread settings.
 
 Cases, seeds interleaved (SB3 then rlightning for each seed):
 

@@ -94,7 +94,7 @@ def test_no_fork_once_cuda_is_initialized(monkeypatch) -> None:
 
 
 def test_preload_imports_what_a_module_imports_and_its_fork_runs_it_afresh(tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "preload_child.py").write_text("import sys\nimport preload_dep\nprint('ran as', __name__)\n")
+    (tmp_path / "preload_child.py").write_text("import preload_dep\nprint('ran as', __name__)\n")
     (tmp_path / "preload_dep.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
