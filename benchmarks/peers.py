@@ -14,6 +14,13 @@ start and imports count) to the moment the target is confirmed: for rlightning, 
 rank 0 confirmed the target on the final weights); for SB3, when its worker process prints that an evaluation reached
 it. Env steps are those trained on (rlightning: summary.json `env_steps`; SB3: `num_timesteps`).
 
+Threads: both sides run with `OMP_NUM_THREADS=1` (`THREADS`), set in the environment of the SB3 worker and of
+`rlightning run`. One intra-op thread a process is what `rlightning run` gives its children by default (they
+share the machine's cores), and a 64x64 MLP on 256 samples gains nothing from more; with torch's default (one
+thread per core) SB3's one process ran threads of its own against the other processes on a shared machine (its wall
+went from 9 s to 280 s under load in one sitting, README; not measured apart). Pinning both the same way compares
+the two codes, not their thread settings.
+
 Cases, seeds interleaved (SB3 then rlightning for each seed):
 
 - `cartpole`: `examples/cartpole.yaml` as is (2 DDP ranks, 2 evaluators x 4 envs) against SB3 with 8 envs in one
@@ -62,6 +69,8 @@ SLOW_EVALUATION_INTERVAL_SECONDS = 3600.0
 TARGET_CHECK_SECONDS = 1.0
 PORTS_PER_RUN = 4
 SLOW_ENV_ID = "benchmarks.slow_env:SlowCartPole-v1"
+THREADS = "1"
+"""`OMP_NUM_THREADS` of both sides (module docstring, "Threads")."""
 SOLVED = "solved"
 """The SB3 worker's line on stdout once an evaluation reached the target: `solved <env steps>`."""
 
@@ -77,6 +86,8 @@ class Outcome:
     env_steps: int | None
     first_iteration_seconds: float | None = None
     dropped_share: float | None = None
+    startup_seconds: dict[str, float] | None = None
+    """rlightning's start-up phases (summary.json `startup_seconds`), for `--json`."""
 
 
 # -- rlightning -------------------------------------------------------------------------------------------------
@@ -109,7 +120,8 @@ def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) ->
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
         path, run_dir = Path(tmp) / "manifest.yaml", Path(tmp) / "run"
         path.write_text(yaml.safe_dump(doc))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               "OMP_NUM_THREADS": THREADS}  # fmt: skip
         summary_path = run_dir / "summary.json"
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -134,6 +146,7 @@ def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) ->
     return Outcome(
         "rlightning", case, seed, wall if solved else None, summary["env_steps"] if solved else None,
         summary["startup_seconds"].get("first_iteration"), (summary.get("dropped") or {}).get("share"),
+        summary["startup_seconds"],
     )  # fmt: skip
 
 
@@ -143,7 +156,7 @@ def run_sb3(case: str, config: dict[str, Any], seed: int, timeout: float) -> Out
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--sb3-worker", json.dumps({**config, "seed": seed})],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": THREADS}, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
     wall, steps = None, None

@@ -12,6 +12,7 @@ codes as the interpreter gives them (a `SystemExit` code, 1 for an uncaught exce
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import runpy
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from rlightning import launch
@@ -37,6 +38,28 @@ def available() -> bool:
     torch = sys.modules.get("torch")
     cuda_initialized = torch is not None and torch.cuda.is_initialized()
     return hasattr(os, "fork") and hasattr(os, "pidfd_open") and threading.active_count() == 1 and not cuda_initialized
+
+
+def preload(modules: Iterable[str]) -> None:
+    """Import here, before forking, what `modules` import, so that forks that run them begin with it.
+
+    Each child runs its module with `runpy` as `__main__`; its imports (for a trainer rank, the runtime's weight
+    sync, trajectories and records) would otherwise be imported again by every child that runs it. A module not
+    yet imported leaves `sys.modules` again once its own imports are cached, so the child runs it afresh, as a
+    fresh interpreter would (runpy warns of a module already imported under its own name).
+
+    Args:
+        modules (Iterable[str]): Module names, for example `rlightning.runtime.train`; repeats are imported once. One
+            that cannot be imported is skipped: the child that runs it fails on it and says why in its own log.
+    """
+    for module in dict.fromkeys(modules):
+        if module in sys.modules:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        del sys.modules[module]
 
 
 class ForkedModule:

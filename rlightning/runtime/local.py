@@ -20,6 +20,9 @@ Supervision, as a cluster would do it:
 
 Every child runs in a session of its own (so the terminal's Ctrl-C reaches only the launcher) and logs to
 `<run dir>/logs/<name>.log`.
+
+Before forking, the launcher imports what the children's entrypoints import (`_fork.preload`: the evaluator's, the
+agent's and the ranks'), once, instead of once in each child.
 """
 
 from __future__ import annotations
@@ -110,6 +113,18 @@ class Child:
         self._log.write(header.encode())
         self._log.flush()
         return self.popen.pid
+
+    def forked_modules(self) -> list[str]:
+        """The modules its first start runs as forks: its own, and its ranks' when torchrun forks them
+        (`launch.FORK_RANKS`: the module after torchrun's last `-m`); none when it does not fork.
+        """
+        if not self.fork:
+            return []
+        modules = [self.command[2]]
+        if launch.FORK_RANKS in self.command:
+            last = max(i for i, arg in enumerate(self.command) if arg == "-m")
+            modules.append(self.command[last + 1])
+        return modules
 
     def poll(self) -> int | None:
         """Exit code, or None while running (or never started)."""
@@ -264,6 +279,7 @@ class LocalRun:
         started = time.monotonic()
         self._started_at = time.time()
         try:
+            _fork.preload(module for child in children for module in child.forked_modules())
             pids = [child.start() for child in children]  # before the view starts a thread: see `Child.fork`
             with view:
                 for child, pid in zip(children, pids, strict=True):

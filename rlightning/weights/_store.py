@@ -132,13 +132,14 @@ class Backoff:
     """Exponential backoff of store connection attempts: 0.1 s doubling to 5 s between attempts, reset on success.
 
     A refused connection (the host answers, nothing listens on the port yet: a sender still starting) is retried
-    at most `REFUSED_CAP` apart, since such an attempt costs one round trip and an evaluator that started before
-    its trainer would otherwise find the store up to 5 s late. A receiver keeps one backoff across its short
-    `receive` calls, so waiting for an absent sender makes (and logs) one attempt per backoff step rather than
-    starting again at 0.1 s on every call.
+    `REFUSED_CAP` apart, since such an attempt costs one round trip (about 0.1 ms on loopback) and an evaluator that
+    started before its trainer would otherwise find the store up to a backoff step late (`rlightning run` starts the
+    evaluators first: the step was on the way to the first trained iteration); those attempts are logged at 1, 2, 4,
+    8, ... only (`worth_logging`). A receiver keeps one backoff across its short `receive` calls, so waiting for an
+    absent sender makes (and logs) one attempt per backoff step rather than starting again at 0.1 s on every call.
     """
 
-    FIRST, CAP, REFUSED_CAP = 0.1, 5.0, 0.5
+    FIRST, CAP, REFUSED_CAP = 0.1, 5.0, 0.1
 
     def __init__(self) -> None:
         self.delay = self.FIRST
@@ -159,6 +160,13 @@ class Backoff:
         self.not_before = time.monotonic() + delay
         self.delay = min(delay * 2, self.CAP)
         return delay
+
+    def worth_logging(self) -> bool:
+        """Whether the attempt recorded last deserves a log line: every attempt that failed otherwise than refused,
+        and refused ones (`REFUSED_CAP` apart) at attempts 1, 2, 4, 8, ... (a power of two).
+        """
+        refused = isinstance(self.last_error, ConnectionRefusedError)
+        return not refused or self.attempt & (self.attempt - 1) == 0
 
     def reset(self) -> None:
         """Start again at `FIRST` (after a successful connection)."""
@@ -266,10 +274,11 @@ def connect_store(
             except (RuntimeError, OSError) as exc:  # DistStoreError/DistNetworkError subclass RuntimeError
                 error = exc
         delay = backoff.failed(error)
-        log.info(
-            "weight-sync store %s:%d not reachable yet (attempt %d: %s); retrying in %.1f s",
-            host, port, backoff.attempt, error, delay,
-        )
+        if backoff.worth_logging():
+            log.info(
+                "weight-sync store %s:%d not reachable yet (attempt %d: %s); retrying in %.1f s",
+                host, port, backoff.attempt, error, delay,
+            )
 
 
 def bounded(call: Callable[[], T], timeout: float, what: str) -> T:

@@ -96,3 +96,21 @@ def test_no_fork_once_cuda_is_initialized(monkeypatch) -> None:
     assert _fork.available()
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert not _fork.available()
+
+
+def test_preload_imports_what_a_module_imports_and_its_fork_runs_it_afresh(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "preload_child.py").write_text("import preload_dep\nprint('ran as', __name__)\n")
+    (tmp_path / "preload_dep.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        _fork.preload(["preload_child", "preload_child", "no_such_module_to_preload"])  # a missing one is skipped
+        assert "preload_dep" in sys.modules  # the child's import, now the launcher's
+        assert "preload_child" not in sys.modules  # run afresh by runpy, as in a fresh interpreter
+        log = tmp_path / "child.log"
+        with log.open("ab") as out:
+            child = _fork.ForkedModule("preload_child", [], {launch.THREADS_ENV: "1"}, out.fileno())
+        assert child.wait(timeout=60) == 0
+        text = log.read_text()
+        assert "ran as __main__" in text and "RuntimeWarning" not in text, text
+    finally:
+        sys.modules.pop("preload_dep", None)
