@@ -98,19 +98,30 @@ def test_no_fork_once_cuda_is_initialized(monkeypatch) -> None:
     assert not _fork.available()
 
 
-def test_preload_imports_what_a_module_imports_and_its_fork_runs_it_afresh(tmp_path: Path, monkeypatch) -> None:
+PRELOAD_DRIVER = """
+import json, sys
+from rlightning import launch
+from rlightning.runtime import _fork
+folder = sys.argv[1]
+sys.path.insert(0, folder)
+_fork.preload(["preload_child", "preload_child", "no_such_module_to_preload"])  # a missing one is skipped
+seen = {"dep": "preload_dep" in sys.modules, "child": "preload_child" in sys.modules}
+with open(folder + "/child.log", "ab") as out:
+    seen["code"] = _fork.ForkedModule("preload_child", [], {launch.THREADS_ENV: "1"}, out.fileno()).wait(timeout=60)
+print(json.dumps(seen))
+"""
+
+
+def test_preload_imports_what_a_module_imports_and_its_fork_runs_it_afresh(tmp_path: Path) -> None:
     (tmp_path / "preload_child.py").write_text("import preload_dep\nprint('ran as', __name__)\n")
     (tmp_path / "preload_dep.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        _fork.preload(["preload_child", "preload_child", "no_such_module_to_preload"])  # a missing one is skipped
-        assert "preload_dep" in sys.modules  # the child's import, now the launcher's
-        assert "preload_child" not in sys.modules  # run afresh by runpy, as in a fresh interpreter
-        log = tmp_path / "child.log"
-        with log.open("ab") as out:
-            child = _fork.ForkedModule("preload_child", [], {launch.THREADS_ENV: "1"}, out.fileno())
-        assert child.wait(timeout=60) == 0
-        text = log.read_text()
-        assert "ran as __main__" in text and "RuntimeWarning" not in text, text
-    finally:
-        sys.modules.pop("preload_dep", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELOAD_DRIVER, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])  # after what preload_child printed when preloaded
+    assert seen["dep"]  # the child's import, now the launcher's
+    assert not seen["child"]  # run afresh by runpy, as in a fresh interpreter
+    assert seen["code"] == 0
+    text = (tmp_path / "child.log").read_text()
+    assert "ran as __main__" in text and "RuntimeWarning" not in text, text

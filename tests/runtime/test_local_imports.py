@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from rlightning.runtime import _fork
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cartpole.yaml"
@@ -25,7 +25,7 @@ from rlightning.runtime.local import LocalRun
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.validate import validate_file
 
-run = LocalRun(validate_file(sys.argv[1]), "", RunDir(Path(sys.argv[2])))
+run = LocalRun(validate_file(sys.argv[1]), "", RunDir(Path(sys.argv[2])), fork=True)  # as `rlightning run`
 modules = [module for child in run.children() for module in child.forked_modules()]
 _fork.preload(modules)
 print("preloaded", sorted(set(modules)))
@@ -33,7 +33,7 @@ print("imported", sorted({name.split(".")[0] for name in sys.modules} & set(sys.
 """
 
 
-@pytest.mark.skipif(not _fork.available(), reason="forks with a pidfd: Linux only")
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="forks with a pidfd: Linux only")
 def test_the_launcher_imports_its_childrens_modules_and_no_cluster_client(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LAUNCHER), str(EXAMPLE), str(tmp_path / "run"),
