@@ -99,13 +99,16 @@ class Context:
         reconciler (reconcile.Reconciler): Does the work.
         refresher (refresher.Refresher | None): Debounces child-triggered reconciles; made at startup (it
             needs the running event loop).
-        pod_watch (asyncio.Task[None] | None): The pod watch (`_podwatch.watch_pods`), started at startup (so only
-            by a leader) and cancelled at cleanup.
+        kopf_settings (kopf.OperatorSettings | None): kopf's settings as configured at startup (the pod watch reads
+            its timeouts, page size and label selector).
+        pod_watch (asyncio.Task[None] | None): The pod watch (`_podwatch.watch_pods`), started by the first
+            PolicyGroup event (`group_changed`; so only by a leader) and cancelled at cleanup.
     """
 
     settings: _settings.OperatorSettings
     reconciler: reconcile.Reconciler
     refresher: refresher.Refresher | None = None
+    kopf_settings: kopf.OperatorSettings | None = None
     pod_watch: asyncio.Task[None] | None = None
 
 
@@ -117,7 +120,7 @@ def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) ->
 @kopf.on.startup(registry=REGISTRY)
 async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) -> None:
     """Point kopf's bookkeeping at annotations, name the event source, filter child watches server-side; start
-    the refresher and the pod watch.
+    the refresher.
     """
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -143,15 +146,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
     settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
+    memo.kopf_settings = settings
     memo.refresher = refresher.Refresher(
         memo.reconciler,
         delay=memo.settings.refresh_delay_seconds,
         executor=concurrent.futures.ThreadPoolExecutor(memo.settings.workers, thread_name_prefix="refresh"),
     )
-    # kopf's context (its credentials) goes with the task: the watch runs on kopf's session.
-    namespaces = None if memo.settings.all_namespaces else memo.settings.served_namespaces
-    handle = functools.partial(pod_changed, memo)
-    memo.pod_watch = asyncio.create_task(podwatch.watch_pods(settings, namespaces, handle))
 
 
 @kopf.on.login(registry=REGISTRY)
@@ -257,8 +257,10 @@ def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
 async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's)
     """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
     data (status.training) and the DataFlowing condition disagree, or when a report arrived after
-    TrainingProgressing turned False. Spec changes have handlers of their own.
+    TrainingProgressing turned False. Spec changes have handlers of their own. The first event starts the pod watch.
     """
+    if memo.pod_watch is None:
+        _start_pod_watch(memo)
     namespace, name = body.metadata.namespace, body.metadata.name
     memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
     stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
@@ -266,6 +268,17 @@ async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     if stale and memo.refresher is not None and namespace and name:
         memo.refresher.schedule(namespace, name, full=False)
     metrics.WATCH_EVENTS.labels(kind=contract.KIND, outcome="pass" if stale else "ignored").inc()
+
+
+def _start_pod_watch(memo: Context) -> None:
+    """Start the pod watch in the context of a kopf event handler, which its task copies: kopf's credentials (the
+    watch runs on kopf's session) and kopf's Event queue, which `kopf.event` needs in the passes the watch schedules
+    and which kopf sets only for its object handlers. Before the first PolicyGroup there are no pods to watch.
+    """
+    namespaces = None if memo.settings.all_namespaces else memo.settings.served_namespaces
+    handle = functools.partial(pod_changed, memo)
+    assert memo.kopf_settings is not None, "set at startup, before any event"
+    memo.pod_watch = asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

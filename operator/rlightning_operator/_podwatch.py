@@ -9,9 +9,9 @@ The stream is kopf's (`kopf._cogs.clients.watching.infinite_watch`, on kopf's se
 listing (`settings.watching.chunk_size`), then a watch from the listing's `resourceVersion` that is resumed from the
 last one seen when the server or client timeout ends it or its connection drops, and listed again on 410 Gone,
 with `settings.watching.reconnect_backoff` between attempts; the label selector is
-`settings.watching.label_selectors["v1", "pods"]`. It runs inside kopf (started by a startup handler), so only the
-leader watches. An error that ends kopf's stream (a refusal, an unexpected error event) starts it again, listing
-first, after `RETRY_SECONDS`.
+`settings.watching.label_selectors["v1", "pods"]`. It runs inside kopf (`_handlers` starts it at the first
+PolicyGroup event), so only the leader watches. An error that ends kopf's stream (a refusal, an unexpected error
+event) starts it again, listing first, after `RETRY_SECONDS`.
 """
 
 from __future__ import annotations
