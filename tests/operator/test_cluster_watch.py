@@ -43,13 +43,18 @@ def evaluators_ready(crd, namespace, count: int) -> bool:
     return condition(group, "Ready").get("status") == "True" and group["status"]["eval"]["ready"] == count
 
 
+def freeze_once_ready(crd, namespace, proxy) -> float:
+    """Apply a group of 2 evaluators, wait until they are ready, freeze every open connection; when (monotonic)."""
+    apply(crd, namespace, small(replicas=2))
+    wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
+    assert proxy.freeze_open() > 0
+    return time.monotonic()
+
+
 def test_watches_frozen_without_a_reset_are_made_again_within_the_bound(crd, namespace, tmp_path, proxy):
     operator = through(crd, namespace, tmp_path, proxy).start()
     try:
-        apply(crd, namespace, small(replicas=2))
-        wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
-        assert proxy.freeze_open() > 0
-        frozen = time.monotonic()
+        frozen = freeze_once_ready(crd, namespace, proxy)
         crd.kubectl("scale", "pg", "cartpole", "-n", namespace, "--replicas=3")  # directly, not through the proxy
         bound = float(FAST["RLIGHTNING_OPERATOR_WATCH_CLIENT_TIMEOUT_SECONDS"]) + SLACK_SECONDS
         wait_for("the scale to be handled through new connections", lambda: evaluators_ready(crd, namespace, 3),
@@ -66,10 +71,7 @@ def test_pod_events_during_a_frozen_pod_watch_are_delivered_by_the_watch_made_ag
     # status names it only if the operator's own pod watch was made again and resumed where it stopped.
     operator = through(crd, namespace, tmp_path, proxy).start()
     try:
-        apply(crd, namespace, small(replicas=2))
-        wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
-        assert proxy.freeze_open() > 0
-        frozen = time.monotonic()
+        frozen = freeze_once_ready(crd, namespace, proxy)
         crashing = {"status": {
             "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
             "containerStatuses": [{
