@@ -101,15 +101,16 @@ class Context:
             needs the running event loop).
         kopf_settings (kopf.OperatorSettings | None): kopf's settings as configured at startup (the pod watch reads
             its timeouts, page size and label selector).
-        pod_watch (asyncio.Task[None] | None): The pod watch (`_podwatch.watch_pods`), started by the first
-            PolicyGroup event (`group_changed`; so only by a leader) and cancelled at cleanup.
+        pod_watch (list[asyncio.Task[None]]): The pod watch (`_podwatch.watch_pods`) once started by the first
+            PolicyGroup event (`group_changed`; so only by a leader), cancelled at cleanup. A list, made before kopf
+            starts: kopf gives each object's handlers a shallow copy of the memo, and this must be shared.
     """
 
     settings: _settings.OperatorSettings
     reconciler: reconcile.Reconciler
     refresher: refresher.Refresher | None = None
     kopf_settings: kopf.OperatorSettings | None = None
-    pod_watch: asyncio.Task[None] | None = None
+    pod_watch: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -174,10 +175,10 @@ async def login(memo: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
 @kopf.on.cleanup(registry=REGISTRY)
 async def cleanup(memo: Context, **_: Any) -> None:
     """Stop the pod watch and cancel pending refreshes."""
-    if memo.pod_watch is not None:
-        memo.pod_watch.cancel()
+    for task in memo.pod_watch:
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await memo.pod_watch
+            await task
     if memo.refresher is not None:
         await memo.refresher.close()
 
@@ -259,7 +260,7 @@ async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     data (status.training) and the DataFlowing condition disagree, or when a report arrived after
     TrainingProgressing turned False. Spec changes have handlers of their own. The first event starts the pod watch.
     """
-    if memo.pod_watch is None:
+    if not memo.pod_watch:
         _start_pod_watch(memo)
     namespace, name = body.metadata.namespace, body.metadata.name
     memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
@@ -278,7 +279,7 @@ def _start_pod_watch(memo: Context) -> None:
     namespaces = None if memo.settings.all_namespaces else memo.settings.served_namespaces
     handle = functools.partial(pod_changed, memo)
     assert memo.kopf_settings is not None, "set at startup, before any event"
-    memo.pod_watch = asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle))
+    memo.pod_watch.append(asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle)))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:
