@@ -1,9 +1,9 @@
 """The operator's one watch of its pods: each event trimmed at once (`_pods.trim`) and handed to one callback.
 
 kopf's `kopf.on.event` runs one queue and one worker task per object, and each queue holds whole parsed bodies until
-its worker handles them: with thousands of pods starting at once, those queues were the largest part of the
-operator's memory (docs/operator.md, "At scale"). Here each event is parsed, trimmed to what the status reads and
-handled in the stream's own task, so nothing is held per pod; the reconciler keeps what it needs per group.
+its worker handles them: with thousands of pods starting at once, those queues held the largest share of the
+operator's Python allocations (docs/operator.md, "At scale"). Here each event is parsed, trimmed to what the status
+reads and handled in the stream's own task, so nothing is held per pod; the reconciler keeps what it needs per group.
 
 The stream is kopf's (`kopf._cogs.clients.watching.infinite_watch`, on kopf's session and settings): a paged
 listing (`settings.watching.chunk_size`), then a watch from the listing's `resourceVersion` that is resumed from the
