@@ -49,12 +49,12 @@ class JsonFormatter(logging.Formatter):
 
 
 class QuietChildEvents(logging.Filter):
-    """Drops kopf's per-event success line of the child and pod watches (one per Job, StatefulSet or pod change)."""
+    """Drops kopf's per-event success line of the child watches (one per Job or StatefulSet change)."""
 
-    QUIET = ("Handler 'child_changed' succeeded.", "Handler 'pod_changed' succeeded.")
+    QUIET = ("Handler 'child_changed' succeeded.",)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for "Handler 'child_changed' succeeded." and "Handler 'pod_changed' succeeded." records."""
+        """False for "Handler 'child_changed' succeeded." records of kopf."""
         return not (record.name == "kopf.objects" and record.getMessage() in self.QUIET)
 
 
@@ -173,7 +173,6 @@ async def _serve(
         namespaces=settings.served_namespaces,
         standalone=True,
         memo=context,
-        memories=handlers.PodsForgotten(),
     ))
     tasks: set[asyncio.Task[None]] = {kopf_task}
     if elector is not None:

@@ -7,11 +7,13 @@
   reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
   change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
   each child as last watched (`Reconciler.note_child`), so a status refresh reads none.
-- events of their pods (same selector; read-only): a debounced status refresh, so that status says when pods
-  crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the rest: a pod that only
-  starts, a label or annotation); a refresh that finds a trainer pod failed or gone reconciles whole (a gang
-  restart). The reconciler keeps from these events the pods the status reads (`_pods.trim`: every trainer pod, a
-  gone one as the evidence of its loss, and the evaluators not ready), so no pass lists pods.
+- events of their pods (same selector; read-only), from the operator's own pod watch (`_podwatch`, started at
+  startup, not a kopf handler: kopf would hold a queue and a worker per pod): a debounced status refresh, so that
+  status says when pods crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the
+  rest: a pod that only starts, a label or annotation); a refresh that finds a trainer pod failed or gone
+  reconciles whole (a gang restart). The reconciler keeps from these events the pods the status reads
+  (`_pods.trim`: every trainer pod, a gone one as the evidence of its loss, and the evaluators not ready), so no
+  pass lists pods.
 - events of the PolicyGroups themselves (their status included): kept by the reconciler as the body a pass
   starts from (`Reconciler.note_group`), and a status refresh only when the trainer's report
   of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`), or the trainer
@@ -22,15 +24,18 @@
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
 
 What kopf keeps (docs/operator.md, "At scale"): no copy of any watched body (event handlers have no diff base;
-only PolicyGroups get one, in an annotation); one small record per watched object (`PodsForgotten`: none per pod);
-initial listings in pages of `LIST_CHUNK_SIZE`; an object's worker (with its last body) gone `WORKER_IDLE_SECONDS`
-after its last event; at most `kopf_connection_limit` connections to the API server.
+only PolicyGroups get one, in an annotation); one small record per watched PolicyGroup, Job and StatefulSet, none per
+pod; initial listings in pages of `LIST_CHUNK_SIZE`; an object's worker (with its last body) gone
+`WORKER_IDLE_SECONDS` after its last event; at most `kopf_connection_limit` connections to the API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import logging
 import socket
 from collections.abc import Mapping
@@ -38,11 +43,11 @@ from typing import Any
 
 import aiohttp
 import kopf
-from kopf._core.reactor import inventory  # kopf exports no name for the memories `kopf.operator` accepts
 
 from rlightning import contract
 from rlightning_operator import _kube as kube
 from rlightning_operator import _metrics as metrics
+from rlightning_operator import _podwatch as podwatch
 from rlightning_operator import _reconcile as reconcile
 from rlightning_operator import _refresher as refresher
 from rlightning_operator import _settings
@@ -61,8 +66,8 @@ minute kept hundreds of pod bodies alive at once (peak RSS of `benchmarks/operat
 82 MiB with 0.5 s). A worker that exited is started again by the object's next event (kopf 1.45 handles every event
 in turn: it has no batch window that a longer wait would fill)."""
 WATCHED_KINDS = 4
-"""Kinds kopf watches (PolicyGroups, Jobs, StatefulSets, Pods): one long-lived watch connection each per served
-namespace (one each when cluster-wide)."""
+"""Kinds watched on kopf's session (PolicyGroups, Jobs, StatefulSets by kopf, pods by `_podwatch`): one long-lived
+watch connection each per served namespace (one each when cluster-wide)."""
 
 
 def kopf_connection_limit(settings: _settings.OperatorSettings) -> int:
@@ -85,19 +90,6 @@ def kopf_connection_limit(settings: _settings.OperatorSettings) -> int:
     return WATCHED_KINDS * namespaces + settings.workers
 
 
-class PodsForgotten(inventory.ResourceMemories):
-    """kopf's per-object memories (error throttling, daemons, indexes, the first-listing mark), kept for every
-    watched object but pods: `pod_changed` needs none of them, and one record per pod would make the operator's
-    memory grow with pods rather than groups. A pod's record is made for its event and dropped after it.
-    """
-
-    async def recall(self, raw_body: Any, *, memobase: Any = None, noticed_by_listing: bool = False,
-                     ephemeral: bool = False) -> inventory.ResourceMemory:
-        """kopf's `recall`, ephemeral for pods (kopf sets `kind` on listed items too)."""
-        return await super().recall(raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing,
-                                    ephemeral=ephemeral or raw_body.get("kind") == "Pod")
-
-
 @dataclasses.dataclass
 class Context:
     """What the handlers share, passed to kopf as the operator's memo.
@@ -107,11 +99,18 @@ class Context:
         reconciler (reconcile.Reconciler): Does the work.
         refresher (refresher.Refresher | None): Debounces child-triggered reconciles; made at startup (it
             needs the running event loop).
+        kopf_settings (kopf.OperatorSettings | None): kopf's settings as configured at startup (the pod watch reads
+            its timeouts, page size and label selector).
+        pod_watch (list[asyncio.Task[None]]): The pod watch (`_podwatch.watch_pods`) once started by the first
+            PolicyGroup event (`group_changed`; so only by a leader), cancelled at cleanup. A list, made before kopf
+            starts: kopf gives each object's handlers a shallow copy of the memo, and this must be shared.
     """
 
     settings: _settings.OperatorSettings
     reconciler: reconcile.Reconciler
     refresher: refresher.Refresher | None = None
+    kopf_settings: kopf.OperatorSettings | None = None
+    pod_watch: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -121,7 +120,9 @@ def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) ->
 
 @kopf.on.startup(registry=REGISTRY)
 async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) -> None:
-    """Point kopf's bookkeeping at annotations, name the event source, filter child watches server-side."""
+    """Point kopf's bookkeeping at annotations, name the event source, filter child watches server-side; start
+    the refresher.
+    """
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=contract.API_GROUP, key="last-handled-configuration"
@@ -146,6 +147,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
     settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
+    memo.kopf_settings = settings
     memo.refresher = refresher.Refresher(
         memo.reconciler,
         delay=memo.settings.refresh_delay_seconds,
@@ -172,7 +174,11 @@ async def login(memo: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
 
 @kopf.on.cleanup(registry=REGISTRY)
 async def cleanup(memo: Context, **_: Any) -> None:
-    """Cancel pending refreshes."""
+    """Stop the pod watch and cancel pending refreshes."""
+    for task in memo.pod_watch:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     if memo.refresher is not None:
         await memo.refresher.close()
 
@@ -230,18 +236,21 @@ async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
         metrics.WATCH_EVENTS.labels(kind=body.get("kind") or "", outcome="pass" if scheduled else "ignored").inc()
 
 
-@kopf.on.event("v1", "pods", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}, registry=REGISTRY)
-async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's name)
+def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
     """A pod of a managed Job or StatefulSet changed (crash loop, scheduling, readiness): refresh its PolicyGroup's
     status soon, unless nothing `_pods` reads from it changed. Pods are only read, never written.
+
+    Args:
+        memo (Context): The operator's shared state.
+        pod (dict[str, Any]): The pod as `_podwatch` hands it (`_pods.trim`med).
+        deleted (bool): It is gone (a DELETED event).
     """
-    group = body.metadata.labels.get(contract.LABEL_GROUP)
-    if group and memo.refresher is not None and body.metadata.namespace:
-        pod = _plain(body)
-        memo.reconciler.note_pod(pod, deleted=type == "DELETED")  # what the status reads: no pass lists pods
-        scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "",
-                                          status.pod_fingerprint(pod), deleted=type == "DELETED", child=False,
-                                          unseen=status.QUIET_POD)
+    metadata = pod["metadata"]
+    group, namespace = (metadata.get("labels") or {}).get(contract.LABEL_GROUP), metadata.get("namespace")
+    if group and memo.refresher is not None and namespace:
+        memo.reconciler.note_pod(pod, deleted=deleted)  # what the status reads: no pass lists pods
+        scheduled = memo.refresher.notify(namespace, group, metadata.get("uid") or "", status.pod_fingerprint(pod),
+                                          deleted=deleted, child=False, unseen=status.QUIET_POD)
         metrics.WATCH_EVENTS.labels(kind="Pod", outcome="pass" if scheduled else "ignored").inc()
 
 
@@ -249,8 +258,10 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any
 async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's)
     """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
     data (status.training) and the DataFlowing condition disagree, or when a report arrived after
-    TrainingProgressing turned False. Spec changes have handlers of their own.
+    TrainingProgressing turned False. Spec changes have handlers of their own. The first event starts the pod watch.
     """
+    if not memo.pod_watch:
+        _start_pod_watch(memo)
     namespace, name = body.metadata.namespace, body.metadata.name
     memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
     stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
@@ -258,6 +269,17 @@ async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     if stale and memo.refresher is not None and namespace and name:
         memo.refresher.schedule(namespace, name, full=False)
     metrics.WATCH_EVENTS.labels(kind=contract.KIND, outcome="pass" if stale else "ignored").inc()
+
+
+def _start_pod_watch(memo: Context) -> None:
+    """Start the pod watch in the context of a kopf event handler, which its task copies: kopf's credentials (the
+    watch runs on kopf's session) and kopf's Event queue, which `kopf.event` needs in the passes the watch schedules
+    and which kopf sets only for its object handlers. Before the first PolicyGroup there are no pods to watch.
+    """
+    namespaces = None if memo.settings.all_namespaces else memo.settings.served_namespaces
+    handle = functools.partial(pod_changed, memo)
+    assert memo.kopf_settings is not None, "set at startup, before any event"
+    memo.pod_watch.append(asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle)))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

@@ -91,29 +91,6 @@ def trim(pod: Mapping[str, Any]) -> dict[str, Any]:
             "status": kept_status, **({"spec": {"nodeName": node}} if node else {})}
 
 
-def older_incarnation(pod: Mapping[str, Any], kept: Mapping[str, Any] | None) -> bool:
-    """Whether `pod` is an earlier pod of the same name than `kept` (a StatefulSet's replacement keeps the name).
-
-    kopf handles each pod (by UID) in a worker of its own, so the last events of a deleted evaluator pod may arrive
-    after the first of its replacement; they must not overwrite or remove it.
-
-    Args:
-        pod (Mapping[str, Any]): A pod as watched.
-        kept (Mapping[str, Any] | None): The pod of that name as kept (`trim`), if any.
-
-    Returns:
-        bool: True when both have UIDs, they differ, and `pod` was created earlier, or in the same second and is
-        being deleted.
-    """
-    if kept is None:
-        return False
-    new, old = kept.get("metadata") or {}, pod.get("metadata") or {}
-    if not new.get("uid") or not old.get("uid") or new["uid"] == old["uid"]:
-        return False
-    created, kept_created = str(old.get("creationTimestamp") or ""), str(new.get("creationTimestamp") or "")
-    return created < kept_created or (created == kept_created and bool(old.get("deletionTimestamp")))
-
-
 def settled(pod: Mapping[str, Any]) -> bool:
     """Whether no check of this module can find a problem in `pod` as it is: Running, Ready, every container ready,
     not being deleted. A settled evaluator pod need not be kept (its StatefulSet counts it ready).

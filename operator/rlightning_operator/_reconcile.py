@@ -248,11 +248,8 @@ class Reconciler:
         key, name = (metadata.get("namespace", ""), group), metadata.get("name", "")
         with self._pods_guard:
             seen = self._pods_seen.setdefault(key, {})
-            kept = seen.get(name)
             if role == contract.PolicyRole.TRAIN:
                 seen[name] = _SeenPod(pods.trim(pod), gone=deleted)
-            elif pods.older_incarnation(pod, kept.pod if kept else None):
-                pass  # a late event of the evaluator pod this one replaced
             elif deleted or pods.settled(pod):
                 seen.pop(name, None)
             else:

@@ -60,6 +60,7 @@ def test_one_replica_acts_and_the_standby_takes_over(crd, namespace, tmp_path):
         assert sum(1 for reason, _ in posted if reason == "Created") == 11, posted  # every child once
         assert all(count == 1 for count in posted.values()), posted
         assert "reconcile-create" not in second.log() and "cartpole: create" not in second.log()
+        assert "watching pods" in first.log() and "watching pods" not in second.log(), "only the leader watches"
         status, body = second.health()
         assert status == 200 and body["role"] == "standby", body
 
@@ -77,6 +78,7 @@ def test_one_replica_acts_and_the_standby_takes_over(crd, namespace, tmp_path):
         posted = group_events(crd, namespace)
         assert all(count == 1 for count in posted.values()), posted
         assert any(reason == "Scaled" for reason, _ in posted), posted
+        assert "watching pods" in second.log()
         assert "Traceback" not in second.log()
     finally:
         for process in (first, second):

@@ -126,7 +126,10 @@ def _quiet(operator):
 
 def test_a_pod_field_the_status_does_not_read_changes_nothing(crd, namespace, operator):
     apply(crd, namespace, small(replicas=2))
+    apply(crd, namespace, small("other", replicas=1))  # a second group must not start a second pod watch
     wait_for("Ready=True", lambda: ready(crd, namespace))
+    wait_for("other Ready=True", lambda: condition(get_json(crd, "pg", "other", "-n", namespace), "Ready").get(
+        "status") == "True")
     before = _quiet(operator)
     ignored = operator.counter("rlightning_operator_watch_events_total", kind="Pod", outcome="ignored")
     crd.kubectl("label", "pod", "cartpole-eval-1", "-n", namespace, "example.com/team=a")
@@ -134,6 +137,8 @@ def test_a_pod_field_the_status_does_not_read_changes_nothing(crd, namespace, op
     wait_for("both pod events seen by the operator", lambda: operator.counter(
         "rlightning_operator_watch_events_total", kind="Pod", outcome="ignored") >= ignored + 2)
     assert _quiet(operator) == before, "no reconcile, no status write"
+    assert operator.counter("rlightning_operator_watch_events_total", kind="Pod", outcome="ignored") == ignored + 2, \
+        "each pod event handled once: one pod watch"
     # The status still follows what it reads of the same pod.
     crd.kubectl("patch", "pod", "cartpole-eval-1", "-n", namespace, "--subresource=status", "--type=merge", "-p",
                 json.dumps({"status": {"conditions": [{"type": "Ready", "status": "False"}], "containerStatuses": [{

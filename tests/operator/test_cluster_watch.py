@@ -3,9 +3,12 @@ liveness endpoint fails, or, as the leader, it exits before a standby may act.""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+
+from rlightning import contract
 
 from operator_cluster import OperatorProcess, apply, condition, get_json, small, wait_for
 from tcp_proxy import SilencingProxy
@@ -40,19 +43,50 @@ def evaluators_ready(crd, namespace, count: int) -> bool:
     return condition(group, "Ready").get("status") == "True" and group["status"]["eval"]["ready"] == count
 
 
+def freeze_once_ready(crd, namespace, proxy) -> float:
+    """Apply a group of 2 evaluators, wait until they are ready, freeze every open connection; when (monotonic)."""
+    apply(crd, namespace, small(replicas=2))
+    wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
+    assert proxy.freeze_open() > 0
+    return time.monotonic()
+
+
 def test_watches_frozen_without_a_reset_are_made_again_within_the_bound(crd, namespace, tmp_path, proxy):
     operator = through(crd, namespace, tmp_path, proxy).start()
     try:
-        apply(crd, namespace, small(replicas=2))
-        wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
-        assert proxy.freeze_open() > 0
-        frozen = time.monotonic()
+        frozen = freeze_once_ready(crd, namespace, proxy)
         crd.kubectl("scale", "pg", "cartpole", "-n", namespace, "--replicas=3")  # directly, not through the proxy
         bound = float(FAST["RLIGHTNING_OPERATOR_WATCH_CLIENT_TIMEOUT_SECONDS"]) + SLACK_SECONDS
         wait_for("the scale to be handled through new connections", lambda: evaluators_ready(crd, namespace, 3),
                  timeout=bound)
         print(f"quiet watch: the scale was handled {time.monotonic() - frozen:.1f} s after the freeze")
         assert operator.health()[0] == 200
+    finally:
+        operator.stop()
+        print(operator.log()[-8000:])
+
+
+def test_pod_events_during_a_frozen_pod_watch_are_delivered_by_the_watch_made_again(crd, namespace, tmp_path, proxy):
+    # Only the pod watch can tell a crash loop (the StatefulSet counts the pod unready, no pass lists pods), so the
+    # status names it only if the operator's own pod watch was made again and resumed where it stopped.
+    operator = through(crd, namespace, tmp_path, proxy).start()
+    try:
+        frozen = freeze_once_ready(crd, namespace, proxy)
+        crashing = {"status": {
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+            "containerStatuses": [{
+                "name": "eval", "image": contract.DEFAULT_IMAGE, "imageID": "", "ready": False, "restartCount": 3,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}]}}
+        crd.kubectl("patch", "pod", "cartpole-eval-0", "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps(crashing))  # directly, not through the proxy
+        bound = float(FAST["RLIGHTNING_OPERATOR_WATCH_CLIENT_TIMEOUT_SECONDS"]) + SLACK_SECONDS
+
+        def crash_loop_named() -> bool:
+            evaluators = condition(get_json(crd, "pg", "cartpole", "-n", namespace), "EvaluatorsReady")
+            return evaluators.get("reason") == "CrashLoopBackOff" and "cartpole-eval-0" in evaluators["message"]
+        wait_for("the crash loop named through a new pod watch", crash_loop_named, timeout=bound)
+        print(f"frozen pod watch: the crash loop was named {time.monotonic() - frozen:.1f} s after the freeze")
     finally:
         operator.stop()
         print(operator.log()[-8000:])

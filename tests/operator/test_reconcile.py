@@ -709,24 +709,3 @@ def test_what_is_kept_of_watched_objects_holds_no_managed_fields(api, reconciler
     reconciler.reconcile(watched)  # its status write returns the object: kept until the watch delivers it
     kept = reconciler.read_group(NS, "cartpole")
     assert "managedFields" not in kept["metadata"] and kept["status"] == stored_status(api)
-
-
-def _evaluator(uid, created, **extra):
-    metadata = {"name": "cartpole-eval-1", "namespace": NS, "uid": uid, "creationTimestamp": created,
-                "labels": {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}, **extra}
-    return {"kind": "Pod", "metadata": metadata,
-            "status": {"phase": "Pending", "conditions": [
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
-
-
-@pytest.mark.parametrize("late", ["deleted", "terminating"])
-def test_late_events_of_a_replaced_evaluator_pod_leave_its_replacement_kept(reconciler, late):
-    # kopf handles each pod UID in its own worker: the old eval-1's last events may come after the new one's first.
-    old = _evaluator("old", "2026-12-03T07:58:00Z", deletionTimestamp="2026-12-03T07:59:20Z")
-    new = _evaluator("new", "2026-12-03T07:59:21Z")
-    reconciler.note_pod(new)
-    reconciler.note_pod(old, deleted=late == "deleted")
-
-    assert [p["metadata"]["uid"] for p in reconciler._live_pods(NS, "cartpole")] == ["new"]
-    reconciler.note_pod(new, deleted=True)  # the replacement's own deletion still removes it
-    assert reconciler._live_pods(NS, "cartpole") == []
