@@ -8,9 +8,9 @@
   change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
   each child as last watched (`Reconciler.note_child`), so a status refresh reads none.
 - events of their pods (same selector; read-only), from the operator's own pod watch (`_podwatch`, started at
-  the first PolicyGroup event, not a kopf handler: kopf would hold a queue and a worker per pod): a debounced status refresh, so that
-  status says when pods crash-loop, cannot be scheduled or hold a rollout (`_status.pod_fingerprint` drops the
-  rest: a pod that only starts, a label or annotation); a refresh that finds a trainer pod failed or gone
+  the first PolicyGroup event, not a kopf handler: kopf would hold a queue and a worker per pod): a debounced
+  status refresh, so that status says when pods crash-loop, cannot be scheduled or hold a rollout
+  (`_status.pod_fingerprint` drops the rest: a pod that only starts, a label or annotation); a refresh that finds a trainer pod failed or gone
   reconciles whole (a gang restart). The reconciler keeps from these events the pods the status reads
   (`_pods.trim`: every trainer pod, a gone one as the evidence of its loss, and the evaluators not ready), so no
   pass lists pods.
