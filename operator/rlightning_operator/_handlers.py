@@ -10,10 +10,10 @@
 - events of their pods (same selector; read-only), from the operator's own pod watch (`_podwatch`, started at
   the first PolicyGroup event, not a kopf handler: kopf would hold a queue and a worker per pod): a debounced
   status refresh, so that status says when pods crash-loop, cannot be scheduled or hold a rollout
-  (`_status.pod_fingerprint` drops the rest: a pod that only starts, a label or annotation); a refresh that finds a trainer pod failed or gone
-  reconciles whole (a gang restart). The reconciler keeps from these events the pods the status reads
-  (`_pods.trim`: every trainer pod, a gone one as the evidence of its loss, and the evaluators not ready), so no
-  pass lists pods.
+  (`_status.pod_fingerprint` drops the rest: a pod that only starts, a label or annotation); a refresh that
+  finds a trainer pod failed or gone reconciles whole (a gang restart). The reconciler keeps from these events
+  the pods the status reads (`_pods.trim`: every trainer pod, a gone one as the evidence of its loss, and the
+  evaluators not ready), so no pass lists pods.
 - events of the PolicyGroups themselves (their status included): kept by the reconciler as the body a pass
   starts from (`Reconciler.note_group`), and a status refresh only when the trainer's report
   of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`), or the trainer
