@@ -4,7 +4,8 @@ Runs `benchmarks/weight_sync.py --link-rate` (the sender and 4 receivers each in
 tests/_netns.py) and checks what the topology buys: a star (the sender sends every receiver its copy) needs
 n * M / bw, a relay tree of fan-out k at least k * M / bw, a chain (fan-out 1) M / bw plus its pipeline's fill
 (docs/weight-sync.md, "Capped links"). So at 4 receivers only the chain can be 2x faster than the star; fan-out 2
-is bounded by 2x and must show most of it. Every receiver must hold the exact digest, and the run must leave no
+is bounded by 2x and must show most of it. Two trees of fan-out 2 (`relayTrees: 2`) upload at most one model from
+any node, so they beat one tree of fan-out 2. Every receiver must hold the exact digest, and the run must leave no
 namespace (its links and qdiscs live only inside them), also when it is interrupted.
 
 Needs root, `ip` and `tc` (skipped otherwise, marker `netns`). Ports: none on the host (all inside the namespaces).
@@ -58,6 +59,27 @@ def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
     assert star["seconds"] >= 1.5 * tree["seconds"], rows
     assert chain["sender_egress_bytes"] <= 1.05 * model and tree["sender_egress_bytes"] <= 1.05 * model, rows
     assert star["sender_egress_bytes"] >= 3.9 * model, rows
+
+
+def test_double_tree_on_capped_links_sends_one_model_and_beats_the_tree(tmp_path):
+    rows_file = tmp_path / "rows.json"
+    # 16 MB in 1 MiB transfers at 200 Mbit/s: fan-out 2's root uploads 2 copies (about 1.4 s), while in two trees
+    # every member uploads at most one (about 0.9 s: the model plus 4 transfers of pipeline fill)
+    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", "dtree2,relay2", "--syncs", "3",
+                 "--gap", "0.2", "--bucket-bytes", str(1 << 20), "--json", str(rows_file))
+    try:
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    assert _netns.leftovers(prefix_of(proc)) == []
+    rows = {r["topology"]: r for r in json.loads(rows_file.read_text())}
+    assert all(r["digests_ok"] for r in rows.values()), rows  # every receiver holds the sender's exact digest
+    double, tree = rows["dtree2"], rows["relay2"]
+    model = double["model_bytes"]
+    assert model * 0.99 <= double["sender_egress_bytes"] <= 1.05 * model, rows  # half down each tree: one model
+    assert tree["seconds"] >= 1.3 * double["seconds"], rows
 
 
 def test_an_interrupted_run_removes_its_namespaces():
