@@ -6,9 +6,10 @@ each of its group's two trees, receiving alternate transfers from a parent in ea
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
+import functools
 import logging
+import queue
 import time
 import uuid
 from collections.abc import Mapping
@@ -41,6 +42,11 @@ stale for any trainer long before."""
 
 class _RoundFailed(Exception):
     """This publish cannot be used; the receiver drops its group and registers again."""
+
+
+def _put_index(done: queue.SimpleQueue[int], index: int, _future: object) -> None:
+    """Future callback: transfer `index` finished (it runs in gloo's thread, so it only enqueues)."""
+    done.put(index)
 
 
 class _Inbound:
@@ -372,9 +378,10 @@ class WeightReceiver:
                 del self._epochs[version]
         destination = self._choose_destination(layout, device, apply, into)
         transfers = [torch.zeros(4, dtype=torch.int64, device=device), *destination.segments]  # header first
-        forwarder = _relay.Forwarder(self._children, transfers, ann.trees)
+        trees_of = _topology.split(layout.segment_nbytes(), ann.trees)
+        forwarder = _relay.Forwarder(self._children, transfers, trees_of)
         try:
-            self._receive_broadcast(store, ann, plans, layout, transfers, destination, forwarder)
+            self._receive_broadcast(store, ann, plans, layout, transfers, trees_of, destination, forwarder)
             self._wait_commit(store, ann.seq, group.index)
         except BaseException:
             destination.abort()
@@ -450,10 +457,12 @@ class WeightReceiver:
         plans: tuple[dict[int, _topology.Place], ...],
         layout: _buckets.BucketLayout,
         transfers: list[torch.Tensor],
+        trees_of: list[int],
         destination: _destination.Destination,
         forwarder: _relay.Forwarder,
     ) -> None:
-        """Receive the header and every transfer of publish `ann` from the parents, relaying each on arrival.
+        """Receive the header and every transfer of publish `ann` from the parents (transfer i >= 1 down tree
+        `trees_of[i - 1]`), relaying each on arrival.
 
         When the edge from the parent in one of two trees breaks, the other tree's transfers are still received
         and relayed (its children there get the publish) before the publish is dropped here.
@@ -484,7 +493,7 @@ class WeightReceiver:
                     relayed = True
             if not destination.begin(self._timings.pause):
                 raise _RoundFailed(f"rollouts did not pause within {self._timings.pause:.1f} s for publish {ann.seq}")
-            self._receive_transfers(inbound, transfers, forwarder, destination)
+            self._receive_transfers(inbound, transfers, trees_of, forwarder, destination)
         except RuntimeError as exc:
             for tree in range(len(self._parents)):  # every tree is cut here: as if each edge broke
                 inbound.broken.setdefault(tree, str(exc))
@@ -552,6 +561,7 @@ class WeightReceiver:
         self,
         inbound: _Inbound,
         transfers: list[torch.Tensor],
+        trees_of: list[int],
         forwarder: _relay.Forwarder,
         destination: _destination.Destination,
     ) -> None:
@@ -561,36 +571,49 @@ class WeightReceiver:
         into the policy's tensors then, and its buffer is reused only once the children got it too
         (`Forwarder.release`).
 
-        Transfer i (after the header) comes from the parent in tree i % trees (`_topology.carried`); one whose
-        edge broke is skipped (this publish is then dropped once the other trees' transfers were relayed).
+        Transfer i >= 1 comes from the parent in tree `trees_of[i - 1]` (`_topology.split`); one whose edge broke
+        is skipped (this publish is then dropped once the other trees' transfers were relayed).
 
         Raises:
             RuntimeError: when every edge from a parent failed or timed out.
         """
-        inflight: collections.deque[tuple[int, dist.Work | None]] = collections.deque()
-        trees = len(inbound.edges)
-        arrived = 1  # transfers here, the header included
-        last_in_slot: list[int | None] = [None] * _inplace.STAGING_SLOTS  # segment last received into each
+        # transfers of two trees arrive independently: each is landed and relayed as soon as it is here, whatever
+        # the other tree's; waiting for them in order would make a member that relays one tree wait for the other
+        # tree's previous transfer, which may itself come through the first (a cycle that serializes the trees)
+        done: queue.SimpleQueue[int] = queue.SimpleQueue()  # indices whose receive finished (or failed)
+        inflight: dict[int, tuple[int, dist.Work | None]] = {}  # index -> (tree, its receive)
+        landed: set[int] = set()
+        last_in_slot: list[int | None] = [None] * _inplace.STAGING_SLOTS  # transfer last received into each
+        bound = self._timings.edge_from_parent + self._timings.step  # past every receive's own timeout
 
         def arrive() -> None:
-            nonlocal arrived
-            if inbound.wait(*inflight.popleft()):
-                destination.land(arrived - 1, transfers[arrived])
-            arrived += 1
-            forwarder.advance(arrived)  # relay each transfer as soon as it is here
+            try:
+                index = done.get(timeout=bound)
+            except queue.Empty:
+                raise RuntimeError(f"no transfer arrived within {bound:g} s") from None
+            if inbound.wait(*inflight.pop(index)):
+                destination.land(index - 1, transfers[index])
+                forwarder.arrived(index)  # relay each transfer as soon as it is here
+            landed.add(index)
 
-        for index, flat in enumerate(transfers[1:]):
+        for index in range(1, len(transfers)):
             if len(inflight) >= _transport.MAX_IN_FLIGHT:
                 arrive()
-            slot = destination.slot(index)
+            slot = destination.slot(index - 1)
             if slot is not None:
                 previous = last_in_slot[slot]
                 if previous is not None:  # its buffer is reused: unpacked and relayed first
-                    while arrived <= previous + 1:
+                    while previous not in landed:
                         arrive()
-                    forwarder.release(previous + 2, time.monotonic() + self._timings.step)
+                    forwarder.release(previous + 1, time.monotonic() + self._timings.step)
                 last_in_slot[slot] = index
-            inflight.append((index % trees, inbound.start(index % trees, flat)))
+            tree = trees_of[index - 1]
+            work = inbound.start(tree, transfers[index])
+            inflight[index] = (tree, work)
+            if work is None:
+                done.put(index)
+            else:
+                work.get_future().add_done_callback(functools.partial(_put_index, done, index))
         while inflight:
             arrive()
 

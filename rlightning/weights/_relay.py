@@ -23,6 +23,7 @@ import collections
 import concurrent.futures
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -93,27 +94,42 @@ class Forwarder:
     Args:
         children (list[ChildEdge]): this relay's children (failed ones are skipped).
         transfers (list[torch.Tensor]): every transfer of the publish in order (header first), as views of
-            the relay's own received buffers; transfer i may be forwarded once `advance(i + 1)` was called.
-        trees (int, optional): relay trees the transfers are split over; a child gets those of its own tree
-            (`_topology.carried`). Defaults to 1.
+            the relay's own received buffers; transfer i may be forwarded once `arrived(i)` or `advance(i + 1)`
+            was called.
+        trees_of (Sequence[int] | None, optional): the relay tree of each transfer after the header
+            (`_topology.split`); a child gets those of its own tree (`_topology.carried`). Defaults to None: all
+            in tree 0.
     """
 
-    def __init__(self, children: list[ChildEdge], transfers: list[torch.Tensor], trees: int = 1) -> None:
+    def __init__(
+        self, children: list[ChildEdge], transfers: list[torch.Tensor], trees_of: Sequence[int] | None = None
+    ) -> None:
         self._children = children
         self._transfers = transfers
         # child ordinal -> the indices of the transfers it gets, and how many of them were queued on its edge
-        self._carried = {c.ordinal: _topology.carried(len(transfers), trees, c.tree) for c in children}
+        trees_of = [0] * (len(transfers) - 1) if trees_of is None else trees_of
+        self._carried = {c.ordinal: _topology.carried(trees_of, c.tree) for c in children}
         self._sent = {child.ordinal: 0 for child in children}
         self._works: dict[int, collections.deque[dist.Work]] = {c.ordinal: collections.deque() for c in children}
-        self._available = 0
+        self._here = [False] * len(transfers)  # transfer index -> arrived completely
 
     def advance(self, available: int) -> None:
-        """Queue transfers [sent, available) on every child edge that is formed; never blocks on a child.
+        """Queue every arrived transfer on every child edge that is formed; never blocks on a child.
 
         Args:
             available (int): how many transfers, from the first, have arrived completely.
         """
-        self._available = max(self._available, available)
+        self._here[:available] = [True] * available
+        self._push()
+
+    def arrived(self, index: int) -> None:
+        """Transfer `index` arrived completely (those of two trees arrive independently): queue what the children
+        of its tree can get now, in order; never blocks on a child.
+        """
+        self._here[index] = True
+        self._push()
+
+    def _push(self) -> None:
         for child in self._children:
             edge = child.ready()
             if edge is None:
@@ -122,7 +138,7 @@ class Forwarder:
             try:
                 while works and works[0].is_completed():  # reap, so a broken edge is noticed early
                     works.popleft().wait()
-                while self._sent[child.ordinal] < len(carried) and carried[self._sent[child.ordinal]] < available:
+                while self._sent[child.ordinal] < len(carried) and self._here[carried[self._sent[child.ordinal]]]:
                     works.append(edge.broadcast(self._transfers[carried[self._sent[child.ordinal]]]))
                     self._sent[child.ordinal] += 1
             except RuntimeError as exc:
@@ -154,7 +170,7 @@ class Forwarder:
         for child in self._children:
             if child.error is None and child.ready(deadline - time.monotonic()) is None and child.error is None:
                 child.fail("the edge did not form before its buffer was reused")
-        self.advance(self._available)
+        self._push()
         for child in self._children:
             works = self._works[child.ordinal]
             needed = bisect.bisect_left(self._carried[child.ordinal], count)  # its transfers below `count`
@@ -177,7 +193,7 @@ class Forwarder:
         for child in self._children:
             if child.ready(deadline - time.monotonic()) is None and child.error is None:
                 child.fail("the edge did not form in time")
-        self.advance(len(self._transfers))
+        self._push()
         for child in self._children:
             works = self._works[child.ordinal]
             try:

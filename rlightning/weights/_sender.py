@@ -6,7 +6,7 @@ published or started from (the checkpoint's) and the newest one any receiver reg
 One publish, in order (keys in `_store`, values in `_messages`):
 1. fold new membership events; assign the version; plan groups (only changed groups get a new generation);
    each group is a relay tree (`_topology`) whose root this sender feeds, and whose members relay to each other
-   (or two trees, `config.relay_trees`, each fed alternate transfers: `_topology.carried`);
+   (or two trees, `config.relay_trees`, each fed about half the transfers' bytes: `_topology.split`);
 2. announce the publish (version, layout signature, groups) under a fresh sequence number, so receivers
    wait on the store, never inside a collective, between publishes;
 3. form the edges to new groups' roots (one per tree) concurrently, each bounded by `SyncTimings.step`
@@ -377,7 +377,7 @@ class WeightSender:
         inflight = _Pipeline(groups, self._timings.step)
         count, signature = len(layout.buckets), layout.signature
         inflight.send({d: _transport.header_tensor(seq, version, count, signature, d) for d in inflight.devices()})
-        packed, trees = 0, self.config.relay_trees
+        packed, trees_of = 0, _topology.split(layout.segment_nbytes(), self.config.relay_trees)
         for index, segment in enumerate(layout.segments):
             targets = inflight.devices()
             if not targets:
@@ -388,8 +388,7 @@ class WeightSender:
                 slot, packed = packed % 2, packed + 1
                 inflight.free(slot)  # its staging buffer is written next
             inflight.make_room()
-            # transfer index + 1 (the header is 0) travels down tree index % trees (`_topology.carried`)
-            inflight.send({d: self._source(segment, state, d, slot) for d in targets}, slot, index % trees)
+            inflight.send({d: self._source(segment, state, d, slot) for d in targets}, slot, trees_of[index])
         inflight.drain()
 
     def _finish(

@@ -9,8 +9,8 @@ its descendants register again and the next plan routes around it. Each edge is 
 (`_transport.BroadcastGroup`) with its own store prefix (`_store.edge_prefix`), keyed by the tree and the child it
 feeds.
 
-With two trees (`relay_trees`, `weightSync.relayTrees: 2`) a publish's transfers are split between them by index
-(`carried`): tree 0 is the tree above, tree 1 the same tree over the members in reverse order, so the members
+With two trees (`relay_trees`, `weightSync.relayTrees: 2`) a publish's transfers are split between them by bytes
+(`split`, `carried`): tree 0 is the tree above, tree 1 the same tree over the members in reverse order, so the members
 interior in one are leaves in the other (for fan-out >= 2) and every member uploads at most fan-out / 2 models'
 worth while the depth stays log_fanout(n). This is NCCL's double binary tree (Sanders, Speck and Traeff 2009,
 "Two-tree algorithms for full bandwidth broadcast, reduction and scan"; NCCL 2.4 mirrors its tree in the same
@@ -124,23 +124,47 @@ def root(places: dict[int, Place]) -> int:
     return next(ordinal for ordinal, place in places.items() if place.parent is None)
 
 
-def carried(count: int, trees: int, tree: int) -> list[int]:
-    """Indices of the transfers of one publish that travel down `tree`: the header (0) down every tree, and
-    transfer i >= 1 down tree (i - 1) % `trees`, so two trees carry alternate transfers and fill together.
+def split(sizes: Sequence[int], trees: int) -> list[int]:
+    """Which tree each transfer after the header travels down: in order, each to the tree that has carried the
+    fewest bytes so far (the first on a tie), so the trees carry about half the model each and fill together
+    (by index alone, a model of large weights each followed by a small bias would send every weight down one tree).
 
     Args:
-        count (int): transfers of the publish, the header included.
+        sizes (Sequence[int]): bytes of each transfer after the header, in order (`BucketLayout.segment_nbytes`).
         trees (int): trees the publish is split over (1 or 2).
-        tree (int): which one (0 <= tree < trees).
+
+    Returns:
+        list[int]: the tree of each transfer, in order.
+
+    Examples:
+        >>> split([100, 1, 100, 1, 100], 2)
+        [0, 1, 1, 0, 0]
+    """
+    carried_bytes = [0] * trees
+    out = []
+    for size in sizes:
+        tree = carried_bytes.index(min(carried_bytes))
+        carried_bytes[tree] += size
+        out.append(tree)
+    return out
+
+
+def carried(trees_of: Sequence[int], tree: int) -> list[int]:
+    """Indices of the transfers of one publish that travel down `tree`: the header (0) down every tree, and
+    transfer i >= 1 down tree `trees_of[i - 1]` (`split`).
+
+    Args:
+        trees_of (Sequence[int]): the tree of each transfer after the header.
+        tree (int): which tree.
 
     Returns:
         list[int]: ascending transfer indices.
 
     Examples:
-        >>> carried(6, 2, 1)
-        [0, 2, 4]
+        >>> carried([0, 1, 1, 0, 0], 1)
+        [0, 2, 3]
     """
-    return [0, *range(1 + tree, count, trees)]
+    return [0, *(i + 1 for i, t in enumerate(trees_of) if t == tree)]
 
 
 def subtrees(plans: Sequence[dict[int, Place]], ordinal: int) -> list[int]:

@@ -16,7 +16,7 @@ from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, 
 
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightSender
-from rlightning.weights._topology import Place, carried, relay_trees, root, subtrees
+from rlightning.weights._topology import Place, carried, relay_trees, root, split, subtrees
 from tests._ports import WEIGHTS_DOUBLE_TREE
 
 torch.set_num_threads(1)
@@ -62,12 +62,17 @@ def test_relay_trees_refuses_a_third_tree():
         relay_trees([0, 1], 2, 3)
 
 
-@pytest.mark.parametrize(("count", "trees"), [(1, 2), (2, 2), (9, 2), (10, 2), (7, 1)])
-def test_the_trees_carry_the_header_and_split_the_transfers_between_them(count, trees):
-    shares = [carried(count, trees, tree) for tree in range(trees)]
+@pytest.mark.parametrize(
+    ("sizes", "trees"),
+    [([], 2), ([5], 2), ([8] * 9, 2), ([1 << 20, 4096] * 20, 2), ([1 << 20] * 3 + [7, 9] + [1 << 20] * 4, 2),
+     ([3, 1, 4], 1)],
+)
+def test_the_trees_carry_the_header_and_half_the_bytes_each(sizes, trees):
+    shares = [carried(split(sizes, trees), tree) for tree in range(trees)]
     assert all(share[0] == 0 for share in shares)  # the header travels down every tree
-    assert sorted(i for share in shares for i in share[1:]) == list(range(1, count))  # every transfer once
-    assert max(len(s) for s in shares) - min(len(s) for s in shares) <= 1  # halves
+    assert sorted(i for share in shares for i in share[1:]) == list(range(1, len(sizes) + 1))  # every transfer once
+    loads = [sum(sizes[i - 1] for i in share[1:]) for share in shares]
+    assert max(loads) - min(loads) <= max(sizes, default=0)  # halves, to one transfer (weights and biases alike)
 
 
 def test_a_failed_member_costs_its_subtree_in_each_tree_only():
