@@ -14,9 +14,9 @@ With two trees (`relay_trees`, `weightSync.relayTrees: 2`) a publish's transfers
 interior in one are leaves in the other (for fan-out >= 2) and every member uploads at most fan-out / 2 models'
 worth while the depth stays log_fanout(n). This is NCCL's double binary tree (Sanders, Speck and Traeff 2009,
 "Two-tree algorithms for full bandwidth broadcast, reduction and scan"; NCCL 2.4 mirrors its tree in the same
-way for an even rank count). A member that fails then takes down its subtree in each tree (`subtrees`): a member
-below it in one tree still receives the other tree's transfers and forwards them, so its own children in that
-other tree are not affected.
+way for an even rank count). A member that fails then takes down its `subtree` in each tree: a member below it in
+one tree still receives the other tree's transfers and forwards them, so its own children in that other tree are
+not affected.
 """
 
 from __future__ import annotations
@@ -166,22 +166,3 @@ def carried(trees_of: Sequence[int], tree: int) -> list[int]:
     """
     return [0, *(i + 1 for i, t in enumerate(trees_of) if t == tree)]
 
-
-def subtrees(plans: Sequence[dict[int, Place]], ordinal: int) -> list[int]:
-    """`ordinal` and every member below it in any of `plans`: those that miss a publish when `ordinal` fails.
-
-    A member below it in one tree misses that tree's transfers, but still relays the other tree's, so the loss
-    stops there.
-
-    Args:
-        plans (Sequence[dict[int, Place]]): the trees of one group (`relay_trees`).
-        ordinal (int): one of its members.
-
-    Returns:
-        list[int]: the ordinals, sorted.
-
-    Examples:
-        >>> subtrees(relay_trees([0, 1, 2, 3], 2, 2), 1)
-        [1, 3]
-    """
-    return sorted({below for places in plans for below in subtree(places, ordinal)})

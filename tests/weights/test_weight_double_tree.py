@@ -16,7 +16,7 @@ from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, 
 
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightSender
-from rlightning.weights._topology import Place, carried, relay_trees, root, split, subtrees
+from rlightning.weights._topology import Place, carried, relay_trees, root, split, subtree
 from tests._ports import WEIGHTS_DOUBLE_TREE
 
 torch.set_num_threads(1)
@@ -73,6 +73,11 @@ def test_the_trees_carry_the_header_and_half_the_bytes_each(sizes, trees):
     assert sorted(i for share in shares for i in share[1:]) == list(range(1, len(sizes) + 1))  # every transfer once
     loads = [sum(sizes[i - 1] for i in share[1:]) for share in shares]
     assert max(loads) - min(loads) <= max(sizes, default=0)  # halves, to one transfer (weights and biases alike)
+
+
+def subtrees(plans: tuple, ordinal: int) -> list[int]:
+    """What a member's death costs: its subtree in each tree (a member below it in one still relays the other)."""
+    return sorted({below for places in plans for below in subtree(places, ordinal)})
 
 
 def test_a_failed_member_costs_its_subtree_in_each_tree_only():
