@@ -39,10 +39,11 @@ def bench(*args: str, stdout=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(BENCH), "--link-rate", "200mbit", *args], stdout=stdout, text=True)
 
 
-def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
+def capped_rows(tmp_path: Path, topologies: str) -> dict[str, dict]:
+    """Run 4M parameters to 4 receivers in 1 MiB transfers over each of `topologies` (3 timed publishes each);
+    the rows by topology, once the run left no namespace behind."""
     rows_file = tmp_path / "rows.json"
-    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s
-    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", "relay1,relay2,star", "--syncs", "3",
+    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", topologies, "--syncs", "3",
                  "--gap", "0.2", "--bucket-bytes", str(1 << 20), "--json", str(rows_file))
     try:
         assert proc.wait(120) == 0
@@ -51,7 +52,12 @@ def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
             proc.send_signal(signal.SIGTERM)  # the benchmark removes its namespaces on SIGTERM
             proc.wait(30)
     assert _netns.leftovers(prefix_of(proc)) == []
-    rows = {r["topology"]: r for r in json.loads(rows_file.read_text())}
+    return {r["topology"]: r for r in json.loads(rows_file.read_text())}
+
+
+def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
+    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s
+    rows = capped_rows(tmp_path, "relay1,relay2,star")
     assert all(r["digests_ok"] for r in rows.values()), rows
     star, chain, tree = rows["star"], rows["relay1"], rows["relay2"]
     model = star["model_bytes"]
@@ -62,19 +68,9 @@ def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
 
 
 def test_double_tree_on_capped_links_sends_one_model_and_beats_the_tree(tmp_path):
-    rows_file = tmp_path / "rows.json"
     # 16 MB in 1 MiB transfers at 200 Mbit/s: fan-out 2's root uploads 2 copies (about 1.4 s), while in two trees
     # every member uploads at most one (about 0.9 s: the model plus 4 transfers of pipeline fill)
-    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", "dtree2,relay2", "--syncs", "3",
-                 "--gap", "0.2", "--bucket-bytes", str(1 << 20), "--json", str(rows_file))
-    try:
-        assert proc.wait(120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-    assert _netns.leftovers(prefix_of(proc)) == []
-    rows = {r["topology"]: r for r in json.loads(rows_file.read_text())}
+    rows = capped_rows(tmp_path, "dtree2,relay2")
     assert all(r["digests_ok"] for r in rows.values()), rows  # every receiver holds the sender's exact digest
     double, tree = rows["dtree2"], rows["relay2"]
     model = double["model_bytes"]

@@ -2,7 +2,7 @@
 processes that each receive half the transfers down each tree and relay them.
 
 The capped-link run (the sender's egress is one model, every receiver holds the exact digest) is in
-test_weight_capped.py. Ports: WEIGHTS_DOUBLE_TREE of tests/_ports.py, indices 0-2.
+test_weight_capped.py. Ports: WEIGHTS_DOUBLE_TREE of tests/_ports.py, indices 0-3.
 """
 
 from __future__ import annotations
@@ -11,18 +11,13 @@ import math
 
 import pytest
 import torch
-from test_weight_relay import IN_PLACE, digests_match, publish_through_a_death, receiver_mode
-from wsync_helpers import BUCKET_BYTES, applied_versions, start_receiver, stop, wait_members, wait_reports, weights_for
+from test_weight_relay import FLEET, IN_PLACE, kill_one_of_eight, publish_to_eight
 
-from rlightning.config import WeightSyncConfig
-from rlightning.weights import WeightSender
 from rlightning.weights._topology import Place, carried, relay_trees, root, split, subtree
 from tests._ports import WEIGHTS_DOUBLE_TREE
 
 torch.set_num_threads(1)
-TIMEOUT = 5.0
-FLEET = list(range(8))
-# tree 0: 0 -> 1, 2; 1 -> 3, 4; 2 -> 5, 6; 3 -> 7
+# FLEET, 8 receivers: tree 0: 0 -> 1, 2; 1 -> 3, 4; 2 -> 5, 6; 3 -> 7
 # tree 1 (the members reversed): 7 -> 6, 5; 6 -> 4, 3; 5 -> 2, 1; 4 -> 0
 
 
@@ -88,22 +83,6 @@ def test_a_failed_member_costs_its_subtree_in_each_tree_only():
     assert subtrees(relay_trees(FLEET, 2, 1), 6) == [6]
 
 
-def config(timeout: float = TIMEOUT) -> WeightSyncConfig:
-    return WeightSyncConfig(
-        backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=8, relay_fanout=2, relay_trees=2,
-        timeout_seconds=timeout,
-    )
-
-
-def start_fleet(port: int, receive: str, *extra_of: tuple[int, tuple[str, ...]]) -> list:
-    extra = dict(extra_of)
-    return [
-        start_receiver(port, o, "--relay-trees", "2", *receiver_mode(receive), *extra.get(o, ()), group_size=8,
-                       lifetime=120.0)
-        for o in FLEET
-    ]
-
-
 def port_of(receive: str, index: int) -> int:
     """A port per test and mode: a parametrized run must not wait for the previous one's sockets to close."""
     return WEIGHTS_DOUBLE_TREE.port(2 * index + (receive == "in-place"))
@@ -113,49 +92,13 @@ def port_of(receive: str, index: int) -> int:
 @pytest.mark.timeout(240)
 @IN_PLACE
 def test_eight_receivers_in_two_trees_hold_identical_weights_after_every_publish(procs, receive):
-    port = port_of(receive, 0)
-    procs += start_fleet(port, receive)
-    sender = WeightSender(config(), "127.0.0.1", port)
-    try:
-        wait_members(sender, set(FLEET), timeout=120.0)
-        for version in range(1, 5):
-            stats = sender.publish(weights_for(version))
-            assert (stats.version, stats.receivers_acked, stats.failed) == (version, FLEET, {})
-            reports = wait_reports(sender, lambda r, v=version: digests_match(r, FLEET, v))
-            assert digests_match(reports, FLEET, version), {o: r.applied.version for o, r in reports.items()}
-    finally:
-        sender.close()
-    stop(procs)
-    assert [applied_versions(p) for p in procs] == [[1, 2, 3, 4]] * len(FLEET)
+    publish_to_eight(procs, port_of(receive, 0), receive, trees=2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @IN_PLACE
 def test_a_receiver_killed_mid_publish_costs_its_subtrees_only_and_they_rejoin(procs, receive):
-    port = port_of(receive, 1)
     # 6 dies receiving version 2: a leaf in tree 0; in tree 1 it relays to 4 and 3, and 4 to 0. So 0, 3 and 4 miss
     # tree 1's half of version 2, but still relay tree 0's: 0 feeds 1 and 2, 1 feeds 3 and 4, 2 feeds 5 and 6
-    procs += start_fleet(port, receive, (6, ("--die-in-version", "2")))
-    cut_off, others = [0, 3, 4, 6], [1, 2, 5, 7]
-    sender = WeightSender(config(), "127.0.0.1", port)
-    try:
-        # its tree neighbours reported the subtrees lost once the edges broke: the sender did not wait the timeout
-        error = publish_through_a_death(sender, procs, FLEET, 6, r"group 0 \(ordinals \[0, 3, 4, 6\]\)", TIMEOUT / 2)
-        assert "ordinal 6 lost: " in str(error)
-        assert error.stats.receivers_acked == others and error.stats.failed == {0: cut_off}
-        assert digests_match(wait_reports(sender, lambda r: digests_match(r, others, 2)), others, 2)
-
-        # the cut-off members registered again; the next publish re-plans both trees without the dead one
-        survivors = sorted(set(FLEET) - {6})
-        wait_members(sender, set(survivors))
-        stats = sender.publish(weights_for(3))
-        assert (stats.receivers_acked, stats.formed_groups, stats.failed) == (survivors, [0], {})
-        assert digests_match(wait_reports(sender, lambda r: digests_match(r, survivors, 3)), survivors, 3)
-    finally:
-        sender.close()
-    stop(procs)
-    for ordinal in others:
-        assert applied_versions(procs[ordinal]) == [1, 2, 3]
-    for ordinal in (0, 3, 4):  # never a torn version 2: they kept 1 (staged) or held none (in place) until 3
-        assert applied_versions(procs[ordinal]) == [1, 3]
+    kill_one_of_eight(procs, port_of(receive, 1), receive, 6, [0, 3, 4, 6], trees=2)
