@@ -653,12 +653,22 @@ class WeightReceiver:
             for tree, places in enumerate(plans)
             for child in places[self.ordinal].children
         ]
-        try:
-            # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it
-            for tree in range(len(plans)):
-                self._parents.append(edge(self.ordinal, tree, _relay.CHILD_RANK, self._timings.edge_from_parent))
-        except RuntimeError as exc:
-            raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {exc}") from exc
+        # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it. The trees' edges
+        # form at once: one after the other, a root of one tree would meet the sender only once its parent in the
+        # other tree had reached this publish, and the sender waits for its roots one timeout only
+        failure: RuntimeError | None = None
+        with concurrent.futures.ThreadPoolExecutor(len(plans), thread_name_prefix="wsync-parent") as parents:
+            forming = [
+                parents.submit(edge, self.ordinal, tree, _relay.CHILD_RANK, self._timings.edge_from_parent)
+                for tree in range(len(plans))
+            ]
+            for future in forming:
+                try:
+                    self._parents.append(future.result())  # (closed with the group, also when another failed)
+                except RuntimeError as exc:
+                    failure = failure or exc
+        if failure is not None:
+            raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {failure}")
 
     def _layout(self, store: dist.TCPStore, signature: str) -> _buckets.BucketLayout:
         if signature not in self._layouts:

@@ -53,10 +53,10 @@ class ChildEdge:
     Args:
         ordinal (int): the child's ordinal.
         forming (concurrent.futures.Future): resolves to the edge (`BroadcastGroup`, this side rank 0) or raises.
-        tree (int, optional): the relay tree it is this relay's child in (`_topology.relay_trees`). Defaults to 0.
+        tree (int): the relay tree it is this relay's child in (`_topology.relay_trees`).
     """
 
-    def __init__(self, ordinal: int, forming: concurrent.futures.Future, tree: int = 0) -> None:
+    def __init__(self, ordinal: int, forming: concurrent.futures.Future, tree: int) -> None:
         self.ordinal, self.tree = ordinal, tree
         self._forming = forming
         self.edge: _transport.BroadcastGroup | None = None
@@ -96,18 +96,14 @@ class Forwarder:
         transfers (list[torch.Tensor]): every transfer of the publish in order (header first), as views of
             the relay's own received buffers; transfer i may be forwarded once `arrived(i)` or `advance(i + 1)`
             was called.
-        trees_of (Sequence[int] | None, optional): the relay tree of each transfer after the header
-            (`_topology.split`); a child gets those of its own tree (`_topology.carried`). Defaults to None: all
-            in tree 0.
+        trees_of (Sequence[int]): the relay tree of each transfer after the header (`_topology.split`); a child
+            gets those of its own tree (`_topology.carried`).
     """
 
-    def __init__(
-        self, children: list[ChildEdge], transfers: list[torch.Tensor], trees_of: Sequence[int] | None = None
-    ) -> None:
+    def __init__(self, children: list[ChildEdge], transfers: list[torch.Tensor], trees_of: Sequence[int]) -> None:
         self._children = children
         self._transfers = transfers
         # child ordinal -> the indices of the transfers it gets, and how many of them were queued on its edge
-        trees_of = [0] * (len(transfers) - 1) if trees_of is None else trees_of
         self._carried = {c.ordinal: _topology.carried(trees_of, c.tree) for c in children}
         self._sent = {child.ordinal: 0 for child in children}
         self._works: dict[int, collections.deque[dist.Work]] = {c.ordinal: collections.deque() for c in children}

@@ -79,7 +79,7 @@ def group_prefix(group: int, generation: int) -> str:
     return f"{ROOT}pg/{group}/{generation}/"
 
 
-def edge_prefix(group: int, generation: int, child: int, tree: int = 0) -> str:
+def edge_prefix(group: int, generation: int, child: int, tree: int) -> str:
     """PrefixStore prefix of the relay edge into receiver `child` in relay tree `tree` of group `group` at
     `generation` (`_topology.relay_trees`).
     """
