@@ -25,14 +25,15 @@ Usage:
 `--link-rate RATE` (root): the sender and every receiver each in a network namespace of its own, joined by veth
 pairs to one bridge, every link capped both ways at RATE with tbf (tests/_netns.py), as pods behind capped links
 are. Per receiver count, for each size and topology of `--topologies`: `relayK` (one relay tree of fan-out K),
-`star` (`groupSize` 1: the sender sends every receiver its own copy, as a naive broadcast does) and `tcp` (one
-plain TCP stream to one receiver: the link's physical limit, with 1 receiver only). Each topology is timed over
-`--syncs` publishes after one that forms the trees; the median is reported. Every receiver's digest of the last
-version is checked against the sender's. `--kill-relay` kills receiver 1 half way into one more publish of the
-last phase and times the failure and the next publish. Then it fits t = d * a + X / bw per hop (see `critical_path`) and
-projects 100, 1,000 and 10,000 evaluators. `--json` rows: topology, params, receivers, seconds (median),
-all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes, digests_ok,
-loadavg (the machine's 1-minute load when the row finished).
+`dtreeK` (two relay trees of fan-out K, each carrying half the transfers: `weightSync.relayTrees` 2, NCCL's double
+binary tree for K = 2), `star` (`groupSize` 1: the sender sends every receiver its own copy, as a naive broadcast
+does) and `tcp` (one plain TCP stream to one receiver: the link's physical limit, with 1 receiver only). Each
+topology is timed over `--syncs` publishes after one that forms the trees; the median is reported. Every receiver's
+digest of the last version is checked against the sender's. `--kill-relay` kills receiver 1 half way into one more
+publish of the last phase and times the failure and the next publish. Then it fits t = d * a + X / bw per hop (see
+`critical_path`) and projects 100, 1,000 and 10,000 evaluators. `--json` rows: topology, params, receivers, seconds
+(median), all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes,
+digests_ok, loadavg (the machine's 1-minute load when the row finished).
 
 `--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
 model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
@@ -62,7 +63,7 @@ import torch
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightReceiver, WeightSender, WeightSyncError, tensor_digests
 from rlightning.weights._buckets import TRANSFER_MAX_BYTES, BucketLayout
-from rlightning.weights._topology import relay_tree
+from rlightning.weights._topology import relay_tree, relay_trees
 from rlightning.weights._transport import BroadcastGroup
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
@@ -314,25 +315,35 @@ CAPPED_PROJECTED = (100, 1000, 10_000)
 """Fleet sizes of the projection."""
 
 
+TREES_OF = {"relay": 1, "dtree": 2}
+"""Relay trees per group (`weightSync.relayTrees`) of each relay topology's name."""
+
+
 def topology_fanout(topology: str) -> int | None:
-    """The relay fan-out of `relayK`; None for `star` and `tcp`.
+    """The relay fan-out of `relayK` and `dtreeK`; None for `star` and `tcp`.
 
     Raises:
         ValueError: on another name.
     """
     if topology in ("star", "tcp"):
         return None
-    if topology.startswith("relay") and topology[5:].isdigit() and int(topology[5:]) >= 1:
+    if topology[:5] in TREES_OF and topology[5:].isdigit() and int(topology[5:]) >= 1:
         return int(topology[5:])
-    raise ValueError(f"--topologies: {topology!r} is not relayK (K >= 1), star or tcp")
+    raise ValueError(f"--topologies: {topology!r} is not relayK or dtreeK (K >= 1), star or tcp")
+
+
+def topology_trees(topology: str) -> int:
+    """Relay trees per group: 2 for `dtreeK`, else 1."""
+    return TREES_OF.get(topology[:5], 1)
 
 
 def capped_config(args: argparse.Namespace, topology: str, receivers: int) -> WeightSyncConfig:
-    """`relayK`: one tree of fan-out K; `star`: groups of one, so the sender sends every receiver its copy."""
+    """`relayK`: one tree of fan-out K; `dtreeK`: two; `star`: groups of one (the sender sends each its copy)."""
     fanout = topology_fanout(topology)
     return WeightSyncConfig(
         backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=receivers if fanout else 1,
-        relay_fanout=fanout or WeightSyncConfig().relay_fanout, timeout_seconds=args.timeout,
+        relay_fanout=fanout or WeightSyncConfig().relay_fanout, relay_trees=topology_trees(topology),
+        timeout_seconds=args.timeout,
     )
 
 
@@ -606,7 +617,12 @@ def print_capped_row(r: dict, rows: list[dict]) -> None:
 
 
 def critical_path(
-    fanout: int | None, receivers: int, model_bytes: int, transfer_bytes: int, group_size: int | None = None
+    fanout: int | None,
+    receivers: int,
+    model_bytes: int,
+    transfer_bytes: int,
+    group_size: int | None = None,
+    trees: int = 1,
 ) -> tuple[int, int]:
     """Hops and link bytes on the path to the receiver that a capped-link publish reaches last.
 
@@ -615,7 +631,9 @@ def critical_path(
     path of hops h = 1..d whose senders feed c_h peers the last byte arrives after
     X / bw = (T * sum(c_h) + (M - T) * max(c_h)) / bw, the pipeline's fill plus the model at its slowest hop,
     and each hop adds a fixed cost a: t = d * a + X / bw (`fit_capped`). A star is one hop feeding every
-    receiver: X = n * M.
+    receiver: X = n * M. With two trees (`dtreeK`) each carries M / 2 (alternate transfers), the sender feeds
+    both roots, and every receiver's link takes in from two parents at once, so every hop gets at most bw / 2:
+    c_h = max(c_h, 2), and X = T * sum(c_h) + (M / 2 - T) * max(c_h); for fan-out 2 that is M + 2 (d - 1) T.
 
     Args:
         fanout (int | None): relay fan-out; None: the star (groups of one).
@@ -623,6 +641,7 @@ def critical_path(
         model_bytes (int): M.
         transfer_bytes (int): T, the largest transfer (`BucketLayout.segments`).
         group_size (int | None, optional): receivers per tree (`groupSize`); None: one tree. Defaults to None.
+        trees (int, optional): relay trees per group (`relayTrees`). Defaults to 1.
 
     Returns:
         tuple[int, int]: (d, X) of the receiver with the largest X (then the deepest).
@@ -631,20 +650,23 @@ def critical_path(
         return 1, receivers * model_bytes
     group = min(group_size or receivers, receivers)
     groups = -(-receivers // group)
-    tree = relay_tree(list(range(group)), fanout)  # a full group is the slowest
     worst = (0, 0)
-    for place in tree.values():
-        feeds, up = [groups], place
-        while up.parent is not None:
-            up = tree[up.parent]
-            feeds.append(len(up.children))
-        x = transfer_bytes * sum(feeds) + (model_bytes - transfer_bytes) * max(feeds)
-        worst = max(worst, (x, place.depth))
+    for tree in relay_trees(list(range(group)), fanout, trees):  # a full group is the slowest
+        for place in tree.values():
+            feeds, up = [groups * trees], place  # the sender feeds every tree's root of every group
+            while up.parent is not None:
+                up = tree[up.parent]
+                feeds.append(max(len(up.children), trees))  # a receiver's link takes in from `trees` parents
+            x = transfer_bytes * sum(feeds) + (model_bytes // trees - transfer_bytes) * max(feeds)
+            worst = max(worst, (x, place.depth))
     return worst[1], worst[0]
 
 
 def row_path(r: dict) -> tuple[int, int]:
-    return critical_path(topology_fanout(r["topology"]), r["receivers"], r["model_bytes"], r["transfer_bytes"])
+    topology = r["topology"]
+    return critical_path(
+        topology_fanout(topology), r["receivers"], r["model_bytes"], r["transfer_bytes"], None, topology_trees(topology)
+    )
 
 
 def fit_capped(rows: list[dict]) -> tuple[float, float]:
@@ -687,11 +709,12 @@ def print_capped_model(rows: list[dict]) -> None:
               f"{guess:>8.3f} {(guess - r['seconds']) / r['seconds']:>+7.1%}")
     transfer = max(r["transfer_bytes"] for r in timed)
     print(f"\nprojected publish, seconds (transfers of {transfer} B; groups of at most 1024, the largest groupSize)")
-    plans = [("relay1", 1, 1024), ("relay2", 2, 1024), ("relay4", 4, 1024), ("relay2 g16", 2, 16), ("star", None, 1)]
-    print(f"{'params':>7} {'evaluators':>10} | " + " ".join(f"{name:>10}" for name, _, _ in plans))
+    plans = [("relay1", 1, 1024, 1), ("relay2", 2, 1024, 1), ("relay4", 4, 1024, 1), ("relay2 g16", 2, 16, 1),
+             ("dtree2", 2, 1024, 2), ("star", None, 1, 1)]
+    print(f"{'params':>7} {'evaluators':>10} | " + " ".join(f"{name:>10}" for name, *_ in plans))
     for nbytes, params in sorted({(r["model_bytes"], r["params"]) for r in timed}):
         for n in CAPPED_PROJECTED:
-            cells = [predicted(a, bw, critical_path(k, n, nbytes, min(transfer, nbytes), g)) for _, k, g in plans]
+            cells = [predicted(a, bw, critical_path(k, n, nbytes, min(transfer, nbytes), g, t)) for _, k, g, t in plans]
             print(f"{params / 1e6:>6g}M {n:>10} | " + " ".join(f"{c:>10.1f}" for c in cells))
 
 
@@ -781,7 +804,8 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     )
     parser.add_argument(
         "--topologies", default="relay1,relay2,relay4,star,tcp",
-        help="with --link-rate: relayK (one relay tree of fan-out K), star (the sender sends each receiver), tcp",
+        help="with --link-rate: relayK (one relay tree of fan-out K), dtreeK (two trees of fan-out K, each carrying "
+             "half the transfers), star (the sender sends each receiver), tcp",
     )
     parser.add_argument(
         "--kill-relay", action="store_true",

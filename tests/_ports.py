@@ -19,6 +19,7 @@ WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _re
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
 WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
 WEIGHTS_IN_PLACE        27240-27249  tests/weights/test_weight_relay.py, receivers in place (0, 1)
+WEIGHTS_DOUBLE_TREE     27250-27259  tests/weights/test_weight_double_tree.py (0-3)
 WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)
 POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
@@ -124,6 +125,7 @@ WEIGHTS_SYNC = PortBlock("WEIGHTS_SYNC", 27200, 20)
 WEIGHTS_STATE = PortBlock("WEIGHTS_STATE", 27220, 10)
 WEIGHTS_VERSION_FLOOR = PortBlock("WEIGHTS_VERSION_FLOOR", 27230, 10)
 WEIGHTS_IN_PLACE = PortBlock("WEIGHTS_IN_PLACE", 27240, 10)
+WEIGHTS_DOUBLE_TREE = PortBlock("WEIGHTS_DOUBLE_TREE", 27250, 10)
 WEIGHTS_TORCHRUN = PortBlock("WEIGHTS_TORCHRUN", 27300, 10)
 POLICY = PortBlock("POLICY", 27400, 10)
 BENCH_WEIGHT_SYNC = PortBlock("BENCH_WEIGHT_SYNC", 27500, 100)
@@ -135,8 +137,8 @@ BENCH_PEERS = PortBlock("BENCH_PEERS", 27930, 40)
 
 BLOCKS = (
     RUNTIME_RUNS, RUNTIME_METRICS, AUTOSCALING_METRICS, RUNTIME_TORCHRUN, WEIGHTS_SYNC, WEIGHTS_STATE,
-    WEIGHTS_VERSION_FLOOR, WEIGHTS_IN_PLACE, WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC, OPERATOR, BENCH_NCCL,
-    TRAJECTORIES, BENCH_FLEET, BENCH_PEERS,
+    WEIGHTS_VERSION_FLOOR, WEIGHTS_IN_PLACE, WEIGHTS_DOUBLE_TREE, WEIGHTS_TORCHRUN, POLICY, BENCH_WEIGHT_SYNC,
+    OPERATOR, BENCH_NCCL, TRAJECTORIES, BENCH_FLEET, BENCH_PEERS,
 )
 """Every block of the table above."""
 

@@ -222,6 +222,10 @@ class BucketLayout:
         """Total bytes of all buckets (the model's size)."""
         return sum(b.nbytes for b in self.buckets)
 
+    def segment_nbytes(self) -> list[int]:
+        """Bytes of each segment (one transfer), in `segments` order."""
+        return [s.numel * self.buckets[s.bucket].dtype.itemsize for s in self.segments]
+
     def pack_segment(self, segment: Segment, state: Mapping[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         """Copy the tensors (or the chunk) of `segment` from `state` into the front of `out`, cast to its dtype.
 

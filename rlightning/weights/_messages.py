@@ -84,6 +84,7 @@ class Publish:
         epoch (int): the sender's epoch, its trainer gang's attempt; receivers order publishes by
             `(epoch, version)` and refuse one of an epoch below the highest they have seen (`_epoch`). Absent
             (0) in the announcements of senders that predate it.
+        trees (int): relay trees per group the transfers are split over (`_topology.relay_trees`, `carried`).
     """
 
     seq: int
@@ -93,6 +94,7 @@ class Publish:
     groups: tuple[AnnouncedGroup, ...]
     fanout: int
     epoch: int = 0
+    trees: int = 1
     kind: Literal["weights"] = "weights"
 
 

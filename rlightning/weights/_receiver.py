@@ -1,13 +1,15 @@
 """The receiving side of the protocol: register, follow announcements, form the relay edges, receive, acknowledge.
 
-While it receives, a receiver relays each transfer on to its children in its group's relay tree (`_relay`).
+While it receives, a receiver relays each transfer on to its children in its group's relay tree (`_relay`), or in
+each of its group's two trees, receiving alternate transfers from a parent in each (`_topology.relay_trees`).
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
+import functools
 import logging
+import queue
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,6 +42,67 @@ stale for any trainer long before."""
 
 class _RoundFailed(Exception):
     """This publish cannot be used; the receiver drops its group and registers again."""
+
+
+def _put_index(done: queue.SimpleQueue[int], index: int, _future: object) -> None:
+    """Future callback: transfer `index` finished (it runs in gloo's thread, so it only enqueues)."""
+    done.put(index)
+
+
+class _Inbound:
+    """The edges from this receiver's parents, one per relay tree, and those that broke during this publish.
+
+    A broken edge drops the children of that tree (`_relay.Forwarder.drop_tree`): this receiver will not have its
+    transfers. The other trees' transfers keep arriving and are relayed, so a break costs one tree's subtree only.
+
+    Args:
+        edges (list[BroadcastGroup]): the edge from the parent in each tree, in tree order.
+        forwarder (Forwarder): this publish's forwarding to the children.
+    """
+
+    def __init__(self, edges: list[_transport.BroadcastGroup], forwarder: _relay.Forwarder) -> None:
+        self.edges, self._forwarder = edges, forwarder
+        self.broken: dict[int, str] = {}
+        """tree -> why its edge from the parent broke."""
+
+    def start(self, tree: int, tensor: torch.Tensor) -> dist.Work | None:
+        """Start receiving `tensor` from the parent in `tree`; None when that edge is broken.
+
+        Raises:
+            RuntimeError: when every tree's edge broke (nothing more can arrive).
+        """
+        if tree not in self.broken:
+            try:
+                return self.edges[tree].broadcast(tensor)
+            except RuntimeError as exc:
+                self.lose(tree, str(exc))
+        return None
+
+    def wait(self, tree: int, work: dist.Work | None) -> bool:
+        """Wait for `work` (from `start`) to arrive; False when the edge of `tree` is broken (or breaks now).
+
+        Raises:
+            RuntimeError: when every tree's edge broke (nothing more can arrive).
+        """
+        if work is None or tree in self.broken:
+            return False
+        try:
+            self.edges[tree].wait_work(work)
+        except RuntimeError as exc:
+            self.lose(tree, str(exc))
+            return False
+        return True
+
+    def lose(self, tree: int, error: str) -> None:
+        """Mark the edge of `tree` broken and drop that tree's children.
+
+        Raises:
+            RuntimeError: when every tree's edge is broken now.
+        """
+        self.broken.setdefault(tree, error)
+        self._forwarder.drop_tree(tree, f"its relay lost its parent in tree {tree}: {error}")
+        if len(self.broken) == len(self.edges):
+            raise RuntimeError(error)
 
 
 class WeightReceiver:
@@ -101,7 +164,7 @@ class WeightReceiver:
         self._join_event = 0
         self._next_seq = 1
         self._group: tuple[int, int] | None = None  # (group, generation) of the tree the edges below belong to
-        self._transport: _transport.BroadcastGroup | None = None  # the edge from this receiver's parent
+        self._parents: list[_transport.BroadcastGroup] = []  # the edge from this receiver's parent in each tree
         self._children: list[_relay.ChildEdge] = []  # the edges to the receivers it relays to
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # forms child edges in the background
         self._layouts: dict[str, _buckets.BucketLayout] = {}
@@ -133,8 +196,9 @@ class WeightReceiver:
             self._report_store = _store.connect_again(store, self._timings.step)
             # one connection waits for announcements, for as long as this one lives (not one per publish)
             self._watcher = _store.KeyWatcher(_store.connect_again(store, self._timings.step), self._timings.step)
-            # the edges of two trees in a row: from the parent and to each child
-            self._spares = _store.SpareConnections(store, 2 * (1 + self.config.relay_fanout), self._timings.step)
+            # the edges of two formations in a row: from the parent and to each child, in every tree
+            spares = 2 * self.config.relay_trees * (1 + self.config.relay_fanout)
+            self._spares = _store.SpareConnections(store, spares, self._timings.step)
             self._next_seq = count + 1
             # joined once its edges need no new connection (within the caller's time), so its first publish does
             # not wait for one
@@ -160,11 +224,11 @@ class WeightReceiver:
         self._join_event = _store.bounded(post, self._timings.step, "a registration")  # a vanished sender never answers
 
     def _drop_group(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        for parent in self._parents:
+            parent.close()
         for child in self._children:
             child.close()  # the children's transfers fail at once: they register again, re-planned without it
-        self._transport, self._group, self._children = None, None, []
+        self._parents, self._group, self._children = [], None, []
 
     def _disconnect(self) -> None:
         self._drop_group()
@@ -299,25 +363,25 @@ class WeightReceiver:
         if group is None:
             return None  # registered after the sender planned this publish: wait for the next one
         key = (group.index, group.generation)
-        tree = _topology.relay_tree([m.ordinal for m in group.members], ann.fanout)
+        plans = _topology.relay_trees([m.ordinal for m in group.members], ann.fanout, ann.trees)
         if self._group != key:
             self._drop_group()
-            self._form_edges(group, tree[self.ordinal])
+            self._form_edges(group, plans)
             self._group = key
         layout = self._layout(store, ann.signature)
-        transport = self._transport
-        assert transport is not None
+        device = self._parents[0].device
         if verdict is not _epoch.Verdict.APPLY:  # received aside (so the relay tree stays whole), never applied
             apply, into = None, None
         else:  # before `apply`: rollouts may start with the version before `receive` returns
             self._epochs[ann.version] = ann.epoch
             for version in list(self._epochs)[:-EPOCHS_KEPT]:
                 del self._epochs[version]
-        destination = self._choose_destination(layout, transport.device, apply, into)
-        transfers = [torch.zeros(4, dtype=torch.int64, device=transport.device), *destination.segments]  # header first
-        forwarder = _relay.Forwarder(self._children, transfers)
+        destination = self._choose_destination(layout, device, apply, into)
+        transfers = [torch.zeros(4, dtype=torch.int64, device=device), *destination.segments]  # header first
+        trees_of = _topology.split(layout.segment_nbytes(), ann.trees)
+        forwarder = _relay.Forwarder(self._children, transfers, trees_of)
         try:
-            self._receive_broadcast(store, ann, tree, layout, transfers, destination, forwarder)
+            self._receive_broadcast(store, ann, plans, layout, transfers, trees_of, destination, forwarder)
             self._wait_commit(store, ann.seq, group.index)
         except BaseException:
             destination.abort()
@@ -329,7 +393,7 @@ class WeightReceiver:
         except _destination.NotApplied as exc:
             log.error("receiver %d: version %d %s", self.ordinal, ann.version, exc)
             ack = _messages.Ack("failed", self.version, exc.error)
-        self._acknowledge(store, ann.seq, ack, tree, forwarder)
+        self._acknowledge(store, ann.seq, ack, plans, forwarder)
         if verdict is _epoch.Verdict.IGNORE:
             log.warning("receiver %d: ignoring version %d, not newer than %d", self.ordinal, ann.version, self.version)
             return None
@@ -338,7 +402,7 @@ class WeightReceiver:
             log.error("receiver %d: %s (%d refused so far)", self.ordinal, ack.error, self.refused)
             return None
         # buckets for the next publish are prepared between publishes only on the staged path
-        self._last_layout = (layout, transport.device) if destination.staged else None
+        self._last_layout = (layout, device) if destination.staged else None
         if state is None:
             return None
         self.version, self.version_epoch = ann.version, ann.epoch
@@ -390,42 +454,63 @@ class WeightReceiver:
         self,
         store: dist.TCPStore,
         ann: _messages.Publish,
-        tree: dict[int, _topology.Place],
+        plans: tuple[dict[int, _topology.Place], ...],
         layout: _buckets.BucketLayout,
         transfers: list[torch.Tensor],
+        trees_of: list[int],
         destination: _destination.Destination,
         forwarder: _relay.Forwarder,
     ) -> None:
-        """Receive the header and every transfer of publish `ann` from the parent, relaying each on arrival.
+        """Receive the header and every transfer of publish `ann` from the parents (transfer i >= 1 down tree
+        `trees_of[i - 1]`), relaying each on arrival.
+
+        When the edge from the parent in one of two trees breaks, the other tree's transfers are still received
+        and relayed (its children there get the publish) before the publish is dropped here.
 
         Raises:
-            _RoundFailed: when the header does not match the announcement, rollouts did not pause in time, or the
-                edge from the parent broke (the subtree it cut off is then reported `lost`).
+            _RoundFailed: when the header does not match the announcement, rollouts did not pause in time, or an
+                edge from a parent broke (the subtree it cut off is then reported `lost`).
         """
-        transport = self._transport
-        assert transport is not None
-        header = transfers[0]
-        parent = tree[self.ordinal].parent
+        inbound = _Inbound(self._parents, forwarder)
         try:
-            transport.wait_work(transport.broadcast(header))
+            headers = [transfers[0], *(torch.zeros_like(transfers[0]) for _ in self._parents[1:])]
+            works = [inbound.start(tree, header) for tree, header in enumerate(headers)]
             expected = _transport.header_tensor(
-                ann.seq, ann.version, len(layout.buckets), layout.signature, transport.device
+                ann.seq, ann.version, len(layout.buckets), layout.signature, headers[0].device
             )
-            if not torch.equal(header, expected):
-                raise _RoundFailed(
-                    f"header {header.tolist()} does not match announcement {ann.seq} (version {ann.version})"
-                )
-            forwarder.advance(1)
+            relayed = False
+            for tree, header in enumerate(headers):
+                if not inbound.wait(tree, works[tree]):
+                    continue
+                if not torch.equal(header, expected):
+                    raise _RoundFailed(
+                        f"header {header.tolist()} does not match announcement {ann.seq} (version {ann.version})"
+                    )
+                if not relayed:  # at once, down every tree: a root of one tree waits for the other's header from
+                    # below it, which gets it only once this one has relayed its own
+                    transfers[0].copy_(expected)  # (a no-op unless tree 0's edge broke)
+                    forwarder.advance(1)
+                    relayed = True
             if not destination.begin(self._timings.pause):
                 raise _RoundFailed(f"rollouts did not pause within {self._timings.pause:.1f} s for publish {ann.seq}")
-            self._receive_transfers(transport, transfers, forwarder, destination)
+            self._receive_transfers(inbound, transfers, trees_of, forwarder, destination)
         except RuntimeError as exc:
-            if parent is not None:  # (the sender knows when its edge to the root broke)
-                # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a
-                # parent that has not yet: it died, or dropped this publish and closed its edges
-                cut = _topology.subtree(tree, self.ordinal) + [parent]
-                self._report_lost(store, ann.seq, cut, f"the edge into ordinal {self.ordinal} broke: {exc}")
-            raise _RoundFailed(f"broadcast of publish {ann.seq} failed: {exc}") from exc
+            for tree in range(len(self._parents)):  # every tree is cut here: as if each edge broke
+                inbound.broken.setdefault(tree, str(exc))
+        if not inbound.broken:
+            return
+        for tree, error in sorted(inbound.broken.items()):
+            # the edge from the parent broke: this subtree cannot have the version, nor acknowledges a parent that
+            # has not yet: it died, or dropped this publish and closed its edges (the sender knows when its edge
+            # to a root broke)
+            parent = plans[tree][self.ordinal].parent
+            cut = _topology.subtree(plans[tree], self.ordinal) + ([] if parent is None else [parent])
+            self._report_lost(
+                store, ann.seq, cut, f"the edge into ordinal {self.ordinal} in tree {tree} broke: {error}"
+            )
+        if len(inbound.broken) < len(self._parents):  # the other tree's children got their transfers: let them end
+            self._finish_children(store, ann.seq, plans, forwarder)
+        raise _RoundFailed(f"broadcast of publish {ann.seq} failed: {inbound.broken}")
 
     def _wait_commit(self, store: dist.TCPStore, seq: int, group: int) -> None:
         """Wait for the sender's commit of publish `seq` for `group` (`SyncTimings.commit_wait`, `commit_bound`).
@@ -447,25 +532,36 @@ class WeightReceiver:
         store: dist.TCPStore,
         seq: int,
         ack: _messages.Ack,
-        tree: dict[int, _topology.Place],
+        plans: tuple[dict[int, _topology.Place], ...],
         forwarder: _relay.Forwarder,
     ) -> None:
-        """Post `ack` (and confirm it to the parent), then wait (one step at most) for the children to get
+        """Post `ack` (and confirm it to the parents), then wait (one step at most) for the children to get
         everything and confirm theirs; report the subtrees cut off.
         """
         _store.bounded(
             lambda: _messages.write(store, _store.ack(seq, self.ordinal), ack), self._timings.step, "an acknowledgement"
         )
-        if tree[self.ordinal].parent is not None and self._transport is not None:
-            _relay.confirm(self._transport)  # the parent sees this edge break if this receiver dies before it
+        for places, parent in zip(plans, self._parents, strict=True):
+            if places[self.ordinal].parent is not None:
+                _relay.confirm(parent)  # the parent sees this edge break if this receiver dies before it
         # acknowledged first: a slow child delays no ack
+        self._finish_children(store, seq, plans, forwarder)
+
+    def _finish_children(
+        self, store: dist.TCPStore, seq: int, plans: tuple[dict[int, _topology.Place], ...], forwarder: _relay.Forwarder
+    ) -> None:
+        """Wait (one step at most) for the children to get everything and confirm their acknowledgements; report
+        the subtree (in the child's tree) of each that did not.
+        """
+        trees = {child.ordinal: child.tree for child in self._children}
         for child, why in forwarder.finish(time.monotonic() + self._timings.step).items():
-            self._report_lost(store, seq, _topology.subtree(tree, child), f"relay {self.ordinal}: {why}")
+            self._report_lost(store, seq, _topology.subtree(plans[trees[child]], child), f"relay {self.ordinal}: {why}")
 
     def _receive_transfers(
         self,
-        transport: _transport.BroadcastGroup,
+        inbound: _Inbound,
         transfers: list[torch.Tensor],
+        trees_of: list[int],
         forwarder: _relay.Forwarder,
         destination: _destination.Destination,
     ) -> None:
@@ -475,32 +571,49 @@ class WeightReceiver:
         into the policy's tensors then, and its buffer is reused only once the children got it too
         (`Forwarder.release`).
 
+        Transfer i >= 1 comes from the parent in tree `trees_of[i - 1]` (`_topology.split`); one whose edge broke
+        is skipped (this publish is then dropped once the other trees' transfers were relayed).
+
         Raises:
-            RuntimeError: when a transfer failed or timed out.
+            RuntimeError: when every edge from a parent failed or timed out.
         """
-        inflight: collections.deque[dist.Work] = collections.deque()
-        arrived = 1  # transfers here, the header included
-        last_in_slot: list[int | None] = [None] * _inplace.STAGING_SLOTS  # segment last received into each
+        # transfers of two trees arrive independently: each is landed and relayed as soon as it is here, whatever
+        # the other tree's; waiting for them in order would make a member that relays one tree wait for the other
+        # tree's previous transfer, which may itself come through the first (a cycle that serializes the trees)
+        done: queue.SimpleQueue[int] = queue.SimpleQueue()  # indices whose receive finished (or failed)
+        inflight: dict[int, tuple[int, dist.Work | None]] = {}  # index -> (tree, its receive)
+        landed: set[int] = set()
+        last_in_slot: list[int | None] = [None] * _inplace.STAGING_SLOTS  # transfer last received into each
+        bound = self._timings.edge_from_parent + self._timings.step  # past every receive's own timeout
 
         def arrive() -> None:
-            nonlocal arrived
-            transport.wait_work(inflight.popleft())
-            destination.land(arrived - 1, transfers[arrived])
-            arrived += 1
-            forwarder.advance(arrived)  # relay each transfer as soon as it is here
+            try:
+                index = done.get(timeout=bound)
+            except queue.Empty:
+                raise RuntimeError(f"no transfer arrived within {bound:g} s") from None
+            if inbound.wait(*inflight.pop(index)):
+                destination.land(index - 1, transfers[index])
+                forwarder.arrived(index)  # relay each transfer as soon as it is here
+            landed.add(index)
 
-        for index, flat in enumerate(transfers[1:]):
+        for index in range(1, len(transfers)):
             if len(inflight) >= _transport.MAX_IN_FLIGHT:
                 arrive()
-            slot = destination.slot(index)
+            slot = destination.slot(index - 1)
             if slot is not None:
                 previous = last_in_slot[slot]
                 if previous is not None:  # its buffer is reused: unpacked and relayed first
-                    while arrived <= previous + 1:
+                    while previous not in landed:
                         arrive()
-                    forwarder.release(previous + 2, time.monotonic() + self._timings.step)
+                    forwarder.release(previous + 1, time.monotonic() + self._timings.step)
                 last_in_slot[slot] = index
-            inflight.append(transport.broadcast(flat))
+            tree = trees_of[index - 1]
+            work = inbound.start(tree, transfers[index])
+            inflight[index] = (tree, work)
+            if work is None:
+                done.put(index)
+            else:
+                work.get_future().add_done_callback(functools.partial(_put_index, done, index))
         while inflight:
             arrive()
 
@@ -520,28 +633,42 @@ class WeightReceiver:
         except RuntimeError as exc:  # the sender learns it from the missing acknowledgements, one timeout later
             log.warning("receiver %d: could not report ordinals %s lost: %s", self.ordinal, ordinals, exc)
 
-    def _form_edges(self, group: _messages.AnnouncedGroup, place: _topology.Place) -> None:
-        """Form the edge from the parent (here, bounded) and the edges to the children (in the background)."""
+    def _form_edges(self, group: _messages.AnnouncedGroup, plans: tuple[dict[int, _topology.Place], ...]) -> None:
+        """Form the edges from the parents (here, bounded) and the edges to the children (in the background), in
+        every tree.
+        """
         spares = self._spares
         assert spares is not None  # set with the store (`_connect`)
 
-        def edge(child: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
-            prefix = _store.edge_prefix(group.index, group.generation, child)
+        def edge(child: int, tree: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
+            prefix = _store.edge_prefix(group.index, group.generation, child, tree)
             return _transport.BroadcastGroup(
                 spares.take(timeout), prefix, rank, 2, timeout, group.backend, self._address
             )
 
-        if place.children and self._pool is None:
+        if any(places[self.ordinal].children for places in plans) and self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="wsync-relay")
         self._children = [
-            _relay.ChildEdge(child, self._pool.submit(edge, child, 0, self._timings.step))  # type: ignore[union-attr]
-            for child in place.children
+            _relay.ChildEdge(child, self._pool.submit(edge, child, tree, 0, self._timings.step), tree)  # type: ignore[union-attr]
+            for tree, places in enumerate(plans)
+            for child in places[self.ordinal].children
         ]
-        try:
-            # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it
-            self._transport = edge(self.ordinal, _relay.CHILD_RANK, self._timings.edge_from_parent)
-        except RuntimeError as exc:
-            raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {exc}") from exc
+        # a stalled sibling tree may hold the sender up to one timeout: wait twice as long for it. The trees' edges
+        # form at once: one after the other, a root of one tree would meet the sender only once its parent in the
+        # other tree had reached this publish, and the sender waits for its roots one timeout only
+        failure: RuntimeError | None = None
+        with concurrent.futures.ThreadPoolExecutor(len(plans), thread_name_prefix="wsync-parent") as parents:
+            forming = [
+                parents.submit(edge, self.ordinal, tree, _relay.CHILD_RANK, self._timings.edge_from_parent)
+                for tree in range(len(plans))
+            ]
+            for future in forming:
+                try:
+                    self._parents.append(future.result())  # (closed with the group, also when another failed)
+                except RuntimeError as exc:
+                    failure = failure or exc
+        if failure is not None:
+            raise _RoundFailed(f"forming group {group.index} generation {group.generation} failed: {failure}")
 
     def _layout(self, store: dist.TCPStore, signature: str) -> _buckets.BucketLayout:
         if signature not in self._layouts:

@@ -6,7 +6,9 @@ arrive: each child's transfers queue on its own edge (gloo's worker threads of t
 child holds up neither the relay's own receiving nor its siblings; at the end the relay waits for every child
 until one deadline, and a child that missed it (or whose edge broke) is dropped with its subtree for this
 publish (the receiver acknowledges them `lost`, so the sender need not wait for them). What is queued are views
-of the relay's own received buckets, so forwarding allocates nothing.
+of the relay's own received buckets, so forwarding allocates nothing. With two relay trees
+(`_topology.relay_trees`) each child gets the transfers of the tree it is this relay's child in
+(`_topology.carried`), and a relay whose edge from its parent in one tree broke still forwards the other tree's.
 
 Once a child acknowledged a publish on the store, it also confirms it up its edge (`confirm`, one byte sent from
 the child), and the relay waits for that confirmation until the same deadline: a child that dies after its last
@@ -16,15 +18,17 @@ at once instead of the sender waiting one timeout for an acknowledgement that ca
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from rlightning.weights import _transport
+from rlightning.weights import _topology, _transport
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +53,11 @@ class ChildEdge:
     Args:
         ordinal (int): the child's ordinal.
         forming (concurrent.futures.Future): resolves to the edge (`BroadcastGroup`, this side rank 0) or raises.
+        tree (int): the relay tree it is this relay's child in (`_topology.relay_trees`).
     """
 
-    def __init__(self, ordinal: int, forming: concurrent.futures.Future) -> None:
-        self.ordinal = ordinal
+    def __init__(self, ordinal: int, forming: concurrent.futures.Future, tree: int) -> None:
+        self.ordinal, self.tree = ordinal, tree
         self._forming = forming
         self.edge: _transport.BroadcastGroup | None = None
         self.error: str | None = None
@@ -89,36 +94,63 @@ class Forwarder:
     Args:
         children (list[ChildEdge]): this relay's children (failed ones are skipped).
         transfers (list[torch.Tensor]): every transfer of the publish in order (header first), as views of
-            the relay's own received buffers; transfer i may be forwarded once `advance(i + 1)` was called.
+            the relay's own received buffers; transfer i may be forwarded once `arrived(i)` or `advance(i + 1)`
+            was called.
+        trees_of (Sequence[int]): the relay tree of each transfer after the header (`_topology.split`); a child
+            gets those of its own tree (`_topology.carried`).
     """
 
-    def __init__(self, children: list[ChildEdge], transfers: list[torch.Tensor]) -> None:
+    def __init__(self, children: list[ChildEdge], transfers: list[torch.Tensor], trees_of: Sequence[int]) -> None:
         self._children = children
         self._transfers = transfers
+        # child ordinal -> the indices of the transfers it gets, and how many of them were queued on its edge
+        self._carried = {c.ordinal: _topology.carried(trees_of, c.tree) for c in children}
         self._sent = {child.ordinal: 0 for child in children}
         self._works: dict[int, collections.deque[dist.Work]] = {c.ordinal: collections.deque() for c in children}
-        self._available = 0
+        self._here = [False] * len(transfers)  # transfer index -> arrived completely
 
     def advance(self, available: int) -> None:
-        """Queue transfers [sent, available) on every child edge that is formed; never blocks on a child.
+        """Queue every arrived transfer on every child edge that is formed; never blocks on a child.
 
         Args:
             available (int): how many transfers, from the first, have arrived completely.
         """
-        self._available = max(self._available, available)
+        self._here[:available] = [True] * available
+        self._push()
+
+    def arrived(self, index: int) -> None:
+        """Transfer `index` arrived completely (those of two trees arrive independently): queue what the children
+        of its tree can get now, in order; never blocks on a child.
+        """
+        self._here[index] = True
+        self._push()
+
+    def _push(self) -> None:
         for child in self._children:
             edge = child.ready()
             if edge is None:
                 continue
-            works = self._works[child.ordinal]
+            works, carried = self._works[child.ordinal], self._carried[child.ordinal]
             try:
                 while works and works[0].is_completed():  # reap, so a broken edge is noticed early
                     works.popleft().wait()
-                while self._sent[child.ordinal] < available:
-                    works.append(edge.broadcast(self._transfers[self._sent[child.ordinal]]))
+                while self._sent[child.ordinal] < len(carried) and self._here[carried[self._sent[child.ordinal]]]:
+                    works.append(edge.broadcast(self._transfers[carried[self._sent[child.ordinal]]]))
                     self._sent[child.ordinal] += 1
             except RuntimeError as exc:
                 child.fail(f"forwarding failed: {exc}")
+
+    def drop_tree(self, tree: int, error: str) -> None:
+        """Drop every child in relay tree `tree`: this relay will not have that tree's transfers (its edge from its
+        parent there broke), so they miss this publish (their edges close and they report it).
+
+        Args:
+            tree (int): the tree.
+            error (str): why, reported by `finish`.
+        """
+        for child in self._children:
+            if child.tree == tree:
+                child.fail(error)
 
     def release(self, count: int, deadline: float) -> None:
         """Wait, at most until `deadline`, for every child to have received the first `count` transfers, so
@@ -134,11 +166,12 @@ class Forwarder:
         for child in self._children:
             if child.error is None and child.ready(deadline - time.monotonic()) is None and child.error is None:
                 child.fail("the edge did not form before its buffer was reused")
-        self.advance(self._available)
+        self._push()
         for child in self._children:
             works = self._works[child.ordinal]
+            needed = bisect.bisect_left(self._carried[child.ordinal], count)  # its transfers below `count`
             try:
-                while works and child.edge is not None and self._sent[child.ordinal] - len(works) < count:
+                while works and child.edge is not None and self._sent[child.ordinal] - len(works) < needed:
                     child.edge.wait_work(works.popleft(), deadline)
             except RuntimeError as exc:
                 child.fail(f"forwarding failed: {exc}")
@@ -156,7 +189,7 @@ class Forwarder:
         for child in self._children:
             if child.ready(deadline - time.monotonic()) is None and child.error is None:
                 child.fail("the edge did not form in time")
-        self.advance(len(self._transfers))
+        self._push()
         for child in self._children:
             works = self._works[child.ordinal]
             try:

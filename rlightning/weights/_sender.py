@@ -5,10 +5,12 @@ published or started from (the checkpoint's) and the newest one any receiver reg
 
 One publish, in order (keys in `_store`, values in `_messages`):
 1. fold new membership events; assign the version; plan groups (only changed groups get a new generation);
-   each group is a relay tree (`_topology`) whose root this sender feeds, and whose members relay to each other;
+   each group is a relay tree (`_topology`) whose root this sender feeds, and whose members relay to each other
+   (or two trees, `config.relay_trees`, each fed about half the transfers' bytes: `_topology.split`);
 2. announce the publish (version, layout signature, groups) under a fresh sequence number, so receivers
    wait on the store, never inside a collective, between publishes;
-3. form the edges to new groups' roots concurrently, each bounded by `SyncTimings.step` (`timeout_seconds`);
+3. form the edges to new groups' roots (one per tree) concurrently, each bounded by `SyncTimings.step`
+   (`timeout_seconds`);
 4. send each root a header (seq, version, bucket count, signature) and then the buckets' segments: runs of
    small tensors packed (cast to `config.dtype` when set) into one of two reused staging buffers (so at most
    two exist), each large tensor straight from its own memory in chunks; at most `_transport.MAX_IN_FLIGHT`
@@ -30,6 +32,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Mapping
 
@@ -37,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from rlightning.config import WeightSyncConfig
-from rlightning.weights import _buckets, _membership, _messages, _state, _store, _transport, _types
+from rlightning.weights import _buckets, _membership, _messages, _state, _store, _topology, _transport, _types
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +51,41 @@ def _direct(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> b
 
 
 class _LiveGroup:
-    """A planned group (a relay tree), the edge to its root once formed, and the first error seen in this publish."""
+    """A planned group (one or two relay trees), the edges to its roots once formed (one per tree, in tree order),
+    and the first error seen in this publish.
+    """
 
-    def __init__(self, plan: _membership.GroupPlan, backend: str) -> None:
+    def __init__(self, plan: _membership.GroupPlan, backend: str, trees: int) -> None:
         self.plan, self.backend = plan, backend
-        self.transport: _transport.BroadcastGroup | None = None
+        ordinals = [m.ordinal for m in plan.members]
+        self.roots = [_topology.root(p) for p in _topology.relay_trees(ordinals, 1, trees)]  # any fan-out: same roots
+        self.forming: list[_transport.BroadcastGroup | None] = [None] * trees
+        self.transports: list[_transport.BroadcastGroup] = []
+        """The edges to the roots, in tree order, once every one formed; empty before, and once failed."""
         self.error: str | None = None
+        self._lock = threading.Lock()  # the trees' edges form in threads of their own
+
+    def formed(self, tree: int, edge: _transport.BroadcastGroup) -> None:
+        """Keep the edge to `tree`'s root (closed at once if the group failed meanwhile); the group is usable once
+        every tree's edge formed.
+        """
+        with self._lock:
+            if self.error is None:
+                self.forming[tree] = edge
+                if all(e is not None for e in self.forming):
+                    self.transports = [e for e in self.forming if e is not None]
+                return
+        edge.close()
 
     def fail(self, error: str) -> None:
-        if self.error is None:
-            self.error = error
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
+        with self._lock:
+            if self.error is None:
+                self.error = error
+            edges = [e for e in self.forming if e is not None]
+            self.forming = [None] * len(self.forming)
+            self.transports = []
+        for edge in edges:
+            edge.close()
 
 
 class _Pipeline:
@@ -75,24 +100,27 @@ class _Pipeline:
 
     def __init__(self, groups: list[_LiveGroup], step_seconds: float) -> None:
         self._groups, self._step = groups, step_seconds
-        self._fifo: collections.deque[tuple[int | None, list[tuple[_LiveGroup, dist.Work, float]]]] = (
-            collections.deque()
-        )
+        self._fifo: collections.deque[
+            tuple[int | None, list[tuple[_LiveGroup, _transport.BroadcastGroup, dist.Work, float]]]
+        ] = collections.deque()
 
     def devices(self) -> set[torch.device]:
         """The devices of the groups still alive (where each transfer's tensors must be)."""
-        return {live.transport.device for live in self._groups if live.transport is not None}
+        return {live.transports[0].device for live in self._groups if live.transports}
 
-    def send(self, tensors: dict[torch.device, torch.Tensor], slot: int | None = None) -> None:
-        """Start broadcasting `tensors` (one per device) to every live group."""
+    def send(self, tensors: dict[torch.device, torch.Tensor], slot: int | None = None, tree: int | None = None) -> None:
+        """Start broadcasting `tensors` (one per device) to every live group, down relay tree `tree` of each (None:
+        down every tree, as the header).
+        """
         deadline = time.monotonic() + self._step
         works = []
         for live in self._groups:
-            if live.transport is not None:
+            for edge in live.transports if tree is None else live.transports[tree : tree + 1]:
                 try:
-                    works.append((live, live.transport.broadcast(tensors[live.transport.device]), deadline))
+                    works.append((live, edge, edge.broadcast(tensors[edge.device]), deadline))
                 except RuntimeError as exc:
                     live.fail(f"broadcast failed: {exc}")
+                    break
         self._fifo.append((slot, works))
 
     def free(self, slot: int) -> None:
@@ -112,11 +140,11 @@ class _Pipeline:
 
     def _wait_oldest(self) -> None:
         _, works = self._fifo.popleft()
-        for live, work, deadline in works:
-            if live.transport is None:
+        for live, edge, work, deadline in works:
+            if not live.transports:
                 continue
             try:
-                live.transport.wait_work(work, deadline)
+                edge.wait_work(work, deadline)
             except RuntimeError as exc:
                 live.fail(f"broadcast failed: {exc}")
 
@@ -209,7 +237,7 @@ class WeightSender:
             self._event_missing_since = None
 
     def _plan(self) -> list[int]:
-        previous = {g: live.plan for g, live in self._groups.items() if live.transport is not None}
+        previous = {g: live.plan for g, live in self._groups.items() if live.transports}
         plans, self._next_generation = _membership.plan_groups(
             self._membership.members, self.config.group_size, previous, self._next_generation
         )
@@ -224,23 +252,26 @@ class WeightSender:
             if live is not None:
                 live.fail("re-formed")
             backend = _transport.resolve_backend(self.config.backend, all(m.cuda for m in plan.members))
-            self._groups[index] = _LiveGroup(plan, backend)
+            self._groups[index] = _LiveGroup(plan, backend, self.config.relay_trees)
             formed.append(index)
         return formed
 
-    def _form(self, live: _LiveGroup) -> None:
+    def _form(self, live: _LiveGroup, tree: int) -> None:
         plan = live.plan
         try:
             if not self._address:
                 self._address = _transport.local_address_toward(self._host, self._port)
-            live.transport = _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
-                self._spares.take(self._timings.step),
-                _store.edge_prefix(plan.index, plan.generation, plan.members[0].ordinal),
-                0,
-                2,
-                self._timings.step,
-                live.backend,
-                self._address,
+            live.formed(
+                tree,
+                _transport.BroadcastGroup(  # the edge to the tree's root (`_topology`)
+                    self._spares.take(self._timings.step),
+                    _store.edge_prefix(plan.index, plan.generation, live.roots[tree], tree),
+                    0,
+                    2,
+                    self._timings.step,
+                    live.backend,
+                    self._address,
+                ),
             )
         except (RuntimeError, OSError) as exc:  # OSError: `host` does not resolve (yet)
             live.fail(f"forming generation {plan.generation} failed: {exc}")
@@ -308,7 +339,8 @@ class WeightSender:
                         fleet, self._version, fleet + 1)
         version = self._version = max(self._version, fleet) + 1
         formed = self._plan()
-        self._spares.reserve(2 * len(self._groups))  # one edge per group, for two re-forms in a row
+        # one edge per group and tree, for two re-forms in a row
+        self._spares.reserve(2 * self.config.relay_trees * len(self._groups))
         self._seq += 1
         seq = self._seq
         groups = [self._groups[g] for g in sorted(self._groups)]
@@ -317,11 +349,14 @@ class WeightSender:
             for live in groups
         )
         publish = _messages.Publish(
-            seq, version, layout.signature, self._events_read, announced, self.config.relay_fanout, self.epoch
+            seq, version, layout.signature, self._events_read, announced, self.config.relay_fanout, self.epoch,
+            self.config.relay_trees,
         )
         _messages.write(self._store, _store.announce(seq), publish)
         self._store.add(_store.ANNOUNCE_COUNT, 1)
-        list(self._pool.map(self._form, [self._groups[g] for g in formed]))
+        trees = range(self.config.relay_trees)  # formed together: a member may be a root in one tree, a child in
+        # the other, and form its edge from the sender only after its edge from its parent
+        list(self._pool.map(lambda pair: self._form(*pair), [(self._groups[g], t) for g in formed for t in trees]))
         self._stream(seq, version, layout, state, groups)
         stats, errors = self._finish(seq, version, layout, groups, formed)
         self._forget(seq, groups)
@@ -342,8 +377,8 @@ class WeightSender:
         inflight = _Pipeline(groups, self._timings.step)
         count, signature = len(layout.buckets), layout.signature
         inflight.send({d: _transport.header_tensor(seq, version, count, signature, d) for d in inflight.devices()})
-        packed = 0
-        for segment in layout.segments:
+        packed, trees_of = 0, _topology.split(layout.segment_nbytes(), self.config.relay_trees)
+        for index, segment in enumerate(layout.segments):
             targets = inflight.devices()
             if not targets:
                 break
@@ -353,7 +388,7 @@ class WeightSender:
                 slot, packed = packed % 2, packed + 1
                 inflight.free(slot)  # its staging buffer is written next
             inflight.make_room()
-            inflight.send({d: self._source(segment, state, d, slot) for d in targets}, slot)
+            inflight.send({d: self._source(segment, state, d, slot) for d in targets}, slot, trees_of[index])
         inflight.drain()
 
     def _finish(

@@ -79,9 +79,11 @@ def group_prefix(group: int, generation: int) -> str:
     return f"{ROOT}pg/{group}/{generation}/"
 
 
-def edge_prefix(group: int, generation: int, child: int) -> str:
-    """PrefixStore prefix of the relay edge into receiver `child` in group `group` at `generation` (`_topology`)."""
-    return f"{group_prefix(group, generation)}edge/{child}/"
+def edge_prefix(group: int, generation: int, child: int, tree: int) -> str:
+    """PrefixStore prefix of the relay edge into receiver `child` in relay tree `tree` of group `group` at
+    `generation` (`_topology.relay_trees`).
+    """
+    return f"{group_prefix(group, generation)}edge/{tree}/{child}/"
 
 
 def _timedelta(seconds: float) -> datetime.timedelta:

@@ -6,7 +6,17 @@ it has it, to positions p * fanout + 1 .. p * fanout + fanout. So the sender sen
 receiver receives one copy and sends at most `fanout`, whatever the group's size, in pipelined hops (as NCCL's
 trees do); the depth is about log_fanout(n). A member that fails takes only its subtree down for one publish:
 its descendants register again and the next plan routes around it. Each edge is a broadcast group of two ranks
-(`_transport.BroadcastGroup`) with its own store prefix (`_store.edge_prefix`), keyed by the child it feeds.
+(`_transport.BroadcastGroup`) with its own store prefix (`_store.edge_prefix`), keyed by the tree and the child it
+feeds.
+
+With two trees (`relay_trees`, `weightSync.relayTrees: 2`) a publish's transfers are split between them by bytes
+(`split`, `carried`): tree 0 is the tree above, tree 1 the same tree over the members in reverse order, so the members
+interior in one are leaves in the other (for fan-out >= 2) and every member uploads at most fan-out / 2 models'
+worth while the depth stays log_fanout(n). This is NCCL's double binary tree (Sanders, Speck and Traeff 2009,
+"Two-tree algorithms for full bandwidth broadcast, reduction and scan"; NCCL 2.4 mirrors its tree in the same
+way for an even rank count). A member that fails then takes down its `subtree` in each tree: a member below it in
+one tree still receives the other tree's transfers and forwards them, so its own children in that other tree are
+not affected.
 """
 
 from __future__ import annotations
@@ -63,7 +73,6 @@ def relay_tree(ordinals: Sequence[int], fanout: int) -> dict[int, Place]:
     return places
 
 
-
 def subtree(places: dict[int, Place], ordinal: int) -> list[int]:
     """`ordinal` and every member below it in its relay tree: those a broken edge into `ordinal` cuts off.
 
@@ -83,3 +92,77 @@ def subtree(places: dict[int, Place], ordinal: int) -> list[int]:
         below.append(todo.pop())
         todo.extend(places[below[-1]].children)
     return sorted(below)
+
+
+def relay_trees(ordinals: Sequence[int], fanout: int, trees: int) -> tuple[dict[int, Place], ...]:
+    """Plan the `trees` relay trees of one group: `relay_tree` over `ordinals`, and with two, also over them
+    reversed (so tree 1's root is the last member, and its interior members are tree 0's leaves).
+
+    Args:
+        ordinals (Sequence[int]): the group's members in rank order (sorted by ordinal).
+        fanout (int): most children per member in each tree (>= 1).
+        trees (int): 1 or 2.
+
+    Returns:
+        tuple[dict[int, Place], ...]: one plan per tree, ordinal -> its place there.
+
+    Raises:
+        ValueError: when `trees` is not 1 or 2, or as `relay_tree`.
+
+    Examples:
+        >>> [tree[0].children for tree in relay_trees([0, 1, 2, 3], 2, 2)]
+        [(1, 2), ()]
+    """
+    if trees not in (1, 2):
+        raise ValueError(f"relay trees must be 1 or 2, got {trees}")
+    orders = [list(ordinals), list(reversed(ordinals))][:trees]
+    return tuple(relay_tree(order, fanout) for order in orders)
+
+
+def root(places: dict[int, Place]) -> int:
+    """The ordinal the sender feeds in a tree from `relay_tree`."""
+    return next(ordinal for ordinal, place in places.items() if place.parent is None)
+
+
+def split(sizes: Sequence[int], trees: int) -> list[int]:
+    """Which tree each transfer after the header travels down: in order, each to the tree that has carried the
+    fewest bytes so far (the first on a tie), so the trees carry about half the model each and fill together
+    (by index alone, a model of large weights each followed by a small bias would send every weight down one tree).
+
+    Args:
+        sizes (Sequence[int]): bytes of each transfer after the header, in order (`BucketLayout.segment_nbytes`).
+        trees (int): trees the publish is split over (1 or 2).
+
+    Returns:
+        list[int]: the tree of each transfer, in order.
+
+    Examples:
+        >>> split([100, 1, 100, 1, 100], 2)
+        [0, 1, 1, 0, 0]
+    """
+    carried_bytes = [0] * trees
+    out = []
+    for size in sizes:
+        tree = carried_bytes.index(min(carried_bytes))
+        carried_bytes[tree] += size
+        out.append(tree)
+    return out
+
+
+def carried(trees_of: Sequence[int], tree: int) -> list[int]:
+    """Indices of the transfers of one publish that travel down `tree`: the header (0) down every tree, and
+    transfer i >= 1 down tree `trees_of[i - 1]` (`split`).
+
+    Args:
+        trees_of (Sequence[int]): the tree of each transfer after the header.
+        tree (int): which tree.
+
+    Returns:
+        list[int]: ascending transfer indices.
+
+    Examples:
+        >>> carried([0, 1, 1, 0, 0], 1)
+        [0, 2, 3]
+    """
+    return [0, *(i + 1 for i, t in enumerate(trees_of) if t == tree)]
+

@@ -4,7 +4,8 @@ Runs `benchmarks/weight_sync.py --link-rate` (the sender and 4 receivers each in
 tests/_netns.py) and checks what the topology buys: a star (the sender sends every receiver its copy) needs
 n * M / bw, a relay tree of fan-out k at least k * M / bw, a chain (fan-out 1) M / bw plus its pipeline's fill
 (docs/weight-sync.md, "Capped links"). So at 4 receivers only the chain can be 2x faster than the star; fan-out 2
-is bounded by 2x and must show most of it. Every receiver must hold the exact digest, and the run must leave no
+is bounded by 2x and must show most of it. Two trees of fan-out 2 (`relayTrees: 2`) upload at most one model from
+any node, so they beat one tree of fan-out 2. Every receiver must hold the exact digest, and the run must leave no
 namespace (its links and qdiscs live only inside them), also when it is interrupted.
 
 Needs root, `ip` and `tc` (skipped otherwise, marker `netns`). Ports: none on the host (all inside the namespaces).
@@ -38,10 +39,11 @@ def bench(*args: str, stdout=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(BENCH), "--link-rate", "200mbit", *args], stdout=stdout, text=True)
 
 
-def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
+def capped_rows(tmp_path: Path, topologies: str) -> dict[str, dict]:
+    """Run 4M parameters to 4 receivers in 1 MiB transfers over each of `topologies` (3 timed publishes each);
+    the rows by topology, once the run left no namespace behind."""
     rows_file = tmp_path / "rows.json"
-    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s
-    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", "relay1,relay2,star", "--syncs", "3",
+    proc = bench("--sizes", "4M", "--receivers", "4", "--topologies", topologies, "--syncs", "3",
                  "--gap", "0.2", "--bucket-bytes", str(1 << 20), "--json", str(rows_file))
     try:
         assert proc.wait(120) == 0
@@ -50,7 +52,12 @@ def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
             proc.send_signal(signal.SIGTERM)  # the benchmark removes its namespaces on SIGTERM
             proc.wait(30)
     assert _netns.leftovers(prefix_of(proc)) == []
-    rows = {r["topology"]: r for r in json.loads(rows_file.read_text())}
+    return {r["topology"]: r for r in json.loads(rows_file.read_text())}
+
+
+def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
+    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s
+    rows = capped_rows(tmp_path, "relay1,relay2,star")
     assert all(r["digests_ok"] for r in rows.values()), rows
     star, chain, tree = rows["star"], rows["relay1"], rows["relay2"]
     model = star["model_bytes"]
@@ -58,6 +65,17 @@ def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
     assert star["seconds"] >= 1.5 * tree["seconds"], rows
     assert chain["sender_egress_bytes"] <= 1.05 * model and tree["sender_egress_bytes"] <= 1.05 * model, rows
     assert star["sender_egress_bytes"] >= 3.9 * model, rows
+
+
+def test_double_tree_on_capped_links_sends_one_model_and_beats_the_tree(tmp_path):
+    # 16 MB in 1 MiB transfers at 200 Mbit/s: fan-out 2's root uploads 2 copies (about 1.4 s), while in two trees
+    # every member uploads at most one (about 0.9 s: the model plus 4 transfers of pipeline fill)
+    rows = capped_rows(tmp_path, "dtree2,relay2")
+    assert all(r["digests_ok"] for r in rows.values()), rows  # every receiver holds the sender's exact digest
+    double, tree = rows["dtree2"], rows["relay2"]
+    model = double["model_bytes"]
+    assert model * 0.99 <= double["sender_egress_bytes"] <= 1.05 * model, rows  # half down each tree: one model
+    assert tree["seconds"] >= 1.3 * double["seconds"], rows
 
 
 def test_an_interrupted_run_removes_its_namespaces():

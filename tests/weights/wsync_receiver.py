@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--ordinal", type=int, required=True)
     parser.add_argument("--lifetime", type=float, default=60.0)
     parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--relay-trees", type=int, default=1, help="weightSync.relayTrees")
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     parser.add_argument("--die-in-version", type=int, default=0)
@@ -57,7 +58,7 @@ def main() -> None:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = WeightSyncConfig(
         backend="gloo", bucket_size_bytes=args.bucket_bytes, group_size=args.group_size, timeout_seconds=args.timeout,
-        dtype=args.dtype,
+        dtype=args.dtype, relay_trees=args.relay_trees,
     )
     receiver = WeightReceiver(config, "127.0.0.1", args.port, args.ordinal)
     policy = Policy()
