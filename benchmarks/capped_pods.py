@@ -7,10 +7,10 @@ and `spec.eval.template`) runs on devcluster's real node, whose CNI chains the `
 units (19 of 512: 9.5M float32 parameters, 38 MB, in weights of 1 MiB, so with `--bucket-bytes` 1 MiB every transfer
 is at most 1 MiB and pipelines through the tree as in benchmarks/weight_sync.py; a tensor larger than the bucket is
 one transfer of up to 32 MiB, which a relay receives whole before forwarding: `--layers 2 --hidden 2236` has two of
-20 MB); the trainer publishes after every update, down one relay tree of
-`weightSync.relayFanout` (one or more of `--fanouts`), and writes each publish's seconds (`sync_seconds`) and the
-evaluators it reached (`evaluators`) to its metrics.jsonl, on a local volume (`spec.train.checkpoint
-.persistentVolumeClaim`) that this script reads from the host.
+20 MB); the trainer publishes after every update, down the relay trees (`weightSync.relayTrees`, `--trees`: one, or
+two that split the transfers) of `weightSync.relayFanout` (one or more of `--fanouts`), and writes each
+publish's seconds (`sync_seconds`) and the evaluators it reached (`evaluators`) to its metrics.jsonl, on a local
+volume (`spec.train.checkpoint.persistentVolumeClaim`) that this script reads from the host.
 
 The burst: containerd passes the plugin every annotated rate with a burst of 2^32 - 1 bits (`toCNIBandWidth` in its
 CRI plugin), which the plugin's tbf holds as about 256 MiB (261,993,004 bytes seen), so a pod moves its first
@@ -34,8 +34,9 @@ Usage:
     python benchmarks/capped_pods.py                                  # 1 and 8 evaluators, fan-out 2, 100M
     python benchmarks/capped_pods.py --evaluators 1,8 --fanouts 2,1 --json rows.json
     python benchmarks/capped_pods.py --layers 2 --hidden 2236                # two 20 MB weight matrices
+    python benchmarks/capped_pods.py --trees 2                               # two relay trees
 
-`--json FILE` rows: fanout, evaluators, seconds (median), all_seconds (the publishes taken), model_bytes,
+`--json FILE` rows: fanout, trees, evaluators, seconds (median), all_seconds (the publishes taken), model_bytes,
 link_seconds, rate_bps, bucket_bytes, hidden_sizes, sync_failures (during the run), loadavg (1 minute, when the row
 finished).
 """
@@ -80,7 +81,7 @@ def manifest(name: str, evaluators: int, fanout: int, args: argparse.Namespace) 
         name (str): metadata.name.
         evaluators (int): spec.eval.replicas.
         fanout (int): spec.weightSync.relayFanout.
-        args (argparse.Namespace): The command line (hidden, layers, rate_mbit, bucket_bytes).
+        args (argparse.Namespace): The command line (hidden, layers, rate_mbit, bucket_bytes, trees).
 
     Returns:
         dict: The manifest. One trainer rank that learns from one batch of every evaluator per update, one update
@@ -104,6 +105,7 @@ def manifest(name: str, evaluators: int, fanout: int, args: argparse.Namespace) 
         "spec.eval.evaluationIntervalSeconds": 3600,
         "spec.eval.template": capped,
         "spec.weightSync.relayFanout": fanout,
+        "spec.weightSync.relayTrees": args.trees,
         "spec.weightSync.bucketSizeBytes": args.bucket_bytes,
     })  # fmt: skip
 
@@ -160,7 +162,7 @@ def measure(
 ) -> dict:
     """Apply one case, take its publishes once every pod's qdiscs are changed, and return its row."""
     rate_bps, burst = args.rate_mbit * 10**6, _netns.tbf_burst_bytes(args.rate_mbit * 10**6)
-    name = f"capped-f{fanout}-e{evaluators}"
+    name = f"capped-t{args.trees}-f{fanout}-e{evaluators}"
     apply(cluster, namespace, manifest(name, evaluators, fanout, args))
     pods = 1 + evaluators
     first_row: int | None = None  # rows written before every pod was capped as measured are not counted
@@ -183,6 +185,7 @@ def measure(
     seconds = [r["sync_seconds"] for r in timed]
     return {
         "fanout": fanout,
+        "trees": args.trees,
         "evaluators": evaluators,
         "seconds": statistics.median(seconds),
         "all_seconds": seconds,
@@ -210,6 +213,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evaluators", default="1,8", help="evaluator counts; the first is the ratios' base")
     parser.add_argument("--fanouts", default="2", help="weightSync.relayFanout values, e.g. 2,1")
+    parser.add_argument("--trees", type=int, choices=(1, 2), default=1, help="weightSync.relayTrees")
     parser.add_argument("--rate-mbit", type=int, default=100, help="both annotations, Mbit/s (quantity NNNM)")
     parser.add_argument("--hidden", type=int, default=512, help="units of each hidden layer of the two MLPs")
     parser.add_argument("--layers", type=int, default=19, help="hidden layers of each MLP")
@@ -247,7 +251,7 @@ def run_cases(
         operator.start()
         burst = _netns.tbf_burst_bytes(args.rate_mbit * 10**6)
         print(f"{args.rate_mbit}M both ways on every pod, tbf burst {burst} B, {args.layers} hidden layers of "
-              f"{args.hidden}, {args.bucket_bytes} B buckets; "
+              f"{args.hidden}, {args.bucket_bytes} B buckets, {args.trees} relay tree(s); "
               f"median of {args.publishes} publishes after {args.warmup}, load average {os.getloadavg()[0]:.1f}")
         print(f"{'fanout':>6} {'evaluators':>10} {'publish s':>10} {'x base':>6} {'link s':>7} {'x link':>7} "
               f"{'failures':>8} {'load':>5}   publishes s")  # fmt: skip
