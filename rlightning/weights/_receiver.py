@@ -473,24 +473,21 @@ class WeightReceiver:
         """
         inbound = _Inbound(self._parents, forwarder)
         try:
-            headers = [transfers[0], *(torch.zeros_like(transfers[0]) for _ in self._parents[1:])]
-            works = [inbound.start(tree, header) for tree, header in enumerate(headers)]
             expected = _transport.header_tensor(
-                ann.seq, ann.version, len(layout.buckets), layout.signature, headers[0].device
+                ann.seq, ann.version, len(layout.buckets), layout.signature, transfers[0].device
             )
-            relayed = False
+            transfers[0].copy_(expected)  # what the children get: the announcement's header
+            headers = [torch.zeros_like(expected) for _ in self._parents]
+            works = [inbound.start(tree, header) for tree, header in enumerate(headers)]
+            # relayed at once, down every tree, before this member's own headers arrive: waiting for them would
+            # make a root of one tree wait for its header in the other, which comes down that tree's depth first
+            # (a first publish, whose edges form on the way, could run out of time); each child checks its own
+            forwarder.advance(1)
             for tree, header in enumerate(headers):
-                if not inbound.wait(tree, works[tree]):
-                    continue
-                if not torch.equal(header, expected):
+                if inbound.wait(tree, works[tree]) and not torch.equal(header, expected):
                     raise _RoundFailed(
                         f"header {header.tolist()} does not match announcement {ann.seq} (version {ann.version})"
                     )
-                if not relayed:  # at once, down every tree: a root of one tree waits for the other's header from
-                    # below it, which gets it only once this one has relayed its own
-                    transfers[0].copy_(expected)  # (a no-op unless tree 0's edge broke)
-                    forwarder.advance(1)
-                    relayed = True
             if not destination.begin(self._timings.pause):
                 raise _RoundFailed(f"rollouts did not pause within {self._timings.pause:.1f} s for publish {ann.seq}")
             self._receive_transfers(inbound, transfers, trees_of, forwarder, destination)
