@@ -59,11 +59,15 @@ class _LiveGroup:
         self.plan, self.backend = plan, backend
         ordinals = [m.ordinal for m in plan.members]
         self.roots = [_topology.root(p) for p in _topology.relay_trees(ordinals, 1, trees)]  # any fan-out: same roots
-        self.forming: list[_transport.BroadcastGroup | None] = [None] * trees
-        self.transports: list[_transport.BroadcastGroup] = []
-        """The edges to the roots, in tree order, once every one formed; empty before, and once failed."""
+        self.forming: list[_transport.BroadcastGroup | None] = [None] * trees  # the edge to each tree's root
         self.error: str | None = None
         self._lock = threading.Lock()  # the trees' edges form in threads of their own
+
+    @property
+    def transports(self) -> list[_transport.BroadcastGroup]:
+        """The edges to the roots, in tree order, once every one formed; empty before, and once failed."""
+        edges = list(self.forming)  # one snapshot: another thread may fail the group meanwhile
+        return [e for e in edges if e is not None] if all(e is not None for e in edges) else []
 
     def formed(self, tree: int, edge: _transport.BroadcastGroup) -> None:
         """Keep the edge to `tree`'s root (closed at once if the group failed meanwhile); the group is usable once
@@ -72,8 +76,6 @@ class _LiveGroup:
         with self._lock:
             if self.error is None:
                 self.forming[tree] = edge
-                if all(e is not None for e in self.forming):
-                    self.transports = [e for e in self.forming if e is not None]
                 return
         edge.close()
 
@@ -83,7 +85,6 @@ class _LiveGroup:
                 self.error = error
             edges = [e for e in self.forming if e is not None]
             self.forming = [None] * len(self.forming)
-            self.transports = []
         for edge in edges:
             edge.close()
 
