@@ -35,7 +35,12 @@ FIXED_PATHS = (
 """Default locations of kubelet, containerd and CNI state; the node is configured away from all of them."""
 
 SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/bridge/bridge-nf-call-iptables")
-"""Host-wide sysctls the stack might set (the node sets only the bridge's own ``route_localnet``)."""
+"""Host-wide sysctls the stack might set (the node sets only the bridge's own ``route_localnet``, but the CNI bridge
+plugin, as the pods' gateway, turns ``ip_forward`` on at the first pod and never off: plugins/main/bridge in
+containernetworking/plugins)."""
+
+PROC_SYS = pathlib.Path("/proc/sys")
+"""Where :data:`SYSCTLS` are read and written."""
 
 PROCESS_NAMES = ("kubelet", "containerd", "containerd-shim-runc-v2", "coredns", "runc", "pause")
 """Executables whose processes must all be gone after teardown."""
@@ -130,14 +135,34 @@ def _paths() -> frozenset[str]:
     return frozenset(found)
 
 
-def _sysctls() -> tuple[tuple[str, str], ...]:
+def _sysctls(root: pathlib.Path = PROC_SYS) -> tuple[tuple[str, str], ...]:
     values = []
     for name in SYSCTLS:
         try:
-            values.append((name, (pathlib.Path("/proc/sys") / name).read_text().strip()))
+            values.append((name, (root / name).read_text().strip()))
         except OSError:
             values.append((name, "-"))
     return tuple(values)
+
+
+def restore_sysctls(before: tuple[tuple[str, str], ...], root: pathlib.Path = PROC_SYS) -> list[str]:
+    """Write back every sysctl whose value differs from ``before`` (:attr:`HostState.sysctls`).
+
+    Args:
+        before (tuple[tuple[str, str], ...]): ``(name, value)`` pairs observed before start; ``"-"`` (absent then)
+            is left alone.
+        root (pathlib.Path, optional): The sysctl tree. Defaults to :data:`PROC_SYS`.
+
+    Returns:
+        list[str]: The names written back.
+    """
+    now = dict(_sysctls(root))
+    restored = []
+    for name, value in before:
+        if value != "-" and now.get(name) not in (value, "-"):
+            (root / name).write_text(value)
+            restored.append(name)
+    return restored
 
 
 def processes(names: tuple[str, ...] = PROCESS_NAMES) -> dict[int, str]:

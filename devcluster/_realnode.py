@@ -4,7 +4,8 @@ Start order: Debian packages (installed when missing), a snapshot of the host, t
 ``route_localnet`` and the DNAT rule to the API server, containerd (socket answers), the local pause and runtime
 images (``ctr images import``), CoreDNS, the kubelet; ready when the Node is Ready. Stop: cordon, delete the
 node's pods and wait for their containers to go, stop the kubelet and CoreDNS, remove what containers remain,
-stop containerd, then remove mounts, cgroups, the rule, the bridge, the Node object and new default-path entries;
+stop containerd, then remove mounts, cgroups, the rule, the bridge, the Node object and new default-path entries, and
+write back host-wide sysctls the CNI plugins changed (`ip_forward`);
 :attr:`RealNode.leftovers` lists whatever still differs from the snapshot. The configuration itself is built
 in :mod:`devcluster._nodeconfig`.
 """
@@ -269,7 +270,11 @@ class RealNode(_process.Supervisor):
             _process.stop(by_name["containerd"])
         kill_shims(self.layout)
         self._api.request("DELETE", f"/api/v1/nodes/{self.name}")
-        clean_host(self.layout, self.cluster.ports.apiserver, self.baseline.paths if self.baseline else None)
+        baseline = self.baseline
+        clean_host(
+            self.layout, self.cluster.ports.apiserver, baseline.paths if baseline else None,
+            baseline.sysctls if baseline else None,
+        )
         (self.cluster.workdir / STATE_FILE).unlink(missing_ok=True)
         if self.baseline is not None:
             self.leftovers = _hoststate.difference(self.baseline, _hoststate.snapshot())
@@ -315,6 +320,7 @@ class RealNode(_process.Supervisor):
             "apiserver_port": self.cluster.ports.apiserver,
             "pids": {proc.name: proc.pid for proc in self.processes},
             "paths_before": sorted(self.baseline.paths) if self.baseline else None,
+            "sysctls_before": self.baseline.sysctls if self.baseline else None,
         }
         (self.cluster.workdir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
@@ -330,7 +336,12 @@ def kill_shims(layout: cfg.NodeLayout) -> None:
             pass
 
 
-def clean_host(layout: cfg.NodeLayout, apiserver_port: int, paths_before: frozenset[str] | None) -> None:
+def clean_host(
+    layout: cfg.NodeLayout,
+    apiserver_port: int,
+    paths_before: frozenset[str] | None,
+    sysctls_before: tuple[tuple[str, str], ...] | None = None,
+) -> None:
     """Undo the node's host changes once its processes are gone (also after a crash; each step is idempotent).
 
     Args:
@@ -338,6 +349,8 @@ def clean_host(layout: cfg.NodeLayout, apiserver_port: int, paths_before: frozen
         apiserver_port (int): Port in the DNAT rule.
         paths_before (frozenset[str] | None): Default-path entries present before start
             (:attr:`_hoststate.HostState.paths`); newer ones are removed. None leaves default paths alone.
+        sysctls_before (tuple[tuple[str, str], ...] | None, optional): Host-wide sysctls before start
+            (:attr:`_hoststate.HostState.sysctls`), written back where they changed. None leaves them alone.
     """
     _hoststate.unmount_under(layout.root)
     _hoststate.remove_cgroups(NODE_CGROUPS)
@@ -349,6 +362,8 @@ def clean_host(layout: cfg.NodeLayout, apiserver_port: int, paths_before: frozen
         _run(["ip", "link", "delete", cfg.BRIDGE], "removing the bridge")
     if paths_before is not None:
         _hoststate.remove_new_paths(paths_before)
+    if sysctls_before is not None:
+        _hoststate.restore_sysctls(sysctls_before)
     shutil.rmtree(layout.root, ignore_errors=True)
 
 
@@ -356,7 +371,7 @@ def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -
     """Stop a real node that ``devcluster up --real-node`` left running and clean the host.
 
     Pods are not drained (the control plane may be gone): the processes are stopped, the leftover containers'
-    processes die with their cgroups, and :func:`clean_host` runs with the default paths recorded at start.
+    processes die with their cgroups, and :func:`clean_host` runs with the default paths and sysctls recorded at start.
 
     Args:
         workdir (pathlib.Path): The cluster's work folder.
@@ -374,7 +389,10 @@ def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -
         log(f"devcluster: {name} (pid {pid}) stopped")
     layout = cfg.NodeLayout(pathlib.Path(state["root"]))
     kill_shims(layout)
-    before = state.get("paths_before")
-    clean_host(layout, state["apiserver_port"], frozenset(before) if before is not None else None)
+    before, sysctls = state.get("paths_before"), state.get("sysctls_before")
+    clean_host(
+        layout, state["apiserver_port"], frozenset(before) if before is not None else None,
+        tuple((name, value) for name, value in sysctls) if sysctls is not None else None,
+    )
     state_path.unlink(missing_ok=True)
     return True

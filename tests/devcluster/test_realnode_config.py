@@ -89,6 +89,19 @@ def test_host_state_difference_names_what_changed():
     assert _hoststate.difference(before, after) == ["links: added no-such-link0", "mounts: removed /"]
 
 
+def test_sysctls_a_cni_plugin_changed_are_written_back_and_absent_ones_left_alone(tmp_path):
+    for name, value in zip(_hoststate.SYSCTLS, ("0", "0", "-"), strict=True):
+        if value != "-":
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(value + "\n")
+    before = _hoststate._sysctls(tmp_path)
+    assert before[2] == (_hoststate.SYSCTLS[2], "-")
+    (tmp_path / "net/ipv4/ip_forward").write_text("1\n")  # what the bridge plugin does at the first pod
+    assert _hoststate.restore_sysctls(before, tmp_path) == ["net/ipv4/ip_forward"]
+    assert _hoststate._sysctls(tmp_path) == before
+    assert _hoststate.restore_sysctls(before, tmp_path) == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="ip netns needs root and iproute2")
 def test_a_named_network_namespace_of_another_user_is_not_the_nodes_host_state():
     name = f"rlhoststate{os.getpid()}"
