@@ -34,7 +34,7 @@ Usage:
     python benchmarks/capped_pods.py                                  # 1 and 8 evaluators, fan-out 2, 100M
     python benchmarks/capped_pods.py --evaluators 1,8 --fanouts 2,1 --json rows.json
     python benchmarks/capped_pods.py --layers 2 --hidden 2236                # two 20 MB weight matrices
-    python benchmarks/capped_pods.py --trees 2                               # two relay trees
+    python benchmarks/capped_pods.py --trees 1                               # one relay tree
 
 `--json FILE` rows: fanout, trees, evaluators, seconds (median), all_seconds (the publishes taken), model_bytes,
 link_seconds, rate_bps, bucket_bytes, hidden_sizes, sync_failures (during the run), loadavg (1 minute, when the row
@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # the repository root, for tests.*
 
 import devcluster  # noqa: E402
+from rlightning.config import WeightSyncConfig  # noqa: E402
 from tests import _netns  # noqa: E402
 from tests.operator.operator_cluster import OperatorProcess, apply, get_json, install_crd  # noqa: E402
 from tests.realpods import realpods_helpers  # noqa: E402
@@ -213,7 +214,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evaluators", default="1,8", help="evaluator counts; the first is the ratios' base")
     parser.add_argument("--fanouts", default="2", help="weightSync.relayFanout values, e.g. 2,1")
-    parser.add_argument("--trees", type=int, choices=(1, 2), default=1, help="weightSync.relayTrees")
+    parser.add_argument(
+        "--trees", type=int, choices=(1, 2), default=WeightSyncConfig().relay_trees, help="weightSync.relayTrees"
+    )
     parser.add_argument("--rate-mbit", type=int, default=100, help="both annotations, Mbit/s (quantity NNNM)")
     parser.add_argument("--hidden", type=int, default=512, help="units of each hidden layer of the two MLPs")
     parser.add_argument("--layers", type=int, default=19, help="hidden layers of each MLP")

@@ -51,8 +51,10 @@ def test_hundreds_of_back_to_back_publishes_are_all_applied_in_order_on_one_conn
         for version in range(2, PUBLISHES + 1):  # no gap: the next publish starts as soon as the last returns
             stats = sender.publish(states[version % 2])
             assert (stats.version, stats.receivers_acked, stats.failed) == (version, [0, 1], {})
-        # the store connections stay those of the first publish: none is opened per publish
-        assert store_connections(port) - connected <= 2, "store connections grew with the publishes"
+        # none is opened per publish: at most the spares every pool was still opening when the first publish
+        # returned (each a probe and a client; a busy machine refills them late), far below one per publish
+        spares = 2 * config.relay_trees * (1 + config.relay_fanout) * len(procs) + 2 * config.relay_trees
+        assert store_connections(port) - connected <= 2 * spares + 2, "store connections grew with the publishes"
     finally:
         sender.close()
     stop(procs)

@@ -39,9 +39,10 @@ torch.set_num_threads(1)
 TIMEOUT = 5.0
 
 
-def config(group_size: int = 2) -> WeightSyncConfig:
+def config(group_size: int = 2, trees: int = WeightSyncConfig().relay_trees) -> WeightSyncConfig:
     return WeightSyncConfig(
-        backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=group_size, timeout_seconds=TIMEOUT
+        backend="gloo", bucket_size_bytes=BUCKET_BYTES, group_size=group_size, timeout_seconds=TIMEOUT,
+        relay_trees=trees,
     )
 
 
@@ -160,7 +161,8 @@ def test_leaf_killed_mid_broadcast_fails_only_itself(procs):
         start_receiver(port, 1, "--die-in-version", "2"),
         start_receiver(port, 2),
     ]
-    sender = WeightSender(config(group_size=2), "127.0.0.1", port)  # group 0: 0 relays to 1; group 1: 2
+    # one tree: group 0: 0 relays to 1; group 1: 2 (with two trees 1 also relays to 0: test_weight_double_tree.py)
+    sender = WeightSender(config(group_size=2, trees=1), "127.0.0.1", port)
     try:
         wait_members(sender, {0, 1, 2})
         assert sender.publish(weights_for(1)).receivers_acked == [0, 1, 2]

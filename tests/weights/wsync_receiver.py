@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--ordinal", type=int, required=True)
     parser.add_argument("--lifetime", type=float, default=60.0)
     parser.add_argument("--group-size", type=int, default=2)
-    parser.add_argument("--relay-trees", type=int, default=1, help="weightSync.relayTrees")
+    parser.add_argument("--relay-trees", type=int, default=WeightSyncConfig().relay_trees, help="weightSync.relayTrees")
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     parser.add_argument("--die-in-version", type=int, default=0)
