@@ -34,7 +34,7 @@ Usage:
     python benchmarks/capped_pods.py                                  # 1 and 8 evaluators, fan-out 2, 100M
     python benchmarks/capped_pods.py --evaluators 1,8 --fanouts 2,1 --json rows.json
     python benchmarks/capped_pods.py --layers 2 --hidden 2236                # two 20 MB weight matrices
-    python benchmarks/capped_pods.py --trees 1                               # one relay tree
+    python benchmarks/capped_pods.py --trees 2                               # two relay trees
 
 `--json FILE` rows: fanout, trees, evaluators, seconds (median), all_seconds (the publishes taken), model_bytes,
 link_seconds, rate_bps, bucket_bytes, hidden_sizes, sync_failures (during the run), loadavg (1 minute, when the row

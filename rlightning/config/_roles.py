@@ -251,14 +251,14 @@ class WeightSyncConfig(SpecModel):
         ),
     )
     relay_trees: int = Field(
-        default=2,
+        default=1,
         ge=1,
         le=2,
         description=(
-            "2: NCCL's double binary tree, the transfers split in halves down two trees whose interior evaluators "
-            "differ, so at fan-out 2 each evaluator uploads one copy at most (for links capped both ways); a dead "
-            "evaluator affects its subtree in each tree. 1: one relay tree per group, every relay uploads "
-            "relayFanout copies of the weights."
+            "1: one relay tree per group, every relay uploads relayFanout copies of the weights. 2: NCCL's double "
+            "binary tree, the transfers split in halves down two trees whose interior evaluators differ, so at "
+            "fan-out 2 each evaluator uploads one copy at most (for links capped both ways); a dead evaluator "
+            "affects its subtree in each tree."
         ),
     )
     dtype: Literal["bfloat16", "float16", "float32", "float64"] | None = Field(

@@ -102,7 +102,7 @@ def test_liveness_fails_while_the_api_server_is_silent_and_recovers(crd, namespa
                                 timeout=limit + SLACK_SECONDS, interval=0.2)
         failed_after = time.monotonic() - silenced
         print(f"silent API server: /healthz failed after {failed_after:.1f} s ({body})")
-        assert failed_after >= limit - 1.0 and body["apiSilenceSeconds"] > limit
+        assert failed_after >= limit - 1.0 and body["apiSilenceSeconds"] >= limit  # rounded to the ms
         proxy.restore()
         wait_for("/healthz to pass again", lambda: operator.health()[0] == 200, timeout=SLACK_SECONDS)
         assert operator.process.poll() is None
