@@ -155,6 +155,9 @@ def restore_sysctls(before: tuple[tuple[str, str], ...], root: pathlib.Path = PR
 
     Returns:
         list[str]: The names written back.
+
+    Raises:
+        OSError: when a sysctl cannot be written (not root).
     """
     now = dict(_sysctls(root))
     restored = []

@@ -276,8 +276,8 @@ class RealNode(_process.Supervisor):
             baseline.sysctls if baseline else None,
         )
         (self.cluster.workdir / STATE_FILE).unlink(missing_ok=True)
-        if self.baseline is not None:
-            self.leftovers = _hoststate.difference(self.baseline, _hoststate.snapshot())
+        if baseline is not None:
+            self.leftovers = _hoststate.difference(baseline, _hoststate.snapshot())
             if self.leftovers:
                 self._log("devcluster: the real node left host state behind:\n  " + "\n  ".join(self.leftovers))
 
