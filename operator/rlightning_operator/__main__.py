@@ -175,14 +175,17 @@ async def _serve(
         memo=context,
     ))
     tasks: set[asyncio.Task[None]] = {kopf_task}
-    if elector is not None:
-        tasks.add(asyncio.create_task(elector.hold()))
+    holding = asyncio.create_task(elector.hold()) if elector is not None else None
+    if holding is not None:
+        tasks.add(holding)
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     if kopf_task not in done:  # the Lease is lost: a standby may act from lease_duration_seconds on
         logger.error("lost the Lease %s/%s: exiting", settings.lease_namespace, settings.lease_name)
         logging.shutdown()
         os._exit(1)
     heartbeat.cancel()
+    if holding is not None:
+        holding.cancel()
     if elector is not None:
         await asyncio.to_thread(elector.release)
     kopf_task.result()  # re-raise what stopped kopf, if it failed

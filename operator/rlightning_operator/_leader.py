@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import threading
 import time
 from typing import Any
 
@@ -68,14 +69,24 @@ class LeaseElector:
         self._held: dict[str, Any] | None = None  # the Lease as this candidate last wrote it, while it holds it
         self.leading = False
         self.renewed_at = 0.0
+        # One attempt or the release at a time; once released, no attempt may take the Lease back (a renewal
+        # still in flight when kopf stopped would otherwise find it free and take it from "nobody").
+        self._lock = threading.Lock()
+        self._released = False
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt: create the Lease, renew it, or take it over when its holder has gone quiet.
 
         Returns:
             bool: Whether this candidate holds the Lease now. API errors, including a lost compare-and-swap
-                (409), count as "no".
+                (409), count as "no", and so does every attempt after `release()`.
         """
+        with self._lock:
+            if self._released:
+                return False
+            return self._attempt()
+
+    def _attempt(self) -> bool:
         held, self._held = self._held, None
         try:
             if held is not None:  # client-go's fast path: renew what it wrote last; a lost swap reads below
@@ -160,10 +171,18 @@ class LeaseElector:
                 self.renewed_at = time.monotonic()
 
     def release(self) -> None:
-        """Give the Lease up (holderIdentity emptied) so that a standby takes over at once; best effort."""
-        if not self.leading:
-            return
-        self.leading, self._held = False, None
+        """Give the Lease up for good (holderIdentity emptied) so that a standby takes over at once; best effort.
+
+        Waits for an attempt in flight (each of its requests is bounded by the retry period); no later attempt
+        of this candidate succeeds.
+        """
+        with self._lock:
+            self._released = True
+            if self.leading:
+                self.leading, self._held = False, None
+                self._empty_holder()
+
+    def _empty_holder(self) -> None:
         try:
             lease = self._client.read("Lease", self.namespace, self.name, timeout=self._retry_period)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:

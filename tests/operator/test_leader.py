@@ -113,3 +113,14 @@ def test_liveness_fails_past_the_silence_limit():
     assert health(59.9, 60, "leader")[0]
     healthy, body = health(60.1, 60, "standby")
     assert not healthy and body["role"] == "standby" and body["apiSilenceSeconds"] == 60.1
+
+
+def test_no_attempt_after_release_takes_the_lease_back(clock):
+    store = LeaseStore()
+    a = elector(store, "a")
+    assert a.try_acquire_or_renew()
+    a.leading = True
+    a.release()
+    clock[0] += 2
+    assert not a.try_acquire_or_renew(), "a renewal still in flight at shutdown must not take the free Lease"
+    assert store.lease["spec"]["holderIdentity"] == ""
