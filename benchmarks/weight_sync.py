@@ -33,7 +33,8 @@ digest of the last version is checked against the sender's. `--kill-relay` kills
 publish of the last phase and times the failure and the next publish. Then it fits t = d * a + X / bw per hop (see
 `critical_path`) and projects 100, 1,000 and 10,000 evaluators. `--json` rows: topology, params, receivers, seconds
 (median), all_seconds, link_rate_bps, model_bytes, sender_egress_bytes, sender_wire_bytes, transfer_bytes,
-digests_ok, loadavg (the machine's 1-minute load when the row finished).
+digests_ok, loadavg (the machine's 1-minute load when the row finished), congestion_control (TCP's, in every
+namespace: `--congestion-control`, cubic unless said).
 
 `--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
 model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
@@ -555,14 +556,14 @@ def run_capped(args: argparse.Namespace) -> list[dict]:
     counts = [int(x) for x in args.receivers.split(",")]
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_exit)  # so the finally below removes the namespaces
-    net = _netns.CappedNetwork(max(counts) + 1, args.rate_bps)
+    net = _netns.CappedNetwork(max(counts) + 1, args.rate_bps, congestion_control=args.congestion_control)
     procs: list[subprocess.Popen] = []
     rows: list[dict] = []
     try:
         net.start()
         print(f"network {net.prefix}-*: {net.nodes} namespaces, links capped at {args.rate_bps / 1e6:g} Mbit/s "
-              f"each way (tbf, burst {_netns.tbf_burst_bytes(args.rate_bps)} B); bucket bound "
-              f"{args.bucket_bytes} B; median of {args.syncs} publishes", flush=True)
+              f"each way (tbf, burst {_netns.tbf_burst_bytes(args.rate_bps)} B; TCP {args.congestion_control}); "
+              f"bucket bound {args.bucket_bytes} B; median of {args.syncs} publishes", flush=True)
         print_capped_header()
         for n in counts:
             common = [sys.executable, __file__, "--link-rate", args.link_rate, "--n", str(n), "--port", str(args.port),
@@ -579,7 +580,7 @@ def run_capped(args: argparse.Namespace) -> list[dict]:
             assert sender.stdout is not None
             for line in sender.stdout:
                 if line.startswith("ROW "):
-                    rows.append(json.loads(line[4:]))
+                    rows.append({**json.loads(line[4:]), "congestion_control": args.congestion_control})
                     print_capped_row(rows[-1], rows)
             if sender.wait() != 0:
                 raise RuntimeError(f"the sender of {n} receivers exited with {sender.returncode}")
@@ -801,6 +802,11 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
         "--link-rate", default=None,
         help="cap every link at this rate both ways (tc units, e.g. 200mbit), each process in a network namespace "
              "of its own (root); see the module docstring",
+    )
+    parser.add_argument(
+        "--congestion-control", default="cubic",
+        help="with --link-rate: TCP congestion control in every namespace (default cubic, the Linux kernel's "
+             "default; BBR v1 ignores loss and, behind tbf's shallow queues, retransmits until the CPU is the limit)",
     )
     parser.add_argument(
         "--topologies", default="relay1,relay2,relay4,star,tcp",

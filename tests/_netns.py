@@ -112,16 +112,20 @@ class CappedNetwork:
         nodes (int): How many nodes (namespaces with one address each), 1..:data:`MAX_NODES`.
         rate_bps (int): Each link's rate in bits per second, each way.
         prefix (str | None, optional): Namespace name prefix; None: :func:`default_prefix`. Defaults to None.
+        congestion_control (str | None, optional): TCP congestion control of every node's namespace
+            (``net.ipv4.tcp_congestion_control``, one of ``/proc/sys/net/ipv4/tcp_available_congestion_control``);
+            None: what a new namespace inherits from the host. Defaults to None.
 
     Examples:
         >>> with CappedNetwork(3, parse_rate("200mbit")) as net:
         ...     subprocess.run(net.exec_argv(1, ["ping", "-c1", net.address(2)]), check=True)
     """
 
-    def __init__(self, nodes: int, rate_bps: int, prefix: str | None = None) -> None:
+    def __init__(self, nodes: int, rate_bps: int, prefix: str | None = None,
+                 congestion_control: str | None = None) -> None:
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be 1..{MAX_NODES}, got {nodes}")
-        self.nodes, self.rate_bps = nodes, rate_bps
+        self.nodes, self.rate_bps, self.congestion_control = nodes, rate_bps, congestion_control
         self.prefix = prefix or default_prefix()
         self.switch = f"{self.prefix}-sw"
         self._made: list[str] = []  # namespaces created, in order; deleted by close()
@@ -173,6 +177,9 @@ class CappedNetwork:
                 self._run("ip", "-n", node, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
                 self._run("ip", "-n", node, "link", "set", "eth0", "up")
                 self._run("ip", "-n", node, "link", "set", "lo", "up")
+                if self.congestion_control:
+                    self._run(*self.exec_argv(i, ["sysctl", "-qw",
+                                                  f"net.ipv4.tcp_congestion_control={self.congestion_control}"]))
                 self._run("tc", "-n", node, "qdisc", "add", "dev", "eth0", *tbf)  # what the node sends
                 self._run("tc", "-n", self.switch, "qdisc", "add", "dev", port, *tbf)  # what it receives
         except BaseException:

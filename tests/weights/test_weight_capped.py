@@ -119,3 +119,12 @@ def test_without_root_the_benchmark_refuses_in_one_line():
     assert done.returncode == 2
     assert done.stderr.strip() == "weight_sync.py --link-rate: capped links need root (network namespaces, veth " \
                                   "pairs and tc qdiscs)"
+
+
+def test_every_node_runs_the_congestion_control_asked_for():
+    # reno: always built in, and neither the host's default here (bbr) nor the benchmark's (cubic)
+    with _netns.CappedNetwork(2, _netns.parse_rate("10mbit"), congestion_control="reno") as net:
+        for node in range(2):
+            argv = net.exec_argv(node, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
+            assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip() == "reno"
+    assert _netns.leftovers(net.prefix) == []
