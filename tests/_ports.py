@@ -19,7 +19,7 @@ WEIGHTS_SYNC            27200-27219  tests/weights/: test_weight_sync (0-5), _re
 WEIGHTS_STATE           27220-27229  tests/weights/test_weight_state.py
 WEIGHTS_VERSION_FLOOR   27230-27239  tests/weights/test_weight_version_floor.py (one per test)
 WEIGHTS_IN_PLACE        27240-27249  tests/weights/test_weight_relay.py, receivers in place (0, 1)
-WEIGHTS_DOUBLE_TREE     27250-27259  tests/weights/test_weight_double_tree.py (0-3)
+WEIGHTS_DOUBLE_TREE     27250-27259  tests/weights/test_weight_double_tree.py (0-4)
 WEIGHTS_TORCHRUN        27300-27309  tests/weights/test_weight_torchrun.py (master port, weight sync)
 POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)

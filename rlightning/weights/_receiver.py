@@ -10,6 +10,7 @@ import concurrent.futures
 import functools
 import logging
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -86,8 +87,19 @@ class _Inbound:
         """
         if work is None or tree in self.broken:
             return False
+        edge = self.edges[tree]
+        deadline = time.monotonic() + edge.timeout
+        if self._forwarder.forming():
+            # a child whose edge forms meanwhile gets what arrived: with two trees it may be this member's parent in
+            # the other tree, waiting for the header before it relays what this member waits for
+            here = threading.Event()
+            work.get_future().add_done_callback(lambda _: here.set())
+            while not here.wait(_relay.FORMING_POLL_SECONDS) and time.monotonic() < deadline:
+                if not self._forwarder.forming():
+                    break
+                self._forwarder.push()
         try:
-            self.edges[tree].wait_work(work)
+            edge.wait_work(work, deadline)
         except RuntimeError as exc:
             self.lose(tree, str(exc))
             return False
@@ -584,10 +596,17 @@ class WeightReceiver:
         bound = self._timings.edge_from_parent + self._timings.step  # past every receive's own timeout
 
         def arrive() -> None:
-            try:
-                index = done.get(timeout=bound)
-            except queue.Empty:
-                raise RuntimeError(f"no transfer arrived within {bound:g} s") from None
+            end = time.monotonic() + bound
+            while True:
+                left = end - time.monotonic()
+                forming = forwarder.forming()  # then checked often, as in `_Inbound.wait`
+                try:
+                    index = done.get(timeout=max(min(left, _relay.FORMING_POLL_SECONDS) if forming else left, 0.0))
+                    break
+                except queue.Empty:
+                    if time.monotonic() >= end:
+                        raise RuntimeError(f"no transfer arrived within {bound:g} s") from None
+                    forwarder.push()
             if inbound.wait(*inflight.pop(index)):
                 destination.land(index - 1, transfers[index])
                 forwarder.arrived(index)  # relay each transfer as soon as it is here

@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 CHILD_RANK = 1
 """A relay edge's ranks: the relay (parent) is rank 0 and sends the transfers, the child is rank 1."""
+FORMING_POLL_SECONDS = 0.05
+"""While a child's edge is still forming, a relay waiting for its own transfers checks this often whether it formed,
+and sends it what arrived (`Forwarder.push`): with two trees that child may be this relay's parent in the other tree,
+waiting for the header before it relays what this relay waits for."""
 
 
 def confirm(edge: _transport.BroadcastGroup) -> None:
@@ -139,6 +143,14 @@ class Forwarder:
                     self._sent[child.ordinal] += 1
             except RuntimeError as exc:
                 child.fail(f"forwarding failed: {exc}")
+
+    def forming(self) -> bool:
+        """Whether the edge to some child is still forming (it gets what arrived at the next `push` once formed)."""
+        return any(child.edge is None and child.error is None for child in self._children)
+
+    def push(self) -> None:
+        """Queue what arrived on every child edge formed since; never blocks on a child."""
+        self._push()
 
     def drop_tree(self, tree: int, error: str) -> None:
         """Drop every child in relay tree `tree`: this relay will not have that tree's transfers (its edge from its

@@ -2,17 +2,22 @@
 processes that each receive half the transfers down each tree and relay them.
 
 The capped-link run (the sender's egress is one model, every receiver holds the exact digest) is in
-test_weight_capped.py. Ports: WEIGHTS_DOUBLE_TREE of tests/_ports.py, indices 0-3.
+test_weight_capped.py. Ports: WEIGHTS_DOUBLE_TREE of tests/_ports.py, indices 0-4.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 import torch
 from test_weight_relay import FLEET, IN_PLACE, kill_one_of_eight, publish_to_eight
+from wsync_helpers import wait_members
 
+from rlightning.config import WeightSyncConfig
+from rlightning.weights import WeightReceiver, WeightSender, _store, _transport
 from rlightning.weights._topology import Place, carried, relay_trees, root, split, subtree
 from tests._ports import WEIGHTS_DOUBLE_TREE
 
@@ -102,3 +107,50 @@ def test_a_receiver_killed_mid_publish_costs_its_subtrees_only_and_they_rejoin(p
     # 6 dies receiving version 2: a leaf in tree 0; in tree 1 it relays to 4 and 3, and 4 to 0. So 0, 3 and 4 miss
     # tree 1's half of version 2, but still relay tree 0's: 0 feeds 1 and 2, 1 feeds 3 and 4, 2 feeds 5 and 6
     kill_one_of_eight(procs, port_of(receive, 1), receive, 6, [0, 3, 4, 6], trees=2)
+
+
+@pytest.mark.timeout(90)
+def test_two_members_feeding_each_other_get_a_publish_when_a_child_edge_forms_after_the_header(monkeypatch):
+    # Two members: 0 relays to 1 in tree 0, 1 relays to 0 in tree 1, and one small tensor travels down tree 0 only.
+    # 1's edge to 0 (tree 1) forms after 1 reached the header: 1 must still send 0 the header while it waits for
+    # 0's relay of the tensor, which 0 sends only once it has that header (else both wait for their timeouts).
+    late = _store.edge_prefix(0, 1, 0, 1)  # group 0, generation 1, into ordinal 0 in tree 1: from its relay 1
+    delayed: list[str] = []
+    form = _transport.BroadcastGroup.__init__
+
+    def slow_form(self, connection, prefix, rank, *args, **kwargs) -> None:
+        if prefix == late and rank == 0:
+            delayed.append(prefix)
+            time.sleep(1.5)
+        form(self, connection, prefix, rank, *args, **kwargs)
+
+    monkeypatch.setattr(_transport.BroadcastGroup, "__init__", slow_form)
+    port = WEIGHTS_DOUBLE_TREE.port(4)
+    config = WeightSyncConfig(backend="gloo", group_size=2, relay_trees=2, timeout_seconds=5)
+    sender = WeightSender(config, "127.0.0.1", port)
+    receivers = [WeightReceiver(config, "127.0.0.1", port, ordinal=o) for o in (0, 1)]
+    got: dict[int, list[int]] = {0: [], 1: []}
+    done = threading.Event()
+
+    def run(receiver: WeightReceiver) -> None:
+        while not done.is_set():
+            item = receiver.receive(timeout=0.5)
+            if item is not None:
+                got[receiver.ordinal].append(item[0])
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in receivers]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_members(sender, {0, 1}, timeout=30.0)
+        stats = sender.publish({"w": torch.arange(16, dtype=torch.float32)})
+        assert delayed == [late]  # the edge did form late
+        assert stats.failed == {} and stats.receivers_acked == [0, 1], stats
+        assert stats.seconds < config.timeout_seconds, stats
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(30)
+        for receiver in receivers:
+            receiver.close()
+        sender.close()
