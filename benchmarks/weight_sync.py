@@ -845,6 +845,10 @@ def main_capped(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if reason is not None:
         print(f"weight_sync.py --link-rate: {reason}", file=sys.stderr)
         sys.exit(2)
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    if args.congestion_control not in available:
+        parser.error(f"--congestion-control must be one of this kernel's {' '.join(available)}, "
+                     f"not {args.congestion_control!r}")
     try:
         rows = run_capped(args)
     except KeyboardInterrupt:  # the namespaces are gone (run_capped's finally)

@@ -177,9 +177,9 @@ class CappedNetwork:
                 self._run("ip", "-n", node, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
                 self._run("ip", "-n", node, "link", "set", "eth0", "up")
                 self._run("ip", "-n", node, "link", "set", "lo", "up")
-                if self.congestion_control:
-                    self._run(*self.exec_argv(i, ["sysctl", "-qw",
-                                                  f"net.ipv4.tcp_congestion_control={self.congestion_control}"]))
+                if self.congestion_control:  # /proc/sys/net is the reading process's namespace's; no procps needed
+                    self._run(*self.exec_argv(i, ["sh", "-c", 'echo "$0" > /proc/sys/net/ipv4/tcp_congestion_control',
+                                                  self.congestion_control]))
                 self._run("tc", "-n", node, "qdisc", "add", "dev", "eth0", *tbf)  # what the node sends
                 self._run("tc", "-n", self.switch, "qdisc", "add", "dev", port, *tbf)  # what it receives
         except BaseException:
