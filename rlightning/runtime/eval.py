@@ -60,7 +60,7 @@ import torch
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import EnvMeta, PolicyRole, build_policy
-from rlightning.runtime import _errors, _health, collector
+from rlightning.runtime import _errors, _exit, _health, collector
 from rlightning.runtime._prometheus import EvaluatorMetrics
 from rlightning.runtime._signals import StopRequest
 from rlightning.runtime.settings import ProcessSettings, SettingsError, eval_ordinal
@@ -519,4 +519,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit.exit_now(main())

@@ -30,6 +30,7 @@ from wsync_helpers import Policy  # noqa: E402
 
 from rlightning.config import WeightSyncConfig  # noqa: E402
 from rlightning.weights import WeightReceiver, WeightRecord, named_state, tensor_digests  # noqa: E402
+from rlightning.runtime._exit import exit_now  # noqa: E402
 from rlightning.weights import _transport  # noqa: E402
 
 
@@ -132,7 +133,7 @@ def main() -> None:
             break
     receiver.close()
     print(json.dumps({"event": "exit"}), flush=True)
-    sys.exit(0)
+    exit_now(0)  # as the evaluator ends (`rlightning.runtime._exit`): no daemon thread resumed at finalization
 
 
 if __name__ == "__main__":
