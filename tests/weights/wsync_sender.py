@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 import time
 
 import torch
@@ -24,7 +26,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
     args = parser.parse_args()
+    if args.log:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = WeightSyncConfig(backend="gloo", bucket_size_bytes=BUCKET_BYTES, timeout_seconds=args.timeout)
     sender = WeightSender(config, "127.0.0.1", args.port)
     wait_members(sender, {0})
