@@ -91,9 +91,12 @@ class Outcome:
 
 
 # -- rlightning -------------------------------------------------------------------------------------------------
-def example_manifest(seed: int, index: int) -> dict[str, Any]:
-    """examples/cartpole.yaml with `train.seed` and the benchmark's own ports (run `index`)."""
-    doc = yaml.safe_load((REPO / "examples" / "cartpole.yaml").read_text())
+EXAMPLE = REPO / "examples" / "cartpole.yaml"
+
+
+def example_manifest(seed: int, index: int, path: Path = EXAMPLE) -> dict[str, Any]:
+    """The manifest at `path` (the example by default) with `train.seed` and the benchmark's own ports (run `index`)."""
+    doc = yaml.safe_load(path.read_text())
     spec = doc["spec"]
     spec["train"]["seed"] = seed
     first = PORTS_PER_RUN * (index % (BENCH_PEERS.size // PORTS_PER_RUN))
@@ -288,6 +291,8 @@ def main() -> int:
     parser.add_argument("--slow-lag", type=int, default=1, help="train.maxPolicyLag of the slow-env runs")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take at most")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and every run to this file")
+    parser.add_argument("--manifest", type=Path, default=EXAMPLE,
+                        help="the PolicyGroup of the `cartpole` case (a variant of the example to compare)")
     parser.add_argument("--sb3-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sb3_worker is not None:
@@ -295,7 +300,8 @@ def main() -> int:
     cases = set(args.cases.split(","))
     plan: list[tuple[str, dict[str, Any], Any]] = []  # case, SB3 config, rlightning manifest by (seed, index)
     if "cartpole" in cases:
-        plan.append(("cartpole", {"env_id": "CartPole-v1", "n_envs": 8}, example_manifest))
+        plan.append(("cartpole", {"env_id": "CartPole-v1", "n_envs": 8},
+                     lambda seed, index: example_manifest(seed, index, args.manifest)))
     if "slow" in cases:
         for count in (int(c) for c in args.evaluators.split(",")):
             config = {"env_id": SLOW_ENV_ID, "n_envs": count, "subproc": True,

@@ -76,6 +76,9 @@ class OwnExperience:
         """Batches dropped since start: none, the rank collects what it trains on."""
         return 0
 
+    def ask_evaluation(self, version: int) -> None:
+        """Nothing to ask: evaluators that produce no data play evaluation episodes without pause."""
+
     def close(self) -> None:
         """Close the env copies."""
         self.collector.close()
@@ -152,6 +155,10 @@ class FleetExperience:
             evaluator answered with), or None when none answered with weights.
         """
         return self.intake.pull_weights(version, timeout)
+
+    def ask_evaluation(self, version: int) -> None:
+        """Ask the evaluators this rank's intake knows to evaluate `version` now (`TrajectoryIntake.ask_evaluation`)."""
+        self.intake.ask_evaluation(version)
 
     def dropped_batches(self) -> int:
         """Batches this rank's intake dropped since start (too old for `train.maxPolicyLag`, invalid, or acted with an

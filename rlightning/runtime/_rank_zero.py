@@ -144,7 +144,7 @@ class TrainerHooks:
     def await_fleet(self) -> None:
         """At start, before any weights are pulled: wait for the evaluators to (re-)register."""
 
-    def puller(self, source: Source) -> Callable[[], trajectories.HeldWeights | None] | None:
+    def puller(self) -> Callable[[], trajectories.HeldWeights | None] | None:
         """What gets an evaluator's weights when no checkpoint was resumed (`_resume.restart_from_fleet`); None."""
         return None
 
@@ -178,6 +178,8 @@ class RankZero(TrainerHooks):
         run_dir (RunDir): The run directory (created).
         sender (weights.WeightSender): The sender, continuing from the policy's weight version.
         startup (_startup.StartupClock): The start-up phases (marked here, written into summary.json).
+        source (Source): This rank's data source (the fleet's batches: its intake asks the evaluators to confirm the
+            target).
     """
 
     def __init__(
@@ -188,9 +190,10 @@ class RankZero(TrainerHooks):
         run_dir: RunDir,
         sender: weights.WeightSender,
         startup: _startup.StartupClock,
+        source: Source,
     ) -> None:
         self.spec, self.settings, self.policy, self.run_dir = spec, settings, policy, run_dir
-        self.sender, self.startup = sender, startup
+        self.sender, self.startup, self.source = sender, startup, source
         self.fleet = _fleet.Fleet(PolicyGroup(policy, sender=sender), settings.expected_evaluators)
         self.recorder = _records.Recorder(settings, run_dir)
         self.last_row: _records.IterationRow | None = None
@@ -204,6 +207,7 @@ class RankZero(TrainerHooks):
         policy: BasePolicy,
         run_dir: RunDir,
         startup: _startup.StartupClock,
+        source: Source,
     ) -> RankZero:
         """Host the weight-sync store; the sender continues from the policy's (the checkpoint's) version, its epoch
         the gang's attempt (evaluators that have seen a newer attempt's publish refuse this one's).
@@ -215,14 +219,14 @@ class RankZero(TrainerHooks):
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, version=policy.weight_version,
             bind_host=settings.bind_host, epoch=settings.epoch,
         )  # fmt: skip
-        return cls(spec, settings, policy, run_dir, sender, startup)
+        return cls(spec, settings, policy, run_dir, sender, startup, source)
 
     def await_fleet(self) -> None:
         self.fleet.await_rejoin()
         self.startup.mark("registration")
 
-    def puller(self, source: Source) -> Callable[[], trajectories.HeldWeights | None]:
-        return lambda: pull_from_fleet(self.fleet, source, self.policy)
+    def puller(self) -> Callable[[], trajectories.HeldWeights | None]:
+        return lambda: pull_from_fleet(self.fleet, self.source, self.policy)
 
     def begin(self, restarted: bool) -> None:
         if restarted:  # it holds the fleet's version now, not its own 0: publish above it without a warning
@@ -303,6 +307,7 @@ class RankZero(TrainerHooks):
             self._publish()
         log.info("eval return %s, recent training return %s: the target %.1f is reached; confirming on version %d",
                  inputs.fleet_return, recent_return, inputs.target_eval_return, self.fleet.version)
+        self.source.ask_evaluation(self.fleet.version)
         confirmed = self.fleet.wait_for_newest(self.spec.weight_sync.timeout_seconds)
         inputs = dataclasses.replace(inputs, confirmed_return=confirmed)
         if _stop.decide(inputs) is None:
@@ -364,6 +369,7 @@ class RankZero(TrainerHooks):
         if reason is _stop.StopReason.TARGET_EVAL_RETURN and not republish:
             return *final, None  # confirmed on the final weights before the stop
         bound = final_evaluation_seconds(self.spec)
+        self.source.ask_evaluation(self.fleet.version)
         confirmed = self.fleet.wait_for_newest(bound)
         if confirmed is not None:
             return confirmed, self.fleet.version, None
@@ -414,6 +420,7 @@ def open_hooks(
     policy: BasePolicy,
     run_dir: RunDir,
     startup: _startup.StartupClock,
+    source: Source,
 ) -> TrainerHooks | None:
     """This rank's hooks: `RankZero` on rank 0 (None, logged, when it cannot host the weight-sync store), else the
     base hooks.
@@ -421,7 +428,7 @@ def open_hooks(
     if settings.torchrun.rank != 0:
         return TrainerHooks()
     try:
-        return RankZero.open(spec, settings, policy, run_dir, startup)
+        return RankZero.open(spec, settings, policy, run_dir, startup, source)
     except dist.DistNetworkError as error:
         log.error("cannot host the weight-sync store on port %d (spec.ports.weightSync): %s",
                   settings.weight_sync_port, error)

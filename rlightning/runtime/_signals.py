@@ -12,6 +12,15 @@ PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when its parent dies (linux/prctl.h)."""
 
 
+_received: list[str] = []
+"""Names of the stop signals a `StopRequest` of this process took, in order."""
+
+
+def stop_signal() -> str | None:
+    """The first stop signal (`SIGTERM`, `SIGINT`) a `StopRequest` of this process took, or None."""
+    return _received[0] if _received else None
+
+
 class StopRequest:
     """Turns SIGTERM and SIGINT into a flag (installed on construction, main thread only).
 
@@ -28,6 +37,7 @@ class StopRequest:
     def _handle(self, signum: int, frame: object) -> None:
         del frame
         self.signal_name = signal.Signals(signum).name
+        _received.append(self.signal_name)
         self.event.set()
 
     @property

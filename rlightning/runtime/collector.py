@@ -333,7 +333,8 @@ def fleet_collector(
 def evaluate_episodes(
     policy: BasePolicy, env_config: EnvConfig, episodes: int, deterministic: bool = True, seed: int = 0
 ) -> list[float]:
-    """Play whole episodes on one env copy, one after the other (no bias towards short episodes).
+    """Play whole episodes, each on its own env copy, the copies stepped together (one forward pass a step for all
+    still playing; no bias towards short episodes, as each copy plays exactly one).
 
     Args:
         policy (BasePolicy): An initialised policy; its gated rollout path is used.
@@ -345,19 +346,23 @@ def evaluate_episodes(
     Returns:
         list[float]: Undiscounted return of each episode, in order.
     """
-    env = make_env(env_config)
-    returns = []
+    envs = [make_env(env_config) for _ in range(episodes)]
     try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done:
-                observation = torch.as_tensor(np.asarray(obs)[None], dtype=torch.float32)
-                out = policy.rollout({"observation": observation, "deterministic": deterministic})
-                obs, reward, terminated, truncated, _ = env.step(to_env_action(out["action"], env.action_space)[0])
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+        observations = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+        returns = [0.0] * episodes
+        playing = list(range(episodes))
+        while playing:
+            batch = torch.as_tensor(np.stack([np.asarray(observations[i]) for i in playing]), dtype=torch.float32)
+            actions = to_env_action(policy.rollout({"observation": batch, "deterministic": deterministic})["action"],
+                                    envs[0].action_space)  # fmt: skip
+            still = []
+            for i, action in zip(playing, actions, strict=True):
+                observations[i], reward, terminated, truncated, _ = envs[i].step(action)
+                returns[i] += float(reward)
+                if not (terminated or truncated):
+                    still.append(i)
+            playing = still
     finally:
-        env.close()
+        for env in envs:
+            env.close()
     return returns

@@ -17,14 +17,18 @@ stamped with the version applied at its first step, the ordinal and the episodes
 `train.maxPolicyLag: 0` a batch during which a new version was applied is not sent (it could not be trained on),
 and none is collected while every trainer rank holds enough of the version it has
 (`TrajectorySender.wanted`): it waits for the next version; a second batch of one version waits twice as long as
-the first took (`PEER_BATCH_SLACK_SECONDS`), so the ranks get one batch per evaluator, not extras they must drop. A
+the first took (`PEER_BATCH_SLACK_SECONDS`), so the ranks get one batch per evaluator, not extras they must drop.
+With lag allowed, it collects while the ranks learn, but a second batch of one version only once the ranks read the
+first (`BatchPacing`), so a fleet faster than the updates does not queue batches that turn stale. A
 restarted trainer gang without a checkpoint pulls the weights this evaluator holds over the same connection
 (`held_weights`, docs/trajectories.md).
 Between batches it plays deterministic evaluation episodes of the version it holds when
 `eval.evaluationIntervalSeconds` passed since its last complete evaluation, when it has had no credit (the
 trainers take no data) for `IDLE_EVALUATION_SECONDS`, or when its recent training episodes reach
-`train.targetEvalReturn` (`TARGET_EVALUATION_SECONDS`), so a target reached is confirmed soon. Otherwise it only
-plays evaluation episodes, without pause.
+`train.targetEvalReturn` (`TARGET_EVALUATION_SECONDS`), so a target reached is confirmed soon. One at a time, except
+when rank 0, holding training to confirm the target on a version, asks for it (`TrajectorySender.evaluation_asked`):
+then it plays the episodes that version still lacks at once, up to `EVALUATION_COPIES` env copies stepped together.
+Otherwise it only plays evaluation episodes, without pause.
 
 After every `eval.episodesPerReport` evaluation episodes it reports:
 
@@ -88,9 +92,15 @@ IDLE_EVALUATION_SECONDS = 0.5
 """An evaluator without credit for this long (the trainers take no data: training, or confirming the target on
 the newest version) plays evaluation episodes meanwhile."""
 CREDIT_POLL_SECONDS = 0.05
+ACK_POLL_SECONDS = 0.01
+"""With lag allowed, how long an evaluator whose last batch is unread waits for its acknowledgement before it looks
+for a newer version again (`BatchPacing`)."""
 TARGET_EVALUATION_SECONDS = 1.0
 """Once the returns of an evaluator's last `eval.episodesPerReport` training episodes reach `train.targetEvalReturn`,
 it evaluates the version it holds at most this often (besides `eval.evaluationIntervalSeconds`)."""
+EVALUATION_COPIES = 8
+"""Most evaluation episodes an evaluator plays at once (an env copy each), when rank 0 asks it to evaluate a version
+now: a report's worth in one pass, as far as this allows, instead of one episode after another."""
 PEER_BATCH_SLACK_SECONDS = 0.1
 """On-policy, an evaluator collects a second batch of one version only once twice as long as its first batch took,
 plus this, has passed since it sent the first: time for the other evaluators' batches of that version to reach the ranks
@@ -138,6 +148,10 @@ class EvaluationRecord:
     def complete(self, version: int) -> bool:
         """Whether `n` episodes were played entirely with `version`."""
         return self.pure_version == version and len(self.pure) >= self.n
+
+    def missing(self, version: int) -> int:
+        """Episodes still to play entirely with `version` before a report on it (1..n)."""
+        return max(1, self.n - (len(self.pure) if self.pure_version == version else 0))
 
 
 class Evaluator:
@@ -293,7 +307,7 @@ class Evaluator:
         try:
             if self.data_sender is None:
                 while not self.stop.requested:
-                    self._evaluate_one()
+                    self._evaluate()
             else:
                 self._produce(self.data_sender)
         finally:
@@ -315,8 +329,8 @@ class Evaluator:
         while not self.stop.requested and not self._applied.wait(0.5):
             pass
 
-    def _evaluate_one(self) -> None:
-        """Play one deterministic evaluation episode with the newest weights; report when a report is due."""
+    def _evaluate(self, episodes: int = 1) -> None:
+        """Play `episodes` deterministic evaluation episodes together with the newest weights; report when due."""
         self._wait_for_weights()
         if self.stop.requested:
             return
@@ -325,17 +339,19 @@ class Evaluator:
         before = self.policy.weight_version
         if before == 0:  # torn after the wait (the version drops before `_torn` counts it): wait again
             return
-        (ret,) = collector.evaluate_episodes(
+        returns = collector.evaluate_episodes(
             self.policy,
             self.spec.env,
-            1,
+            episodes,
             deterministic=self.spec.eval.deterministic,
             seed=self.spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + episode,
         )
         if self._torn != torn:
             return  # played partly with no whole version: not counted
-        self.metrics.episodes.inc()
-        report = self.record.add(ret, before, self.policy.weight_version)
+        after = self.policy.weight_version
+        reports = [self.record.add(ret, before, after) for ret in returns]
+        self.metrics.episodes.inc(len(returns))
+        report = next((r for r in reversed(reports) if r is not None), None)
         if report is not None:
             with self._lock:
                 self._report = report
@@ -359,15 +375,18 @@ class Evaluator:
                     continue
                 wanted = pacing.wanted(sender, version)
                 credit = sender.wait_for_credit(0.0) and wanted
+                asked = sender.evaluation_asked == version  # rank 0 holds training to confirm the target on it
                 due = schedule.due(credit)
-                if not self.record.complete(version) and due:
-                    self._evaluate_one()
+                if not self.record.complete(version) and (due or asked):
+                    self._evaluate(min(self.record.missing(version), EVALUATION_COPIES) if asked else 1)
                     if self.record.complete(self.policy.weight_version):
                         schedule.evaluated()
                     continue
                 if not credit:
                     if wanted:
                         sender.wait_for_credit(CREDIT_POLL_SECONDS)
+                    elif pacing.max_policy_lag > 0:  # its last batch, of this version, not read yet
+                        sender.wait_for_acks(ACK_POLL_SECONDS)
                     else:
                         self._new_version.wait(CREDIT_POLL_SECONDS)
                         self._new_version.clear()
@@ -424,8 +443,13 @@ class BatchPacing:
     batch of one version waits `grace` (twice as long as its first took, plus `PEER_BATCH_SLACK_SECONDS`), so the
     other evaluators' batches of it arrive and the ranks' `full` notices come first.
 
+    With lag allowed, a batch of the version it holds is wanted unless its last batch was of that version too and
+    no rank has read it yet: an evaluator faster than the ranks' updates sends one batch a version, which the
+    ranks' next read takes with a lag of at most one, instead of queueing batches that turn stale before they are
+    read; one slower than them never waits, as the ranks read while they wait for data.
+
     Args:
-        max_policy_lag (int): `train.maxPolicyLag`; above 0 every batch is wanted.
+        max_policy_lag (int): `train.maxPolicyLag`.
 
     Attributes:
         sequence (int): Batches sent so far (the last one's `BatchStamp.sequence`).
@@ -438,9 +462,9 @@ class BatchPacing:
 
     def wanted(self, sender: trajectories.TrajectorySender, version: int) -> bool:
         """Whether a batch of `version` is wanted now."""
-        return self.max_policy_lag > 0 or (
-            sender.wanted(version) and (version != self._version or time.monotonic() - self._at >= self._grace)
-        )
+        if self.max_policy_lag > 0:
+            return version != self._version or sender.in_flight == 0
+        return sender.wanted(version) and (version != self._version or time.monotonic() - self._at >= self._grace)
 
     def sent(self, version: int, collect_started: float) -> None:
         """A batch of `version`, whose collection started at monotonic `collect_started`, was sent now."""

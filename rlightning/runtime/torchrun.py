@@ -29,7 +29,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
 
 from rlightning import contract
-from rlightning.runtime import _fork
+from rlightning.runtime import _exit, _fork, _signals
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 """TCPStore's own default timeout, for callers that pass none."""
@@ -72,11 +72,22 @@ def run_module(module: str, *args: str) -> None:
     torch's `run_script_path` for a module; what the worker inherited from the agent is reset first
     (`_fork.run_module`). A `SystemExit` with code 0 is success, any other fails the rank with that exit code.
 
+    A rank that stopped on a signal ends its process at once after success (`_exit.exit_now`): the signal came from
+    the agent's teardown (its `close()` sends it once, then waits up to 30 s for the worker), and torch's worker
+    wrapper would first wait for the agent to read the rank's result, which a closing agent never does, so the
+    worker sat out those 30 s before its SIGKILL.
+
     Args:
         module (str): The module run as `__main__`.
         *args (str): Its arguments.
     """
-    _fork.run_module(module, args)
+    try:
+        _fork.run_module(module, args)
+    except SystemExit as done:
+        if done.code:
+            raise
+    if _signals.stop_signal() is not None:
+        _exit.exit_now(0)
 
 
 def forking_modules(config_from_args: ConfigFromArgs) -> ConfigFromArgs:

@@ -115,14 +115,14 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
             return 1
     else:
         source = _datasets.OwnExperience(spec, policy, seed=seed + dist.get_world_size() * policy.iteration)
-    hooks = _rank_zero.open_hooks(spec, settings, policy, run_dir, startup)
+    hooks = _rank_zero.open_hooks(spec, settings, policy, run_dir, startup, source)
     if hooks is None:
         source.close()
         return 1
     try:
         hooks.await_fleet()
         if resumed_from is None:  # a gang restarted without its run directory continues from the fleet's weights
-            _resume.restart_from_fleet(policy, hooks.puller(source))
+            _resume.restart_from_fleet(policy, hooks.puller())
         hooks.begin(restarted=resumed_from is None)
         # In a pod, local rank 0 keeps the file of the pod's liveness probe fresh while the loop moves.
         heartbeat = settings.health_file if settings.torchrun.local_rank == 0 else None

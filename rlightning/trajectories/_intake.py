@@ -307,14 +307,26 @@ class TrajectoryIntake:
         if len(self._held) == self._count:
             self._notify_full(version, but=identity)
 
+    def ask_evaluation(self, version: int) -> None:
+        """Ask every evaluator connected or heard from to play its evaluation episodes of `version` now (rank 0
+        holds training to confirm the target on it). A notice that cannot be queued is skipped: that evaluator
+        evaluates on its own schedule (`rlightning.runtime.eval.EvaluationSchedule`).
+
+        Args:
+            version (int): The weight version just published.
+        """
+        for peer in {**self._connected, **self._peers}:
+            self._notify(peer, _messages.notice_frames(_messages.EVALUATE, version))
+
     def _notify_full(self, version: int, but: bytes) -> None:
         """Tell every other evaluator heard from that this fill holds its count (the last one knows from its ack)."""
         for peer in self._peers:
-            if peer != but:
-                try:
-                    self._socket.send_multipart([peer, *_messages.full_frames(version)], flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # gone, or its queue is full: it learns from its next acknowledgement instead
+            if peer != but:  # one it cannot reach learns from its next acknowledgement instead
+                self._notify(peer, _messages.notice_frames(_messages.FULL, version))
+
+    def _notify(self, peer: bytes, frames: list[bytes]) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # gone, or its queue is full
+            self._socket.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
 
     def _reject(self, identity: bytes, sequence: bytes, source: str, reason: str) -> None:
         self.stats.invalid += 1

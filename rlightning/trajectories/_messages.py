@@ -5,6 +5,8 @@ acknowledge even a payload it cannot decode) and the `_codec` payload. An acknow
 room]`: room is how many more batches the rank's current `fill` wants after this one (ASCII digits), which the sender
 routes by. When a rank's `fill` holds its count, it also tells every other evaluator it has heard from, unasked,
 with a notice `[b"full", version]` (the fill's version), so they stop producing batches no rank wants yet.
+Rank 0 holding training to confirm the target on a version asks every evaluator it knows with `[b"evaluate", version]`
+to play its evaluation episodes of that version now.
 A restarted trainer's rank 0 pulls weights with `[b"pull"]`; the evaluator answers `[b"weights", payload]` (`_pull`).
 Each DEALER sets `PROBE_ROUTER`, so a rank hears an empty message `[b""]` from every evaluator that connects and can
 address it before it sent any batch (libzmq's way of bootstrapping a ROUTER).
@@ -92,28 +94,34 @@ FULL = b"full"
 """First frame of a notice: the rank's fill holds its count."""
 
 
-def full_frames(version: int) -> list[bytes]:
-    """The frames of a notice that a rank's fill, judging against `version`, holds its count.
+EVALUATE = b"evaluate"
+"""First frame of a notice: evaluate this version now (rank 0 holds training to confirm the target on it)."""
+
+
+def notice_frames(kind: bytes, version: int) -> list[bytes]:
+    """The frames of a notice about a weight version.
 
     Args:
-        version (int): The weight version of the rank's current `fill` (>= 0).
+        kind (bytes): `FULL` (the rank's fill, judging against `version`, holds its count) or `EVALUATE`.
+        version (int): The weight version (>= 0).
 
     Returns:
-        list[bytes]: `[b"full", version]`.
+        list[bytes]: `[kind, version]`, the version as ASCII digits.
     """
-    return [FULL, str(version).encode("ascii")]
+    return [kind, str(version).encode("ascii")]
 
 
-def parse_full(frames: list[bytes]) -> int | None:
-    """Read a notice.
+def parse_notice(kind: bytes, frames: list[bytes]) -> int | None:
+    """Read a notice of one kind.
 
     Args:
+        kind (bytes): `FULL` or `EVALUATE`.
         frames (list[bytes]): The message received by the DEALER.
 
     Returns:
-        int | None: The version of the fill that is full; None when `frames` is not a notice.
+        int | None: The notice's version; None when `frames` is not a notice of that kind.
     """
-    if len(frames) != 2 or frames[0] != FULL or not frames[1].isdigit():
+    if len(frames) != 2 or frames[0] != kind or not frames[1].isdigit():
         return None
     return int(frames[1])
 

@@ -115,6 +115,8 @@ class TrajectorySender:
 
     Attributes:
         counts (SenderCounts): Cumulative counts.
+        evaluation_asked (int): The newest weight version a rank asked this evaluator to evaluate now (0: none),
+            as read with the acknowledgements.
 
     Examples:
         >>> sender = TrajectorySender(["trainer-0.train:29700", "trainer-1.train:29700"], ordinal=3)
@@ -146,6 +148,7 @@ class TrajectorySender:
         self.credits = credits
         self.ack_timeout = ack_timeout
         self.counts = SenderCounts()
+        self.evaluation_asked = 0
         self._held_weights = held_weights
         self._in_flight: dict[int, _InFlight] = {}  # sequence -> its batch, oldest first
         self._sent_of_version = (0, 0)  # the newest stamp version sent, and how many batches of it were sent
@@ -193,13 +196,29 @@ class TrajectorySender:
             bool: True when `send` may be called now; False when the ranks have not acknowledged enough batches
             (they are busy training: backpressure) or none is connected.
         """
+        return self._wait(lambda: any(self._writable(rank) for rank in self._ranks), self.credits, timeout)
+
+    def wait_for_acks(self, timeout: float) -> bool:
+        """Process acknowledgements until no batch is in flight (each acknowledged or counted lost), or `timeout`
+        passes: how an evaluator paces itself to the ranks' reads (`rlightning.runtime.eval.BatchPacing`).
+
+        Args:
+            timeout (float): Seconds to wait at most (0 checks once).
+
+        Returns:
+            bool: True when nothing is in flight.
+        """
+        return self._wait(lambda: True, 1, timeout)
+
+    def _wait(self, ready: Callable[[], bool], limit: int, timeout: float) -> bool:
+        """Read events and acknowledgements until fewer than `limit` batches are in flight and `ready()` holds."""
         deadline = time.monotonic() + timeout
         while True:
             self._read_events()
             now = time.monotonic()
             self._expire(now)
-            credit_free = len(self._in_flight) < self.credits
-            if credit_free and any(self._writable(rank) for rank in self._ranks):
+            below = len(self._in_flight) < limit
+            if below and ready():
                 return True
             wait = deadline - now
             if wait <= 0:
@@ -207,7 +226,7 @@ class TrajectorySender:
             if self._in_flight:
                 wait = min(wait, next(iter(self._in_flight.values())).sent_at + self.ack_timeout - now)
             for rank in self._ranks:
-                self._poller.register(rank.socket, zmq.POLLIN | (zmq.POLLOUT if credit_free else 0))
+                self._poller.register(rank.socket, zmq.POLLIN | (zmq.POLLOUT if below else 0))
             self._poller.poll(max(1, int(wait * 1000)))
 
     def send(self, batch: TensorDictBase, stamp: BatchStamp) -> None:
@@ -345,9 +364,13 @@ class TrajectorySender:
             if frames == [_messages.PULL]:
                 self._answer_pull(rank)
                 continue
-            full = _messages.parse_full(frames)
+            full = _messages.parse_notice(_messages.FULL, frames)
             if full is not None:  # the rank's fill at version `full` holds its count
                 rank.room, rank.room_version = 0, full
+                continue
+            evaluate = _messages.parse_notice(_messages.EVALUATE, frames)
+            if evaluate is not None:
+                self.evaluation_asked = max(self.evaluation_asked, evaluate)
                 continue
             ack = _messages.parse_ack(frames)
             # An ack for a batch already counted lost is late, not double: its credit was returned once.

@@ -169,8 +169,9 @@ CASES: list[Case] = [
         **{"spec.eval.disruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}}),
     bad("neither disruption budget field", "spec.eval.disruptionBudget", **{"spec.eval.disruptionBudget": {}}),
     bad("intake ports over the torchrun port", "spec.ports.trajectories",
-        **{"spec.ports": {"torchrun": 29500, "trajectories": 29499}}),
-    bad("intake ports past 65535", "spec.ports.trajectories", **{"spec.ports": {"trajectories": 65535}}),
+        **{"spec.ports": {"torchrun": 29500, "trajectories": 29499}, "spec.train.procsPerNode": 2}),
+    bad("intake ports past 65535", "spec.ports.trajectories",
+        **{"spec.ports": {"trajectories": 65535}, "spec.train.procsPerNode": 2}),
     bad("rollout workers in sync mode", "spec.eval.rolloutWorkers", **{"spec.eval.rolloutWorkers": 2}),
     bad("more rollout workers than env copies", "spec.eval.rolloutWorkers",
         **{"spec.policy.rolloutMode": "async", "spec.eval.rolloutWorkers": 9}),
@@ -270,8 +271,8 @@ CASES: list[Case] = [
     good("an integer for a number field", **{"spec.policy.optim.lr": 1, "spec.weightSync.timeoutSeconds": 30}),
     Case("a null for a defaulted field (pruned, then defaulted)", _replace("numEnvs: 4", "numEnvs: ~"), None),
     Case("a null for a nullable field", _replace("targetEvalReturn: 475", "targetEvalReturn: null"), None),
-    Case("an integer written as 2.0, 1e1 or 0o10", _replace("numEnvs: 4", "numEnvs: 2.0")
-         .replace(b"rolloutSteps: 32", b"rolloutSteps: 1e1").replace(b"procsPerNode: 2", b"procsPerNode: 0o2"), None),
+    Case("an integer written as 2.0, 1e1 or 0o1", _replace("numEnvs: 4", "numEnvs: 2.0")
+         .replace(b"rolloutSteps: 32", b"rolloutSteps: 1e1").replace(b"procsPerNode: 1", b"procsPerNode: 0o1"), None),
     good("a percentage disruption budget", **{"spec.eval.disruptionBudget": {"maxUnavailable": "50%"}}),
     good("a numeric disruption budget", **{"spec.eval.disruptionBudget": {"minAvailable": 1}}),
     good("labels and annotations", **{"metadata.labels": {"team": "rl", "example.com/tier": "gold"},

@@ -21,7 +21,7 @@ def document() -> dict:
 def test_example_loads_with_defaults(document):
     manifest = parse_manifest(document)
     assert manifest.metadata.name == "cartpole"
-    assert manifest.spec.train.world_size == 2
+    assert manifest.spec.train.world_size == 1
     assert manifest.spec.eval.replicas == 2
     assert manifest.spec.weight_sync.backend == "auto"  # default filled in
     assert manifest.spec.policy.optim_cfg is manifest.spec.policy.optim
@@ -60,7 +60,7 @@ def test_policy_kwargs_stay_free_form(document):
          "spec.eval.pod.resources.requests: Dictionary should have at most 32 items"),
         (("spec", "train", "pod", "resources", "limits"), {"memory": "1Gi"},
          "spec.train.pod.resources.requests.memory: must not exceed limits.memory"),
-        (("spec", "ports"), {"trajectories": 29499}, "spec.ports.trajectories: ports 29499.."),
+        (("spec", "ports"), {"trajectories": 29500}, "spec.ports.trajectories: ports 29500.."),
         (("spec", "train", "maxPolicyLag"), -1, "spec.train.maxPolicyLag: Input should be greater than or equal to 0"),
         (("spec", "train", "batchesPerUpdate"), 0,
          "spec.train.batchesPerUpdate: Input should be greater than or equal to 1"),

@@ -129,8 +129,7 @@ def test_trainer_job_and_headless_service(example):
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "train"}
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weight-sync": 29600,
-                                                                      "trajectories": 29700,
-                                                                      "trajectories-1": 29701, "metrics": 9400}
+                                                                      "trajectories": 29700, "metrics": 9400}
     spec = job["spec"]
     counts = (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"],
               spec["podReplacementPolicy"])
@@ -140,7 +139,7 @@ def test_trainer_job_and_headless_service(example):
     assert pod["serviceAccountName"] == "cartpole-runtime"
     master = "cartpole-train-0.cartpole-train.team-a.svc"
     assert _container(job)["command"] == [
-        "python", "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "python", "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1",
         "--node-rank=$(JOB_COMPLETION_INDEX)", f"--master-addr={master}", "--master-port=29500", "--max-restarts=0",
         "--monitor-interval=0.5", "-m", "rlightning.runtime.train",
     ]
@@ -150,7 +149,7 @@ def test_trainer_job_and_headless_service(example):
     assert env[contract.ENV_SPEC_PATH] == f"{contract.SPEC_MOUNT_DIR}/{contract.SPEC_FILE_NAME}"
     mounts = {m["name"]: m["mountPath"] for m in _container(job)["volumeMounts"]}
     assert mounts["spec"] == contract.SPEC_MOUNT_DIR
-    assert _container(job)["resources"] == {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    assert _container(job)["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
     template_annotations = spec["template"]["metadata"]["annotations"]
     assert template_annotations[contract.ANNOTATION_SPEC_HASH] == job["metadata"]["annotations"][
         contract.ANNOTATION_SPEC_HASH]
@@ -201,7 +200,7 @@ def test_template_hash_ignores_scaling_only(example, edit, train_changes, eval_c
 
 # (edit, check on the built children)
 SPEC_CASES = [
-    ({"spec.ports": {"metrics": 0}},
+    ({"spec.ports": {"metrics": 0}, "spec.train.procsPerNode": 2},  # one intake port a rank
      lambda c: [p["name"] for p in c["Service/cartpole-train"]["spec"]["ports"]]
      == ["torchrun", "weight-sync", "trajectories", "trajectories-1"]
      and "ports" not in c["Service/cartpole-eval"]["spec"]),

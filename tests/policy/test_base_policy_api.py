@@ -10,7 +10,7 @@ import torch
 from policy_helpers import BOX_META, ToyPolicy, obs, toy_batch
 
 import rlightning.policy
-from rlightning.config import PolicyConfig, TrainConfig
+from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
 from rlightning.policy import (
     BasePolicy,
     PolicyRole,
@@ -20,6 +20,7 @@ from rlightning.policy import (
     load_policy_class,
     set_nested_attr,
 )
+from rlightning.policy._optim import make_optimizer
 
 torch.set_num_threads(1)
 
@@ -213,3 +214,18 @@ def test_build_policy_from_spec_validates_kwargs() -> None:
     assert isinstance(policy, BasePolicy) and policy.kwargs.hidden_sizes == [16]
     with pytest.raises(ValueError, match="clipCoef"):
         build_policy(PolicyConfig(policy_kwargs={"clipCoef": -1}), "eval")
+
+
+@pytest.mark.parametrize(("name", "fused"), [("adam", True), ("adamw", True), ("sgd", None)])
+def test_adam_on_cpu_parameters_is_fused_and_takes_parameters_or_groups(name: str, fused: bool | None) -> None:
+    layer = torch.nn.Linear(3, 2)
+    cfg = OptimConfig(name=name, lr=0.1)
+    plain = make_optimizer(layer.parameters(), cfg)
+    grouped = make_optimizer([{"params": [layer.weight]}, {"params": iter([layer.bias]), "lr": 0.5}], cfg)
+    assert plain.defaults.get("fused") == fused and grouped.defaults.get("fused") == fused
+    assert [len(g["params"]) for g in plain.param_groups] == [2]
+    assert [(len(g["params"]), g["lr"]) for g in grouped.param_groups] == [(1, 0.1), (1, 0.5)]
+    layer(torch.ones(1, 3)).sum().backward()
+    before = layer.weight.detach().clone()
+    plain.step()
+    assert not torch.equal(layer.weight, before)

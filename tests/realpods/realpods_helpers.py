@@ -30,7 +30,7 @@ SMALL_REQUESTS = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 
 def real_cartpole(name: str, **paths) -> dict:
-    """examples/cartpole.yaml (2 ranks in one trainer pod, 2 evaluators) on the real node with small requests.
+    """examples/cartpole.yaml (one trainer rank, 2 evaluators) on the real node with small requests.
 
     Args:
         name (str): metadata.name.

@@ -16,7 +16,8 @@ from rlightning.runtime.rundir import RunDir
 from tests.operator.operator_cluster import apply, get_json
 
 FIRST_ENV_STEPS = 1024
-"""Step budget of the first run: 4 iterations (2 ranks x one evaluator's 4 envs x 32 steps = 256 env steps each)."""
+"""Step budget of the first run: 4 iterations (one rank learning from 2 batches of 4 envs x 32 steps: 256 env
+steps each)."""
 SECOND_ENV_STEPS = 2048
 """Step budget when applied again: 4 more iterations if it resumes (8 from scratch would also reach it)."""
 

@@ -133,7 +133,7 @@ def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reache
 ):
     run_dir = checkpoint_claim
     group = real_cartpole(NAME, **{
-        "spec.train.nodes": 2, "spec.train.procsPerNode": 1,
+        "spec.train.nodes": 2, "spec.train.procsPerNode": 1, "spec.train.batchesPerUpdate": 1,
         "spec.train.checkpoint": {"persistentVolumeClaim": CLAIM, "intervalIterations": 2},
     })
     apply(cluster, real_namespace, group)

@@ -78,6 +78,7 @@ def test_cartpole_trains_to_succeeded_in_real_pods_across_two_trainer_pods(
     cluster.kubectl("create", "secret", "generic", "s3", "-n", real_namespace, "--from-literal=RL_SECRET_TOKEN=t0k")
     pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS, "shmSize": SHM_SIZE}
     group = real_cartpole("cartpole", **{"spec.train.nodes": 2, "spec.train.procsPerNode": 1,
+                                         "spec.train.batchesPerUpdate": 1,  # one evaluator's batch a rank
                                          "spec.train.pod": pod, "spec.eval.pod": pod,
                                          "spec.train.template": _templated("train"),
                                          "spec.eval.template": _templated("eval")})

@@ -69,6 +69,22 @@ def test_max_policy_lag_bounds_the_age_of_every_batch(tmp_path: Path, write_mani
     assert sum(summary["env_steps_by_evaluator"].values()) == summary["env_steps"]
 
 
+def test_with_lag_allowed_evaluators_collect_while_the_rank_learns_and_drop_nothing(
+    tmp_path: Path, write_manifest, run_helpers
+) -> None:
+    """maxPolicyLag 1, one rank learning from both evaluators' batches: each evaluator collects its next batch while
+    the rank learns from the last ones, and collects a second batch of a version only once the rank has read the
+    first, so nothing waits in the queue until it turns stale (free-running evaluators dropped about a third)."""
+    summary, rows, _ = _run(
+        tmp_path, write_manifest, run_helpers, total_env_steps=6000,
+        train={"maxPolicyLag": 1, "procsPerNode": 1, "batchesPerUpdate": 2},
+    )  # fmt: skip
+    assert summary["consistent"] is True, summary
+    assert summary["dropped"]["reasons"]["stale"] <= 1, summary["dropped"]
+    assert summary["policy_lag_max"] <= 1
+    assert sum(summary["env_steps_by_evaluator"].values()) == summary["env_steps"]
+
+
 def test_without_evaluators_the_trainers_collect_their_own_data(tmp_path: Path, write_manifest, run_helpers) -> None:
     summary, rows, run = _run(tmp_path, write_manifest, run_helpers, total_env_steps=2000, eval={"replicas": 0})
     assert summary["stop_reason"] == "total_env_steps" and summary["env_steps"] >= 2000

@@ -59,13 +59,13 @@ PLAN_CASES: dict[str, tuple] = {
     ),
     "local trainer without evaluators and no data source: it collects its own data": (
         {"eval": {"replicas": 0}, "train": {"dataSource": None}}, {}, "train", None,
-        ("py", *LOCAL_TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29500",
+        ("py", *LOCAL_TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1", "--master-port=29500",
          *TRAIN_TAIL),
         {contract.ENV_FLEET_DATA: "0", contract.ENV_ERROR_FILE: f"/r/{contract.ERROR_FILE_NAME}"},
         (),
     ),
     "local evaluator: its ordinal in the environment, every rank's intake on this host": (
-        {}, {}, "eval", 1, ("py", "-m", "rlightning.runtime.eval"),
+        {"train": {"procsPerNode": 2}}, {}, "eval", 1, ("py", "-m", "rlightning.runtime.eval"),
         {contract.ENV_EVAL_ORDINAL: "1", contract.ENV_ROLE: "eval", contract.ENV_RUN_DIR: "/r",
          contract.ENV_TRAJECTORY_ENDPOINTS: "127.0.0.1:29700,127.0.0.1:29701", contract.ENV_BIND_HOST: "127.0.0.1"},
         (),
@@ -151,7 +151,7 @@ def test_the_pods_environment_gives_valid_settings_for_each_role():
         assert settings.run_dir == Path(contract.DEFAULT_RUN_DIR_IN_POD)
         assert settings.report_status is (role == "train") and settings.expected_evaluators is None
         assert settings.bind_host is None  # a pod's ports bind every interface: its peers are other pods
-        intakes = (f"{POD_MASTER}:29700", f"{POD_MASTER}:29701")  # the example: 1 trainer pod, 2 ranks
+        intakes = (f"{POD_MASTER}:29700",)  # the example: 1 trainer pod, 1 rank
         assert settings.trajectory_endpoints == (intakes if role == "eval" else ())
     assert eval_ordinal(environs["eval"]) == 3
 

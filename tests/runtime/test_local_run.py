@@ -77,13 +77,14 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
 
 def test_a_step_stop_whose_final_weights_go_unevaluated_says_why(tmp_path: Path, write_manifest, run_helpers) -> None:
     """Evaluators too slow to play `episodesPerReport` episodes within the final wait (200-step Pendulum episodes,
-    1000 a report, 5 + 10 s): the summary says in one line why its final eval return is not of the final weights."""
+    100,000 a report, at most `eval.EVALUATION_COPIES` at once, 5 + 10 s): the summary says in one line why its final
+    eval return is not of the final weights."""
     tiny_manifest, start_run, finish = run_helpers
     run = RunDir(tmp_path / "run")
     manifest = tiny_manifest(
         total_env_steps=1000,
         env={"id": "Pendulum-v1"},
-        eval={"episodesPerReport": 1000, "evaluationIntervalSeconds": 10},  # data first, for the 2 iterations
+        eval={"episodesPerReport": 100_000, "evaluationIntervalSeconds": 10},  # data first, for the 2 iterations
         weightSync={"timeoutSeconds": 5},
     )
     code, out = finish(start_run(write_manifest(manifest), run.root))

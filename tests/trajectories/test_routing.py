@@ -130,6 +130,34 @@ def test_a_full_rank_tells_the_other_evaluators_unasked(intakes):
         b.close()
 
 
+def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_that_sent_nothing(intakes):
+    # Rank 0 holding training to confirm the target on a version asks the whole fleet: A sent a batch, B only
+    # connected (its probe); both learn of the version without sending anything more.
+    port = TRAJECTORIES.port(18)  # reused: the tests above closed their intakes
+    rank = TrajectoryIntake(port, bind_host="127.0.0.1")
+    intakes.append(rank)
+    a, b = (TrajectorySender([f"127.0.0.1:{port}"], ordinal=o, credits=1, ack_timeout=30.0) for o in (0, 1))
+    try:
+        for sender in (a, b):
+            wait_until(lambda s=sender: s.connected == 1, "connected", sender)
+        assert a.wait_for_credit(EVENT_SECONDS)
+        send_next(a, 1, version=5)
+        assert not rank.fill(2, version=5, max_policy_lag=0, timeout=2.0)  # reads A's batch and both probes
+        rank.ask_evaluation(6)
+        for sender in (a, b):
+            wait_until(lambda s=sender: s.evaluation_asked == 6, "the request to evaluate version 6", sender)
+        assert b.counts.sent == 0 and a.counts.sent == 1
+        rank.ask_evaluation(4)  # an older request changes nothing; the acknowledgement after it comes in order
+        assert a.wait_for_credit(EVENT_SECONDS)
+        send_next(a, 2, version=6)
+        assert rank.fill(2, version=6, max_policy_lag=1, timeout=EVENT_SECONDS)
+        wait_until(lambda: a.in_flight == 0, "the acknowledgement after the older request", a)
+        assert a.evaluation_asked == 6
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.slow  # starts a process that imports torch
 def test_a_killed_rank_is_routed_around_and_no_longer_counts_for_wanted(senders, intakes):
     ports = TRAJECTORIES.port(16), TRAJECTORIES.port(17)
