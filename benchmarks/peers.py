@@ -3,7 +3,8 @@
 Both sides use RL Baselines3 Zoo's tuned CartPole-v1 PPO (https://github.com/DLR-RM/rl-baselines3-zoo,
 hyperparams/ppo.yml): 256 samples per update (8 envs x 32 steps), one minibatch of 256, 20 epochs, gamma 0.98,
 GAE lambda 0.8, no entropy bonus, learning rate 1e-3 and (SB3) clip range 0.2 both annealed linearly over 1e5 steps,
-64x64 tanh MLPs. rlightning's PPO clips the value loss and does not anneal its clip range (CleanRL's choices).
+64x64 tanh MLPs. The example weighs the value loss as SB3 does, unclipped; rlightning's PPO does not anneal its clip
+range.
 
 "Solved" is the same rule on both sides: the mean of `EPISODES` deterministic evaluation episodes of the current weights
 reaches `TARGET`; an evaluation runs once the last `EPISODES` training episodes reach the target (at most every second)
@@ -23,8 +24,8 @@ the two codes, not their thread settings.
 
 Cases, seeds interleaved (SB3 then rlightning for each seed):
 
-- `cartpole`: `examples/cartpole.yaml` as is (2 DDP ranks, 2 evaluators x 4 envs) against SB3 with 8 envs in one
-  process (DummyVecEnv), as a new user would run it.
+- `cartpole`: `examples/cartpole.yaml` as is (one trainer rank learning from 2 evaluators x 4 envs, lag 1; or the
+  manifest given with `--manifest`) against SB3 with 8 envs in one process (DummyVecEnv), as a new user would run it.
 - `slow-N`: behind a 5 ms-per-step env (`benchmarks/slow_env.py`, `--step-latency-ms`) with N evaluators of one env
   each (1 trainer rank, N batches of [256/N, 1] per update, `train.maxPolicyLag` `--slow-lag`, default 1 so that
   collection overlaps the update) against SB3 with N envs in a SubprocVecEnv (n_steps 256/N): the same update.
