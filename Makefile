@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml | $(BOOT)
 
 install: $(STAMP)
 
-## The main job: train CartPole with 2 DDP ranks and keep 2 evaluators in sync, on this machine.
+## The main job: train CartPole with one trainer rank fed by 2 evaluators in sync with it, on this machine.
 run: install
 	$(VENV)/bin/rlightning run $(EXAMPLE)
 

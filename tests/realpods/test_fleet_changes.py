@@ -4,9 +4,19 @@ Then the PolicyGroup is deleted: its pods go, and so do their containers, folder
 
 from __future__ import annotations
 
-from realpods_helpers import TRAIN_SECONDS, pods_on_host, real_cartpole, wait_for
+from realpods_helpers import ON_REAL_NODE, SMALL_REQUESTS, TRAIN_SECONDS, pods_on_host, real_cartpole, wait_for
 
 from tests.operator.operator_cluster import apply, get_json
+
+OUTLASTS_THE_FLEET_CHANGES = {
+    "spec.train.targetEvalReturn": None,
+    "spec.train.totalEnvSteps": 300 * 256,
+    "spec.train.pod": {
+        "nodeSelector": dict(ON_REAL_NODE), "resources": {**SMALL_REQUESTS, "limits": {"cpu": "250m"}}
+    },
+}
+"""The example solves CartPole in a few seconds, before two evaluator pods could start: without its target, 300
+versions of 256 env steps on a quarter of a core (about 40 ms of CPU each) train for about a minute."""
 
 
 def _group(cluster, namespace: str, name: str) -> dict:
@@ -50,7 +60,7 @@ def test_a_fleet_scaled_up_and_losing_a_pod_while_training_stays_on_the_weights_
     # One training run for three behaviours: scaled up, a pod deleted, the group deleted at the end.
     # Serve: the fleet stays at its scale after training (Stop, the default, would scale it to zero).
     serving = {"spec.eval.replicas": 1, "spec.eval.afterTraining": "Serve"}
-    apply(cluster, real_namespace, real_cartpole("changed", **serving))
+    apply(cluster, real_namespace, real_cartpole("changed", **serving, **OUTLASTS_THE_FLEET_CHANGES))
     wait_for("weights to be published", lambda: _weight_version(cluster, real_namespace, "changed") >= 1, timeout=240)
     (trainer,) = _running(_pods(cluster, real_namespace, "train"))
     version_at_scale = _weight_version(cluster, real_namespace, "changed")
