@@ -76,7 +76,7 @@ class OwnExperience:
         """Batches dropped since start: none, the rank collects what it trains on."""
         return 0
 
-    def ask_evaluation(self, version: int) -> None:
+    def ask_evaluation(self, version: int, episodes: int) -> None:
         """Nothing to ask: evaluators that produce no data play evaluation episodes without pause."""
 
     def close(self) -> None:
@@ -156,9 +156,10 @@ class FleetExperience:
         """
         return self.intake.pull_weights(version, timeout)
 
-    def ask_evaluation(self, version: int) -> None:
-        """Ask the evaluators this rank's intake knows to evaluate `version` now (`TrajectoryIntake.ask_evaluation`)."""
-        self.intake.ask_evaluation(version)
+    def ask_evaluation(self, version: int, episodes: int) -> None:
+        """Ask the evaluators this rank's intake knows to play `episodes` episodes each of `version` now
+        (`TrajectoryIntake.ask_evaluation`)."""
+        self.intake.ask_evaluation(version, episodes)
 
     def dropped_batches(self) -> int:
         """Batches this rank's intake dropped since start (too old for `train.maxPolicyLag`, invalid, or acted with an

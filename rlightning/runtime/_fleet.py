@@ -193,28 +193,42 @@ class Fleet:
         """Check `reports` against what was sent (`PolicyGroup.check_reports`; `exact` adds the digests)."""
         return self.group.check_reports(reports, exact=exact)
 
-    def wait_for_newest(self, timeout: float) -> float | None:
-        """Wait until every live evaluator reports a full batch of episodes played with the newest version.
+    def evaluation_share(self, episodes: int) -> int:
+        """Episodes each live evaluator plays of a version rank 0 confirms: `episodes` (`eval.episodesPerReport`)
+        split over the fleet, rounded up, so the fleet together plays at least `episodes` in about the time of one
+        (an evaluator behind a slow env gains nothing from stepping more env copies of its own).
+
+        Returns:
+            int: ceil(episodes / live evaluators); `episodes` with none live.
+        """
+        return -(-episodes // max(1, len(self.live)))
+
+    def wait_for_newest(self, timeout: float, share: int) -> float | None:
+        """Wait until every live evaluator reports at least `share` episodes played with the newest version.
 
         Args:
             timeout (float): Seconds to wait.
+            share (int): Episodes each evaluator must report (`evaluation_share`); a report without
+                `version_episodes` (an evaluator of an older release) counts as a full one.
 
         Returns:
-            float | None: The evaluators' mean return on that version, or None on timeout or with no evaluator.
+            float | None: The mean return of all those episodes (each evaluator's mean weighted by its episodes),
+                or None on timeout or with no evaluator.
         """
         version = self.version
         deadline = time.monotonic() + timeout
         while self.live:
             confirmed = [
-                r.metrics["version_return"]
+                (r.metrics["version_return"], r.metrics.get("version_episodes", share))
                 for r in self.live_reports().values()
                 if r.metrics.get("return_version") == version and "version_return" in r.metrics
+                and r.metrics.get("version_episodes", share) >= share
             ]
             if len(confirmed) == len(self.live):
-                return mean(confirmed)
+                return sum(ret * n for ret, n in confirmed) / sum(n for _, n in confirmed)
             if time.monotonic() > deadline:
-                log.warning("evaluators %s did not report a batch on version %d within %.0f s",
-                            sorted(self.live), version, timeout)
+                log.warning("evaluators %s did not report %d episodes each on version %d within %.0f s",
+                            sorted(self.live), share, version, timeout)
                 return None
             time.sleep(REPORT_POLL_SECONDS)
         return None

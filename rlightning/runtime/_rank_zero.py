@@ -307,8 +307,9 @@ class RankZero(TrainerHooks):
             self._publish()
         log.info("eval return %s, recent training return %s: the target %.1f is reached; confirming on version %d",
                  inputs.fleet_return, recent_return, inputs.target_eval_return, self.fleet.version)
-        self.source.ask_evaluation(self.fleet.version)
-        confirmed = self.fleet.wait_for_newest(self.spec.weight_sync.timeout_seconds)
+        share = self.fleet.evaluation_share(self.spec.eval.episodes_per_report)
+        self.source.ask_evaluation(self.fleet.version, share)
+        confirmed = self.fleet.wait_for_newest(self.spec.weight_sync.timeout_seconds, share)
         inputs = dataclasses.replace(inputs, confirmed_return=confirmed)
         if _stop.decide(inputs) is None:
             log.info("version %d returned %s < target; training on", self.fleet.version, confirmed)
@@ -369,14 +370,15 @@ class RankZero(TrainerHooks):
         if reason is _stop.StopReason.TARGET_EVAL_RETURN and not republish:
             return *final, None  # confirmed on the final weights before the stop
         bound = final_evaluation_seconds(self.spec)
-        self.source.ask_evaluation(self.fleet.version)
-        confirmed = self.fleet.wait_for_newest(bound)
+        share = self.fleet.evaluation_share(self.spec.eval.episodes_per_report)
+        self.source.ask_evaluation(self.fleet.version, share)
+        confirmed = self.fleet.wait_for_newest(bound, share)
         if confirmed is not None:
             return confirmed, self.fleet.version, None
         if not self.fleet.live:
             return *final, f"no evaluator holds the final weight version {self.fleet.version}"
         return *final, (
-            f"evaluators {sorted(self.fleet.live)} did not report {self.spec.eval.episodes_per_report} episodes on the "
+            f"evaluators {sorted(self.fleet.live)} did not report {share} episodes each on the "
             f"final weight version {self.fleet.version} within {bound:.0f} s (weightSync.timeoutSeconds + "
             "eval.evaluationIntervalSeconds)"
         )

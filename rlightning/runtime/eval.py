@@ -27,14 +27,16 @@ Between batches it plays deterministic evaluation episodes of the version it hol
 trainers take no data) for `IDLE_EVALUATION_SECONDS`, or when its recent training episodes reach
 `train.targetEvalReturn` (`TARGET_EVALUATION_SECONDS`), so a target reached is confirmed soon. One at a time, except
 when rank 0, holding training to confirm the target on a version, asks for it (`TrajectorySender.evaluation_asked`):
-then it plays the episodes that version still lacks at once, up to `EVALUATION_COPIES` env copies stepped together.
-Otherwise it only plays evaluation episodes, without pause.
+then it plays the episodes of its share (`TrajectorySender.evaluation_episodes`: rank 0 splits `episodesPerReport`
+over the live fleet) that version still lacks at once, up to `EVALUATION_COPIES` env copies stepped together, and
+reports as soon as it has played them. Otherwise it only plays evaluation episodes, without pause.
 
 After every `eval.episodesPerReport` evaluation episodes it reports:
 
 - `eval_return`: mean return of the last `episodesPerReport` episodes (whatever weights played them);
-- `return_version` and `version_return`: when the last `episodesPerReport` episodes were each played
-  entirely with the version now applied, that version and their mean (what the trainer's target check uses);
+- `return_version`, `version_return` and `version_episodes`: when the last `episodesPerReport` episodes (or, asked,
+  the share) were each played entirely with the version now applied, that version, their mean and their count (what
+  the trainer's target check uses);
 - `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent;
   `cut_batches`: on-policy batches it collected and did not send, because a new version was applied meanwhile;
   `refused_publishes`: publishes its receiver refused, sent by a trainer of an older attempt than one it has seen.
@@ -125,33 +127,44 @@ class EvaluationRecord:
         self.pure_version = -1
         self.episodes = 0
 
-    def add(self, episode_return: float, before: int, after: int) -> dict[str, float] | None:
+    def add(self, episode_return: float, before: int, after: int, enough: int | None = None) -> dict[str, float] | None:
         """Count one episode played from version `before` to version `after`.
+
+        Args:
+            episode_return (float): Its undiscounted return.
+            before (int): The version applied at its first step.
+            after (int): The version applied at its last step.
+            enough (int | None, optional): Episodes of `after` alone that make a report on it (rank 0's share when it
+                asked for them, `Fleet.evaluation_share`). Defaults to None: `n`.
 
         Returns:
             dict[str, float] | None: The report due after it (`eval_return`, `episodes`, and `return_version` with
-                `version_return` when the last `n` episodes were played with `after` alone), or None.
+                `version_return` and `version_episodes` when the last `enough` or more episodes, at most `n`, were
+                played with `after` alone), or None.
         """
+        enough = enough or self.n
         self.episodes += 1
         self.recent.append(episode_return)
         if after != self.pure_version:
             self.pure_version, self.pure = after, []
         if before == after:
             self.pure.append(episode_return)
-        if self.episodes % self.n and len(self.pure) != self.n:
+        if self.episodes % self.n and len(self.pure) not in (enough, self.n):
             return None
         report = {"eval_return": sum(self.recent) / len(self.recent), "episodes": float(self.episodes)}
-        if len(self.pure) >= self.n:
-            report.update(return_version=float(self.pure_version), version_return=sum(self.pure[-self.n :]) / self.n)
+        if len(self.pure) >= enough:
+            counted = self.pure[-self.n :]
+            report.update(return_version=float(self.pure_version), version_return=sum(counted) / len(counted),
+                          version_episodes=float(len(counted)))  # fmt: skip
         return report
 
-    def complete(self, version: int) -> bool:
-        """Whether `n` episodes were played entirely with `version`."""
-        return self.pure_version == version and len(self.pure) >= self.n
+    def complete(self, version: int, enough: int | None = None) -> bool:
+        """Whether `enough` (default `n`) episodes were played entirely with `version`."""
+        return self.pure_version == version and len(self.pure) >= (enough or self.n)
 
-    def missing(self, version: int) -> int:
-        """Episodes still to play entirely with `version` before a report on it (1..n)."""
-        return max(1, self.n - (len(self.pure) if self.pure_version == version else 0))
+    def missing(self, version: int, enough: int | None = None) -> int:
+        """Episodes still to play entirely with `version` before a report on it (1..`enough`, default `n`)."""
+        return max(1, (enough or self.n) - (len(self.pure) if self.pure_version == version else 0))
 
 
 class Evaluator:
@@ -329,8 +342,9 @@ class Evaluator:
         while not self.stop.requested and not self._applied.wait(0.5):
             pass
 
-    def _evaluate(self, episodes: int = 1) -> None:
-        """Play `episodes` deterministic evaluation episodes together with the newest weights; report when due."""
+    def _evaluate(self, episodes: int = 1, enough: int | None = None) -> None:
+        """Play `episodes` deterministic evaluation episodes together with the newest weights; report when due
+        (`EvaluationRecord.add`, `enough` passed on)."""
         self._wait_for_weights()
         if self.stop.requested:
             return
@@ -349,7 +363,7 @@ class Evaluator:
         if self._torn != torn:
             return  # played partly with no whole version: not counted
         after = self.policy.weight_version
-        reports = [self.record.add(ret, before, after) for ret in returns]
+        reports = [self.record.add(ret, before, after, enough) for ret in returns]
         self.metrics.episodes.inc(len(returns))
         report = next((r for r in reversed(reports) if r is not None), None)
         if report is not None:
@@ -376,9 +390,13 @@ class Evaluator:
                 wanted = pacing.wanted(sender, version)
                 credit = sender.wait_for_credit(0.0) and wanted
                 asked = sender.evaluation_asked == version  # rank 0 holds training to confirm the target on it
+                share = sender.evaluation_episodes if asked else None
                 due = schedule.due(credit)
-                if not self.record.complete(version) and (due or asked):
-                    self._evaluate(min(self.record.missing(version), EVALUATION_COPIES) if asked else 1)
+                if asked and not self.record.complete(version, share):
+                    self._evaluate(min(self.record.missing(version, share), EVALUATION_COPIES), share)
+                    continue
+                if not self.record.complete(version) and due:
+                    self._evaluate()
                     if self.record.complete(self.policy.weight_version):
                         schedule.evaluated()
                     continue

@@ -307,16 +307,17 @@ class TrajectoryIntake:
         if len(self._held) == self._count:
             self._notify_full(version, but=identity)
 
-    def ask_evaluation(self, version: int) -> None:
-        """Ask every evaluator connected or heard from to play its evaluation episodes of `version` now (rank 0
+    def ask_evaluation(self, version: int, episodes: int) -> None:
+        """Ask every evaluator connected or heard from to play `episodes` evaluation episodes of `version` now (rank 0
         holds training to confirm the target on it). A notice that cannot be queued is skipped: that evaluator
         evaluates on its own schedule (`rlightning.runtime.eval.EvaluationSchedule`).
 
         Args:
             version (int): The weight version just published.
+            episodes (int): Episodes asked of each evaluator (>= 1).
         """
         for peer in {**self._connected, **self._peers}:
-            self._notify(peer, _messages.notice_frames(_messages.EVALUATE, version))
+            self._notify(peer, _messages.notice_frames(_messages.EVALUATE, version, episodes))
 
     def _notify_full(self, version: int, but: bytes) -> None:
         """Tell every other evaluator heard from that this fill holds its count (the last one knows from its ack)."""

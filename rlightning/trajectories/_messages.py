@@ -95,23 +95,26 @@ FULL = b"full"
 
 
 EVALUATE = b"evaluate"
-"""First frame of a notice: evaluate this version now (rank 0 holds training to confirm the target on it)."""
+"""First frame of a notice: evaluate this version now (rank 0 holds training to confirm the target on it); its third
+frame is how many episodes rank 0 asks of each evaluator."""
 
 
-def notice_frames(kind: bytes, version: int) -> list[bytes]:
+def notice_frames(kind: bytes, version: int, episodes: int | None = None) -> list[bytes]:
     """The frames of a notice about a weight version.
 
     Args:
         kind (bytes): `FULL` (the rank's fill, judging against `version`, holds its count) or `EVALUATE`.
         version (int): The weight version (>= 0).
+        episodes (int | None, optional): `EVALUATE`: the episodes asked of each evaluator (>= 1). Defaults to None.
 
     Returns:
-        list[bytes]: `[kind, version]`, the version as ASCII digits.
+        list[bytes]: `[kind, version]`, or `[kind, version, episodes]`, the numbers as ASCII digits.
     """
-    return [kind, str(version).encode("ascii")]
+    numbers = (version,) if episodes is None else (version, episodes)
+    return [kind, *(str(n).encode("ascii") for n in numbers)]
 
 
-def parse_notice(kind: bytes, frames: list[bytes]) -> int | None:
+def parse_notice(kind: bytes, frames: list[bytes]) -> tuple[int, ...] | None:
     """Read a notice of one kind.
 
     Args:
@@ -119,12 +122,12 @@ def parse_notice(kind: bytes, frames: list[bytes]) -> int | None:
         frames (list[bytes]): The message received by the DEALER.
 
     Returns:
-        int | None: The notice's version; None when `frames` is not a notice of that kind.
+        tuple[int, ...] | None: The notice's numbers (the version first); None when `frames` is not a notice of that
+            kind.
     """
-    if len(frames) != 2 or frames[0] != kind or not frames[1].isdigit():
+    if len(frames) not in (2, 3) or frames[0] != kind or not all(f.isdigit() for f in frames[1:]):
         return None
-    return int(frames[1])
-
+    return tuple(int(f) for f in frames[1:])
 
 
 PULL = b"pull"

@@ -117,6 +117,8 @@ class TrajectorySender:
         counts (SenderCounts): Cumulative counts.
         evaluation_asked (int): The newest weight version a rank asked this evaluator to evaluate now (0: none),
             as read with the acknowledgements.
+        evaluation_episodes (int | None): The episodes of `evaluation_asked` asked of this evaluator (None: as many
+            as a report takes, `eval.episodesPerReport`).
 
     Examples:
         >>> sender = TrajectorySender(["trainer-0.train:29700", "trainer-1.train:29700"], ordinal=3)
@@ -149,6 +151,7 @@ class TrajectorySender:
         self.ack_timeout = ack_timeout
         self.counts = SenderCounts()
         self.evaluation_asked = 0
+        self.evaluation_episodes: int | None = None
         self._held_weights = held_weights
         self._in_flight: dict[int, _InFlight] = {}  # sequence -> its batch, oldest first
         self._sent_of_version = (0, 0)  # the newest stamp version sent, and how many batches of it were sent
@@ -366,11 +369,11 @@ class TrajectorySender:
                 continue
             full = _messages.parse_notice(_messages.FULL, frames)
             if full is not None:  # the rank's fill at version `full` holds its count
-                rank.room, rank.room_version = 0, full
+                rank.room, rank.room_version = 0, full[0]
                 continue
             evaluate = _messages.parse_notice(_messages.EVALUATE, frames)
             if evaluate is not None:
-                self.evaluation_asked = max(self.evaluation_asked, evaluate)
+                self._asked(*evaluate)
                 continue
             ack = _messages.parse_ack(frames)
             # An ack for a batch already counted lost is late, not double: its credit was returned once.
@@ -385,6 +388,11 @@ class TrajectorySender:
                 self.counts.older_attempt += 1
             else:
                 self.counts.invalid += 1
+
+    def _asked(self, version: int, episodes: int | None = None) -> None:
+        """Keep the newest request to evaluate; an older one, from a rank that was behind, changes nothing."""
+        if version > self.evaluation_asked:
+            self.evaluation_asked, self.evaluation_episodes = version, episodes
 
     def _answer_pull(self, rank: _Rank) -> None:
         version, state = self._held_weights() if self._held_weights is not None else (0, {})

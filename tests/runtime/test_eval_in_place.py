@@ -50,9 +50,9 @@ def test_in_place_evaluator_holds_no_version_after_a_torn_receive_until_the_next
         played: list[tuple[int, int]] = []  # (version at the start, at the end) of every episode counted
         count = evaluator.record.add
 
-        def add(ret: float, before: int, after: int) -> dict[str, float] | None:
+        def add(ret: float, before: int, after: int, enough: int | None = None) -> dict[str, float] | None:
             played.append((before, after))
-            return count(ret, before, after)
+            return count(ret, before, after, enough)
 
         evaluator.record.add = add
         assert evaluator.begin_weight_receive(5.0)  # a receive in place that fails after its first transfer

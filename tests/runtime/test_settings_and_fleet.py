@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,18 @@ def test_the_launcher_tells_the_trainer_how_many_evaluators_it_starts(tmp_path: 
     assert evals[0].grace_seconds > eval_mod.SHUTDOWN_JOIN_SECONDS + 5
 
 
+def test_local_children_give_up_on_a_lost_dns_reply_after_a_second_unless_told_otherwise(
+    tmp_path: Path, run_helpers, monkeypatch
+) -> None:
+    manifest = PolicyGroupManifest.model_validate(run_helpers[0]())
+    monkeypatch.delenv("RES_OPTIONS", raising=False)
+    children = local.LocalRun(manifest, "", RunDir(tmp_path)).children()
+    assert {child.env["RES_OPTIONS"] for child in children} == {"timeout:1"}
+    monkeypatch.setenv("RES_OPTIONS", "timeout:3 attempts:4")  # the user's own resolver options stay
+    children = local.LocalRun(manifest, "", RunDir(tmp_path)).children()
+    assert {child.env["RES_OPTIONS"] for child in children} == {"timeout:3 attempts:4"}
+
+
 class _Fleet:
     """Stands in for a WeightSender's membership: evaluators that register one by one, `gap` seconds apart."""
 
@@ -133,3 +146,47 @@ def test_the_fencing_epoch_is_the_operators_else_the_attempt() -> None:
     assert ProcessSettings.from_env(base).epoch == 2
     stamped = {**base, contract.ENV_TRAIN_EPOCH: str(contract.train_epoch(1796271000, 2))}
     assert ProcessSettings.from_env(stamped).epoch == 1796271000000002
+
+
+def test_an_evaluator_asked_for_its_share_reports_it_and_otherwise_a_whole_report() -> None:
+    record = eval_mod.EvaluationRecord(episodes_per_report=5)
+    assert record.add(400.0, before=3, after=3) is None  # 1 of 5, nothing asked
+    assert record.missing(7, enough=1) == 1 and record.missing(3, enough=2) == 1 and record.missing(3) == 4
+    report = record.add(500.0, before=7, after=7, enough=1)  # rank 0 asked 1 episode of version 7 of each
+    assert report is not None and (report["return_version"], report["version_return"]) == (7.0, 500.0)
+    assert report["version_episodes"] == 1.0 and record.complete(7, enough=1) and not record.complete(7)
+    assert record.add(450.0, before=6, after=7) is None  # began on 6: not an episode of version 7 alone
+    for episode_return in (300.0, 300.0, 300.0):
+        report = record.add(episode_return, before=7, after=7)
+    assert report is None  # 4 pure episodes of version 7: no whole report yet, and not the share asked before
+    report = record.add(300.0, before=7, after=7)
+    assert report is not None and report["version_episodes"] == 5.0 and report["version_return"] == 340.0
+
+
+class _Reports:
+    """Stands in for a WeightSender's version and its evaluators' reports."""
+
+    def __init__(self, version: int, metrics: dict[int, dict[str, float]]) -> None:
+        self.version, self.metrics = version, metrics
+
+    def reports(self) -> dict[int, SimpleNamespace]:
+        return {ordinal: SimpleNamespace(metrics=m) for ordinal, m in self.metrics.items()}
+
+
+def test_rank_zero_splits_the_confirmation_over_the_fleet_and_weighs_each_report_by_its_episodes() -> None:
+    fleet = _coordinator(_Reports(9, {}), expected=None)
+    fleet.live = [0, 1, 2]
+    assert fleet.evaluation_share(5) == 2  # 3 evaluators x 2 >= 5 episodes of the version together
+    fleet.live = []
+    assert fleet.evaluation_share(5) == 5
+    on_nine = {"return_version": 9.0, "version_return": 500.0, "version_episodes": 2.0}
+    fleet.sender.metrics = {
+        0: on_nine, 1: {**on_nine, "version_return": 200.0, "version_episodes": 5.0},  # a whole report counts too
+        2: {**on_nine, "version_episodes": 1.0},  # fewer than its share: not yet
+    }
+    fleet.live = [0, 1, 2]
+    assert fleet.wait_for_newest(timeout=0.3, share=2) is None
+    fleet.sender.metrics[2] = {**on_nine, "return_version": 8.0}  # of an older version: not yet
+    assert fleet.wait_for_newest(timeout=0.3, share=2) is None
+    fleet.sender.metrics[2] = on_nine
+    assert fleet.wait_for_newest(timeout=5.0, share=2) == (2 * 500 + 5 * 200 + 2 * 500) / 9

@@ -143,16 +143,17 @@ def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_tha
         assert a.wait_for_credit(EVENT_SECONDS)
         send_next(a, 1, version=5)
         assert not rank.fill(2, version=5, max_policy_lag=0, timeout=2.0)  # reads A's batch and both probes
-        rank.ask_evaluation(6)
+        rank.ask_evaluation(6, episodes=3)  # 3 episodes each: 5 a report, split over the 2 evaluators
         for sender in (a, b):
             wait_until(lambda s=sender: s.evaluation_asked == 6, "the request to evaluate version 6", sender)
+            assert sender.evaluation_episodes == 3
         assert b.counts.sent == 0 and a.counts.sent == 1
-        rank.ask_evaluation(4)  # an older request changes nothing; the acknowledgement after it comes in order
+        rank.ask_evaluation(4, episodes=5)  # an older request changes nothing; the ack after it comes in order
         assert a.wait_for_credit(EVENT_SECONDS)
         send_next(a, 2, version=6)
         assert rank.fill(2, version=6, max_policy_lag=1, timeout=EVENT_SECONDS)
         wait_until(lambda: a.in_flight == 0, "the acknowledgement after the older request", a)
-        assert a.evaluation_asked == 6
+        assert (a.evaluation_asked, a.evaluation_episodes) == (6, 3)
     finally:
         a.close()
         b.close()
