@@ -167,7 +167,12 @@ class EvalConfig(SpecModel):
     min_replicas: int = Field(default=0, ge=0, description="Lower bound accepted for replicas.")
     max_replicas: int = Field(default=1000, ge=0, description="Upper bound accepted for replicas.")
     episodes_per_report: int = Field(
-        default=5, ge=1, description="Episodes an evaluator averages before it reports a mean return."
+        default=5,
+        ge=1,
+        description=(
+            "Episodes an evaluator averages before it reports a mean return. A reached train.targetEvalReturn is "
+            "confirmed on at least this many episodes of the final weights, split over the live evaluators."
+        ),
     )
     deterministic: bool = Field(default=True, description="Act greedily (mode of the action distribution).")
     evaluation_interval_seconds: float = Field(
