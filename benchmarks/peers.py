@@ -7,8 +7,9 @@ GAE lambda 0.8, no entropy bonus, learning rate 1e-3 and (SB3) clip range 0.2 bo
 range.
 
 "Solved" is the same rule on both sides: the mean of `EPISODES` deterministic evaluation episodes of the current weights
-reaches `TARGET`; an evaluation runs once the last `EPISODES` training episodes reach the target (at most every second)
-and, on CartPole, every 10 s otherwise (rlightning's evaluators: `rlightning/runtime/eval.py`; SB3: a callback after
+reaches `TARGET` (rlightning's fleet plays at least `EPISODES` of them together, each evaluator its share); an
+evaluation runs once the last `EPISODES` training episodes reach the target (at most every second) and, on CartPole,
+every 10 s otherwise (rlightning's evaluators: `rlightning/runtime/eval.py`; SB3: a callback after
 each rollout). Behind the slow env an evaluation costs up to 12.5 s (5 x 500 steps x 5 ms), so there only the first rule
 evaluates (`SLOW_EVALUATION_INTERVAL_SECONDS`), on both sides. Wall is measured from the process launch (interpreter
 start and imports count) to the moment the target is confirmed: for rlightning, when summary.json appears (written once

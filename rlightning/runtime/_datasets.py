@@ -158,7 +158,8 @@ class FleetExperience:
 
     def ask_evaluation(self, version: int, episodes: int) -> None:
         """Ask the evaluators this rank's intake knows to play `episodes` episodes each of `version` now
-        (`TrajectoryIntake.ask_evaluation`)."""
+        (`TrajectoryIntake.ask_evaluation`).
+        """
         self.intake.ask_evaluation(version, episodes)
 
     def dropped_batches(self) -> int:

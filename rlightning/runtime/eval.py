@@ -344,7 +344,8 @@ class Evaluator:
 
     def _evaluate(self, episodes: int = 1, enough: int | None = None) -> None:
         """Play `episodes` deterministic evaluation episodes together with the newest weights; report when due
-        (`EvaluationRecord.add`, `enough` passed on)."""
+        (`EvaluationRecord.add`, `enough` passed on).
+        """
         self._wait_for_weights()
         if self.stop.requested:
             return

@@ -174,19 +174,20 @@ class _Reports:
 
 
 def test_rank_zero_splits_the_confirmation_over_the_fleet_and_weighs_each_report_by_its_episodes() -> None:
-    fleet = _coordinator(_Reports(9, {}), expected=None)
+    reports = _Reports(9, {})
+    fleet = _coordinator(reports, expected=None)
     fleet.live = [0, 1, 2]
     assert fleet.evaluation_share(5) == 2  # 3 evaluators x 2 >= 5 episodes of the version together
     fleet.live = []
     assert fleet.evaluation_share(5) == 5
     on_nine = {"return_version": 9.0, "version_return": 500.0, "version_episodes": 2.0}
-    fleet.sender.metrics = {
+    reports.metrics = {
         0: on_nine, 1: {**on_nine, "version_return": 200.0, "version_episodes": 5.0},  # a whole report counts too
         2: {**on_nine, "version_episodes": 1.0},  # fewer than its share: not yet
     }
     fleet.live = [0, 1, 2]
     assert fleet.wait_for_newest(timeout=0.3, share=2) is None
-    fleet.sender.metrics[2] = {**on_nine, "return_version": 8.0}  # of an older version: not yet
+    reports.metrics[2] = {**on_nine, "return_version": 8.0}  # of an older version: not yet
     assert fleet.wait_for_newest(timeout=0.3, share=2) is None
-    fleet.sender.metrics[2] = on_nine
+    reports.metrics[2] = on_nine
     assert fleet.wait_for_newest(timeout=5.0, share=2) == (2 * 500 + 5 * 200 + 2 * 500) / 9
