@@ -38,6 +38,13 @@ checkpoint and summary.json (the margin)."""
 THREADS_ENV = "OMP_NUM_THREADS"
 """Threads of OpenMP and of torch's intra-op pool (torch reads it at start; torchrun sets 1 only when it starts
 several ranks, so a lone rank would otherwise take one thread per core of the whole node)."""
+RESOLVER_ENV = "RES_OPTIONS"
+"""glibc's resolver options from the environment, as resolv.conf(5)'s `options` line."""
+LOCAL_RESOLVER_OPTIONS = "timeout:1"
+"""`RES_OPTIONS` of `rlightning run`'s children (and of the tests' processes) unless set: glibc then asks again after
+1 s, not resolv.conf(5)'s default 5 s, when a DNS reply is lost. c10d names both ends of every weight-sync store
+connection with a reverse lookup, locally of `::ffff:127.0.0.1`, which no /etc/hosts names (docs/weight-sync.md,
+"The store and DNS")."""
 RUNTIME_ENV = (
     contract.ENV_BIND_HOST,
     contract.ENV_EVAL_ORDINAL,

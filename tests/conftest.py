@@ -31,7 +31,12 @@ import pytest
 
 import devcluster
 from devcluster import _ports as devcluster_ports
+from rlightning import launch
 from tests.operator.operator_cluster import OperatorProcess, install_crd
+
+# As `rlightning run` gives its children: a lost DNS reply to c10d's reverse lookups costs 1 s, not 5 (the 8-receiver
+# tests' first publish, bounded by a 5 s timeout, failed on one). Inherited by every process the tests start.
+os.environ.setdefault(launch.RESOLVER_ENV, launch.LOCAL_RESOLVER_OPTIONS)
 
 NAMESPACE_READY_SECONDS = 30.0
 """Bound for a new namespace's ``default`` ServiceAccount to appear."""

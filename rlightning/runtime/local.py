@@ -19,10 +19,11 @@ Supervision, as a cluster would do it:
   period (a pod's terminationGracePeriodSeconds) is killed.
 
 Every child runs in a session of its own (so the terminal's Ctrl-C reaches only the launcher) and logs to
-`<run dir>/logs/<name>.log`. Its resolver gives up on an unanswered query after `RESOLVER_OPTIONS` (1 s) unless
-`RES_OPTIONS` is set: c10d names each end of every weight-sync store connection with a reverse lookup, locally of
-`::ffff:127.0.0.1`, which no /etc/hosts names, and a reply lost under a burst of them (8 evaluators opening their
-connections at once) cost glibc's default 5 s on every start (docs/weight-sync.md, "The store and DNS").
+`<run dir>/logs/<name>.log`. Its resolver asks again after 1 s when a DNS reply is lost (`RES_OPTIONS`, unless
+set: `launch.LOCAL_RESOLVER_OPTIONS`): c10d names each end of every weight-sync store connection with a reverse
+lookup, locally of `::ffff:127.0.0.1`, which no /etc/hosts names, and a reply lost under a burst of them (8
+evaluators opening their connections at once) cost glibc's default 5 s on every start (docs/weight-sync.md, "The
+store and DNS").
 
 Before forking, the launcher imports what the children's entrypoints import (`_fork.preload`: the evaluator's, the
 agent's and the ranks'), once, instead of once in each child.
@@ -53,8 +54,6 @@ POLL_SECONDS = 0.25
 MASTER_ADDR = contract.LOOPBACK_HOST
 """Trainer rank 0's host, and the address every port of the run binds: this machine, on loopback."""
 LOG_TAIL_LINES = 25
-RESOLVER_OPTIONS = "timeout:1"
-"""The children's `RES_OPTIONS` unless set (resolv.conf(5): seconds before glibc asks again, default 5)."""
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -234,14 +233,14 @@ class LocalRun:
 
         Returns:
             dict[str, str]: The environment; OMP_NUM_THREADS defaults to 1 (the children share this machine's
-                cores) and RES_OPTIONS to `RESOLVER_OPTIONS` (module docstring), output is unbuffered (the logs
-                follow the run), and `ENV_LAUNCH_TIME` is this launch's.
+                cores) and RES_OPTIONS to `launch.LOCAL_RESOLVER_OPTIONS` (module docstring), output is unbuffered
+                (the logs follow the run), and `ENV_LAUNCH_TIME` is this launch's.
         """
         env = {name: value for name, value in os.environ.items() if name not in launch.RUNTIME_ENV}
         env.update(plan.env)
         env[contract.ENV_LAUNCH_TIME] = f"{self.launched_at:.3f}"
         env.setdefault(launch.THREADS_ENV, "1")
-        env.setdefault("RES_OPTIONS", RESOLVER_OPTIONS)
+        env.setdefault(launch.RESOLVER_ENV, launch.LOCAL_RESOLVER_OPTIONS)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlightning import contract
+from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest
 from rlightning.runtime import eval as eval_mod
 from rlightning.runtime import _fleet, local
@@ -97,7 +97,7 @@ def test_local_children_give_up_on_a_lost_dns_reply_after_a_second_unless_told_o
     manifest = PolicyGroupManifest.model_validate(run_helpers[0]())
     monkeypatch.delenv("RES_OPTIONS", raising=False)
     children = local.LocalRun(manifest, "", RunDir(tmp_path)).children()
-    assert {child.env["RES_OPTIONS"] for child in children} == {"timeout:1"}
+    assert {child.env["RES_OPTIONS"] for child in children} == {launch.LOCAL_RESOLVER_OPTIONS} == {"timeout:1"}
     monkeypatch.setenv("RES_OPTIONS", "timeout:3 attempts:4")  # the user's own resolver options stay
     children = local.LocalRun(manifest, "", RunDir(tmp_path)).children()
     assert {child.env["RES_OPTIONS"] for child in children} == {"timeout:3 attempts:4"}
