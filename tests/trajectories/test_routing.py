@@ -6,8 +6,10 @@ Ports: TRAJECTORIES 16-19 (16 and 17 reused by tests that run one after the othe
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 from traj_helpers import INTAKE, SENDER, WorkerProcess, make_batch
@@ -104,35 +106,10 @@ def test_a_rank_whose_answer_is_on_the_way_ranks_after_one_known_to_want_more(in
         sender.close()
 
 
-def test_a_full_rank_tells_the_other_evaluators_unasked(intakes):
-    # Evaluator A's batch leaves room for one more; B's fills the rank, whose notice tells A without A sending again.
-    port = TRAJECTORIES.port(18)  # reused: the test above closed its intakes
-    rank = TrajectoryIntake(port, bind_host="127.0.0.1")
-    intakes.append(rank)
-    a, b = (TrajectorySender([f"127.0.0.1:{port}"], ordinal=o, credits=1, ack_timeout=30.0) for o in (0, 1))
-    try:
-        for sender in (a, b):
-            wait_until(lambda s=sender: s.connected == 1, "connected", sender)
-        assert a.wait_for_credit(EVENT_SECONDS)
-        send_next(a, 1, version=5)
-        assert not rank.fill(2, version=5, max_policy_lag=0, timeout=2.0)  # one of two
-        wait_until(lambda: a.in_flight == 0, "A's acknowledgement", a)
-        assert a.wanted(5)  # room 1 left
-        assert b.wait_for_credit(EVENT_SECONDS)
-        send_next(b, 1, version=5)
-        assert rank.fill(2, version=5, max_policy_lag=0, timeout=EVENT_SECONDS)
-        wait_until(lambda: not a.wanted(5), "the rank's notice to A", a)
-        wait_until(lambda: not b.wanted(5), "B's acknowledgement", b)
-        assert a.wanted(6) and b.wanted(6)  # the next fill needs the next version
-        assert a.in_flight == 0 and a.counts.sent == 1  # A learnt it without another batch
-    finally:
-        a.close()
-        b.close()
-
-
-def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_that_sent_nothing(intakes):
-    # Rank 0 holding training to confirm the target on a version asks the whole fleet: A sent a batch, B only
-    # connected (its probe); both learn of the version without sending anything more.
+@contextlib.contextmanager
+def _a_batch_of_a_read(intakes) -> Iterator[tuple[TrajectoryIntake, TrajectorySender, TrajectorySender]]:
+    """One rank and evaluators A and B connected to it; A sent batch 1 of version 5 and the rank read it (one of
+    the two its fill wants) with both probes. Yields the rank, A and B; closes A and B."""
     port = TRAJECTORIES.port(18)  # reused: the tests above closed their intakes
     rank = TrajectoryIntake(port, bind_host="127.0.0.1")
     intakes.append(rank)
@@ -142,7 +119,31 @@ def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_tha
             wait_until(lambda s=sender: s.connected == 1, "connected", sender)
         assert a.wait_for_credit(EVENT_SECONDS)
         send_next(a, 1, version=5)
-        assert not rank.fill(2, version=5, max_policy_lag=0, timeout=2.0)  # reads A's batch and both probes
+        assert not rank.fill(2, version=5, max_policy_lag=0, timeout=2.0)
+        yield rank, a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_full_rank_tells_the_other_evaluators_unasked(intakes):
+    # Evaluator A's batch leaves room for one more; B's fills the rank, whose notice tells A without A sending again.
+    with _a_batch_of_a_read(intakes) as (rank, a, b):
+        wait_until(lambda: a.in_flight == 0, "A's acknowledgement", a)
+        assert a.wanted(5)  # room 1 left
+        assert b.wait_for_credit(EVENT_SECONDS)
+        send_next(b, 1, version=5)
+        assert rank.fill(2, version=5, max_policy_lag=0, timeout=EVENT_SECONDS)
+        wait_until(lambda: not a.wanted(5), "the rank's notice to A", a)
+        wait_until(lambda: not b.wanted(5), "B's acknowledgement", b)
+        assert a.wanted(6) and b.wanted(6)  # the next fill needs the next version
+        assert a.in_flight == 0 and a.counts.sent == 1  # A learnt it without another batch
+
+
+def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_that_sent_nothing(intakes):
+    # Rank 0 holding training to confirm the target on a version asks the whole fleet: A sent a batch, B only
+    # connected (its probe); both learn of the version without sending anything more.
+    with _a_batch_of_a_read(intakes) as (rank, a, b):
         rank.ask_evaluation(6, episodes=3)  # 3 episodes each: 5 a report, split over the 2 evaluators
         for sender in (a, b):
             wait_until(lambda s=sender: s.evaluation_asked == 6, "the request to evaluate version 6", sender)
@@ -154,9 +155,6 @@ def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_tha
         assert rank.fill(2, version=6, max_policy_lag=1, timeout=EVENT_SECONDS)
         wait_until(lambda: a.in_flight == 0, "the acknowledgement after the older request", a)
         assert (a.evaluation_asked, a.evaluation_episodes) == (6, 3)
-    finally:
-        a.close()
-        b.close()
 
 
 @pytest.mark.slow  # starts a process that imports torch
