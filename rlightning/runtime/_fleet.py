@@ -198,6 +198,9 @@ class Fleet:
         split over the fleet, rounded up, so the fleet together plays at least `episodes` in about the time of one
         (an evaluator behind a slow env gains nothing from stepping more env copies of its own).
 
+        Args:
+            episodes (int): Episodes the fleet plays together (>= 1).
+
         Returns:
             int: ceil(episodes / live evaluators); `episodes` with none live.
         """
@@ -218,12 +221,12 @@ class Fleet:
         version = self.version
         deadline = time.monotonic() + timeout
         while self.live:
-            confirmed = [
+            on_version = [
                 (r.metrics["version_return"], r.metrics.get("version_episodes", share))
                 for r in self.live_reports().values()
                 if r.metrics.get("return_version") == version and "version_return" in r.metrics
-                and r.metrics.get("version_episodes", share) >= share
             ]
+            confirmed = [(ret, n) for ret, n in on_version if n >= share]
             if len(confirmed) == len(self.live):
                 return sum(ret * n for ret, n in confirmed) / sum(n for _, n in confirmed)
             if time.monotonic() > deadline:

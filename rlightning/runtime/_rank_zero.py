@@ -307,9 +307,7 @@ class RankZero(TrainerHooks):
             self._publish()
         log.info("eval return %s, recent training return %s: the target %.1f is reached; confirming on version %d",
                  inputs.fleet_return, recent_return, inputs.target_eval_return, self.fleet.version)
-        share = self.fleet.evaluation_share(self.spec.eval.episodes_per_report)
-        self.source.ask_evaluation(self.fleet.version, share)
-        confirmed = self.fleet.wait_for_newest(self.spec.weight_sync.timeout_seconds, share)
+        confirmed, _ = self._evaluate_newest(self.spec.weight_sync.timeout_seconds)
         inputs = dataclasses.replace(inputs, confirmed_return=confirmed)
         if _stop.decide(inputs) is None:
             log.info("version %d returned %s < target; training on", self.fleet.version, confirmed)
@@ -370,9 +368,7 @@ class RankZero(TrainerHooks):
         if reason is _stop.StopReason.TARGET_EVAL_RETURN and not republish:
             return *final, None  # confirmed on the final weights before the stop
         bound = final_evaluation_seconds(self.spec)
-        share = self.fleet.evaluation_share(self.spec.eval.episodes_per_report)
-        self.source.ask_evaluation(self.fleet.version, share)
-        confirmed = self.fleet.wait_for_newest(bound, share)
+        confirmed, share = self._evaluate_newest(bound)
         if confirmed is not None:
             return confirmed, self.fleet.version, None
         if not self.fleet.live:
@@ -382,6 +378,17 @@ class RankZero(TrainerHooks):
             f"final weight version {self.fleet.version} within {bound:.0f} s (weightSync.timeoutSeconds + "
             "eval.evaluationIntervalSeconds)"
         )
+
+    def _evaluate_newest(self, timeout: float) -> tuple[float | None, int]:
+        """Ask every live evaluator for its share of `eval.episodesPerReport` episodes of the newest version and wait
+        at most `timeout` seconds for them (`Fleet.evaluation_share`, `Fleet.wait_for_newest`).
+
+        Returns:
+            tuple[float | None, int]: The mean return of those episodes (None on timeout), and the share asked.
+        """
+        share = self.fleet.evaluation_share(self.spec.eval.episodes_per_report)
+        self.source.ask_evaluation(self.fleet.version, share)
+        return self.fleet.wait_for_newest(timeout, share), share
 
     def _publish(self) -> None:
         self.recorder.publish(self.fleet.publish(self.policy.iteration))

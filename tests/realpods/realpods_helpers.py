@@ -29,6 +29,11 @@ SMALL_REQUESTS = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 """Requests that fit a 2-CPU node many times over; no limits (torch needs several hundred MiB per process)."""
 
 
+def real_pod(**fields) -> dict:
+    """`spec.<role>.pod` on the real node with `SMALL_REQUESTS`, plus `fields` (a PodConfig's, by their YAML names)."""
+    return {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS, **fields}
+
+
 def real_cartpole(name: str, **paths) -> dict:
     """examples/cartpole.yaml (one trainer rank, 2 evaluators) on the real node with small requests.
 
@@ -36,7 +41,7 @@ def real_cartpole(name: str, **paths) -> dict:
         name (str): metadata.name.
         **paths: More dotted-path edits, as `tests.operator.operator_cluster.example` takes them.
     """
-    pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS}
+    pod = real_pod()
     edits = {
         "spec.image": devcluster.IMAGE, "spec.imagePullPolicy": "Never", "spec.train.pod": pod, "spec.eval.pod": pod
     }

@@ -4,16 +4,14 @@ Then the PolicyGroup is deleted: its pods go, and so do their containers, folder
 
 from __future__ import annotations
 
-from realpods_helpers import ON_REAL_NODE, SMALL_REQUESTS, TRAIN_SECONDS, pods_on_host, real_cartpole, wait_for
+from realpods_helpers import SMALL_REQUESTS, TRAIN_SECONDS, pods_on_host, real_cartpole, real_pod, wait_for
 
 from tests.operator.operator_cluster import apply, get_json
 
 OUTLASTS_THE_FLEET_CHANGES = {
     "spec.train.targetEvalReturn": None,
     "spec.train.totalEnvSteps": 300 * 256,
-    "spec.train.pod": {
-        "nodeSelector": dict(ON_REAL_NODE), "resources": {**SMALL_REQUESTS, "limits": {"cpu": "250m"}}
-    },
+    "spec.train.pod": real_pod(resources={**SMALL_REQUESTS, "limits": {"cpu": "250m"}}),
 }
 """The example solves CartPole in a few seconds, before two evaluator pods could start: without its target, 300
 versions of 256 env steps on a quarter of a core (about 40 ms of CPU each) train for about a minute."""

@@ -9,7 +9,7 @@ import time
 
 import devcluster
 from rlightning import contract
-from realpods_helpers import ON_REAL_NODE, SMALL_REQUESTS, real_cartpole, wait_for, wait_until_succeeded
+from realpods_helpers import real_cartpole, real_pod, wait_for, wait_until_succeeded
 
 from tests.operator.operator_cluster import apply, get_json
 
@@ -76,7 +76,7 @@ def test_cartpole_trains_to_succeeded_in_real_pods_across_two_trainer_pods(
     # running containers, and training still succeeds.
     cluster.kubectl("create", "configmap", "assets", "-n", real_namespace, "--from-literal=greeting=hello")
     cluster.kubectl("create", "secret", "generic", "s3", "-n", real_namespace, "--from-literal=RL_SECRET_TOKEN=t0k")
-    pod = {"nodeSelector": dict(ON_REAL_NODE), "resources": SMALL_REQUESTS, "shmSize": SHM_SIZE}
+    pod = real_pod(shmSize=SHM_SIZE)
     group = real_cartpole("cartpole", **{"spec.train.nodes": 2, "spec.train.procsPerNode": 1,
                                          "spec.train.batchesPerUpdate": 1,  # one evaluator's batch a rank
                                          "spec.train.pod": pod, "spec.eval.pod": pod,

@@ -95,12 +95,12 @@ def test_local_children_give_up_on_a_lost_dns_reply_after_a_second_unless_told_o
     tmp_path: Path, run_helpers, monkeypatch
 ) -> None:
     manifest = PolicyGroupManifest.model_validate(run_helpers[0]())
-    monkeypatch.delenv("RES_OPTIONS", raising=False)
+    monkeypatch.delenv(launch.RESOLVER_ENV, raising=False)
     children = local.LocalRun(manifest, "", RunDir(tmp_path)).children()
-    assert {child.env["RES_OPTIONS"] for child in children} == {launch.LOCAL_RESOLVER_OPTIONS} == {"timeout:1"}
-    monkeypatch.setenv("RES_OPTIONS", "timeout:3 attempts:4")  # the user's own resolver options stay
+    assert {child.env[launch.RESOLVER_ENV] for child in children} == {launch.LOCAL_RESOLVER_OPTIONS}
+    monkeypatch.setenv(launch.RESOLVER_ENV, "timeout:3 attempts:4")  # the user's own resolver options stay
     children = local.LocalRun(manifest, "", RunDir(tmp_path)).children()
-    assert {child.env["RES_OPTIONS"] for child in children} == {"timeout:3 attempts:4"}
+    assert {child.env[launch.RESOLVER_ENV] for child in children} == {"timeout:3 attempts:4"}
 
 
 class _Fleet:
