@@ -138,9 +138,18 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             float: The learning rate; an algorithm's `train` writes it into its optimizer's parameter groups.
         """
         optim = self.config.optim
-        if not optim.anneal_lr or self.train_config is None:
-            return optim.lr
-        return optim.lr * max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
+        return optim.lr * self.remaining_fraction() if optim.anneal_lr else optim.lr
+
+    def remaining_fraction(self) -> float:
+        """The share of `train.total_env_steps` still to train on, for linear schedules (SB3's
+        `progress_remaining`, CleanRL's `frac`).
+
+        Returns:
+            float: `1 - env_steps / total_env_steps`, at least 0; 1.0 without a train config.
+        """
+        if self.train_config is None:
+            return 1.0
+        return max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
 
     @abc.abstractmethod
     def rollout_step(self, env_ret: Mapping[str, Any]) -> Any:

@@ -58,6 +58,10 @@ class PPOKwargs(BaseModel):
     )
     activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
     clip_coef: float = Field(default=0.2, gt=0, description="Surrogate clipping range epsilon.")
+    anneal_clip_coef: bool = Field(
+        default=False,
+        description="Decay clipCoef linearly to 0 over train.totalEnvSteps, as the learning rate (SB3's lin_0.2).",
+    )
     gamma: float = Field(default=0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
     update_epochs: int = Field(default=4, ge=1, description="Passes over each batch.")
@@ -308,7 +312,7 @@ class PPOPolicy(base_policy.BasePolicy):
         Returns:
             dict[str, float]: `policy_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_fraction` (means over
                 the minibatch steps), `explained_variance` (of the value estimates made before the epochs),
-                `epochs` (run), `lr`.
+                `epochs` (run), `lr`, `clip_coef` (this update's, `current_clip_coef`).
 
         Raises:
             RuntimeError: Without `init_train` or without a dataset.
@@ -325,7 +329,7 @@ class PPOPolicy(base_policy.BasePolicy):
         flat = data.select("observation", "action", "log_prob", "value").reshape(-1)
         flat["advantage"], flat["return"] = advantages.reshape(-1), returns.reshape(-1)
         flat["observation"] = flat["observation"].reshape(flat.shape[0], -1).float()
-        lr = self.current_lr()
+        lr, clip = self.current_lr(), self.current_clip_coef()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -337,7 +341,7 @@ class PPOPolicy(base_policy.BasePolicy):
             for index in torch.tensor_split(order, kw.num_minibatches):
                 if index.numel() == 0:
                     continue
-                stats = self._minibatch_step(flat[index], self.optimizer)
+                stats = self._minibatch_step(flat[index], self.optimizer, clip)
                 for key, value in stats.items():
                     sums[key] += value
                 epoch_kl += stats["approx_kl"]
@@ -355,10 +359,21 @@ class PPOPolicy(base_policy.BasePolicy):
         self.iteration += 1
         self.env_steps += steps * envs * self.dp_world_size
         metrics = {key: total / max(updates, 1) for key, total in sums.items()}
-        metrics.update(explained_variance=explained, epochs=float(epochs), lr=lr)
+        metrics.update(explained_variance=explained, epochs=float(epochs), lr=lr, clip_coef=clip)
         return metrics
 
-    def _minibatch_step(self, mb: TensorDict, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def current_clip_coef(self) -> float:
+        """The clipping range of the next update: `clipCoef`, linearly annealed to 0 over `train.totalEnvSteps` with
+        `annealClipCoef` (SB3's `clip_range: lin_0.2`, as RL Baselines3 Zoo's CartPole-v1 PPO sets it). It clips
+        both the surrogate and, with `clipValueLoss`, the value update.
+
+        Returns:
+            float: The clipping range epsilon (0 once the run's env steps are spent).
+        """
+        kw = self.kwargs
+        return kw.clip_coef * self.remaining_fraction() if kw.anneal_clip_coef else kw.clip_coef
+
+    def _minibatch_step(self, mb: TensorDict, optimizer: torch.optim.Optimizer, clip: float) -> dict[str, float]:
         kw = self.kwargs
         _, log_prob, entropy, value = self.agent(mb["observation"], mb["action"])
         log_ratio = log_prob - mb["log_prob"]
@@ -367,11 +382,11 @@ class PPOPolicy(base_policy.BasePolicy):
         if kw.normalize_advantages and advantage.numel() > 1:
             advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
         policy_loss = torch.max(
-            -advantage * ratio, -advantage * ratio.clamp(1 - kw.clip_coef, 1 + kw.clip_coef)
+            -advantage * ratio, -advantage * ratio.clamp(1 - clip, 1 + clip)
         ).mean()
         value_error = (value - mb["return"]) ** 2
         if kw.clip_value_loss:
-            clipped = mb["value"] + (value - mb["value"]).clamp(-kw.clip_coef, kw.clip_coef)
+            clipped = mb["value"] + (value - mb["value"]).clamp(-clip, clip)
             value_error = torch.max(value_error, (clipped - mb["return"]) ** 2)
         value_loss = 0.5 * value_error.mean()
         entropy_mean = entropy.mean()
@@ -384,7 +399,7 @@ class PPOPolicy(base_policy.BasePolicy):
         optimizer.step()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - log_ratio).mean()  # http://joschu.net/blog/kl-approx.html (k3)
-            clip_fraction = ((ratio - 1).abs() > kw.clip_coef).float().mean()
+            clip_fraction = ((ratio - 1).abs() > clip).float().mean()
         return {
             "policy_loss": float(policy_loss.detach()),
             "value_loss": float(value_loss.detach()),

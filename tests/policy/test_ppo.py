@@ -108,6 +108,26 @@ def test_pendulum_update_trains_the_log_std_and_fingerprints_it() -> None:
     collector.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("anneal", [True, False])
+def test_clip_coef_anneals_linearly_over_the_run_only_when_asked(anneal: bool) -> None:
+    env = EnvConfig(id="CartPole-v1", num_envs=2)
+    kwargs = {"hiddenSizes": [8], "clipCoef": 0.2, "annealClipCoef": anneal, "updateEpochs": 2}
+    optim = {"lr": 0.01, "annealLr": False}  # a learning rate annealed to 0 as well would leave the ratios at 1
+    policy = PPOPolicy(PolicyConfig(device="cpu", policy_kwargs=kwargs, optim=optim), "train")
+    policy.init_train(EnvMeta.from_env_config(env), TrainConfig(total_env_steps=256), seed=0)
+    collector = RolloutCollector(env, policy, seed=0)
+    clips = []
+    for _ in range(3):  # 128 env steps an update: half the run, then all of it
+        policy.update_dataset(collector.collect(64))
+        metrics = policy.train()
+        clips.append(metrics["clip_coef"])
+    assert clips == ([0.2, 0.1, 0.0] if anneal else [0.2, 0.2, 0.2])
+    # the last update's ratios move off 1 after its first step: at a range of 0 nearly all count as clipped
+    assert (metrics["clip_fraction"] > 0.5) == anneal
+    collector.close()
+
+
 def _cartpole_policy(seed: int = 0) -> PPOPolicy:
     policy = PPOPolicy(PolicyConfig(device="cpu", policy_kwargs={"hiddenSizes": [8]}), "train")
     policy.init_train(EnvMeta.from_env_config(EnvConfig(id="CartPole-v1")), seed=seed)
