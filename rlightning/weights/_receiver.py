@@ -36,6 +36,11 @@ from rlightning.weights import (
 
 log = logging.getLogger(__name__)
 
+CLOSED_RECONNECT_SECONDS = 1.0
+"""After a sender's close, how long a receiver waits before it connects again. It drops its store connections on
+reading the close, and the sender stops its store once every receiver has acknowledged (at once, normally): a call
+still in flight on a store that stops makes torch log a warning with a C++ stack trace. A restarted sender (a new
+attempt) takes longer than this to come up."""
 EPOCHS_KEPT = 16
 """Versions whose epoch `WeightReceiver.epoch_of` remembers, the newest applied: a batch acted with an older one is
 stale for any trainer long before."""
@@ -193,10 +198,16 @@ class WeightReceiver:
         self._epochs: dict[int, int] = {}  # version -> epoch of the newest versions applied, oldest first
         self.sender_closed = False
         """True after the sender announced `close()`, until the next announcement of a (restarted) sender."""
+        self._closed_at = 0.0  # monotonic time the close was read
 
     # -- connection and membership ---------------------------------------------------------------------
     def _connect(self, deadline: float) -> dist.TCPStore:
         if self._store is None:
+            if self.sender_closed:  # let the closing sender's store stop with no call of ours on it
+                resume = self._closed_at + CLOSED_RECONNECT_SECONDS
+                time.sleep(max(0.0, min(resume, deadline) - time.monotonic()))
+                if time.monotonic() < resume:
+                    raise TimeoutError("the closed sender's store may still be stopping")
             store = _store.connect_store(self.host, self.port, self._timings.step, deadline, self._backoff)
             self._store = store
             self._monitor = _store.HeartbeatMonitor(self._timings)
@@ -290,8 +301,10 @@ class WeightReceiver:
                     return None
                 if isinstance(ann, _messages.Close):
                     _messages.write(store, _store.ack(ann.seq, self.ordinal), _messages.Ack("closed", self.version))
-                    self.sender_closed = True
-                    self._drop_group()
+                    self.sender_closed, self._closed_at = True, time.monotonic()
+                    log.info("receiver %d: the sender closed (weight version %d held); connecting again after %g s",
+                             self.ordinal, self.version, CLOSED_RECONNECT_SECONDS)
+                    self._disconnect()
                     return None
                 self.sender_closed = False
                 got = self._take_part(store, ann, apply, into)
@@ -718,11 +731,12 @@ class WeightReceiver:
         Returns:
             bool: True when posted; False when the store is not reachable now (logged, not raised).
         """
-        if self._report_store is None:
+        store = self._report_store  # the receiving thread may drop it meanwhile
+        if store is None:
             return False
         report = _types.ReceiverReport(self.ordinal, applied, dict(metrics), time.time())
         try:
-            _messages.write(self._report_store, _store.report(self.ordinal), report)
+            _messages.write(store, _store.report(self.ordinal), report)
         except RuntimeError as exc:
             log.warning("receiver %d could not post a report: %s", self.ordinal, exc)
             return False

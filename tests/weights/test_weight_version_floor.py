@@ -68,9 +68,9 @@ def _applied(sender: WeightSender, ordinals: set[int], version: int, weights_ver
 
 
 @pytest.mark.timeout(150)
-def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
+def test_sender_restarted_from_version_zero_publishes_above_the_fleet_and_its_close_is_quiet(procs):
     port = WEIGHTS_VERSION_FLOOR.port(0)
-    procs += [start_receiver(port, o, "--keep-after-close", lifetime=60.0) for o in (0, 1)]
+    procs += [start_receiver(port, o, "--log", "--keep-after-close", lifetime=60.0) for o in (0, 1)]
     _first_sender(port, {0, 1}, [5])
     # the trainer comes back without its checkpoint (an emptyDir): its own version is 0
     sender = WeightSender(config(), "127.0.0.1", port)  # on the port the previous sender freed in `close`
@@ -86,6 +86,9 @@ def test_sender_restarted_from_version_zero_publishes_above_the_fleet(procs):
     finally:
         sender.close()
     assert _ended(procs) == [[5, 6, 7], [5, 6, 7]]
+    for proc in procs:  # the receivers dropped the store at each close: no call of theirs was cut off by it
+        err = proc.stderr.read()
+        assert "closed" in err and _c10d_lines(err) == []
 
 
 @pytest.mark.timeout(150)
@@ -183,7 +186,12 @@ def test_waiting_for_an_absent_sender_logs_info_lines_and_no_c10d_errors(procs):
     # refused attempts come 0.1 s apart, kept across the receiver's 1 s `receive` calls, and are logged at attempts
     # 1, 2, 4, 8, ...: a 4 s hold makes at most 40 or so, 6 lines
     assert 2 <= len(waiting) <= 8, waiting
-    assert [line for line in err.splitlines() if "c10d" in line or "TCPStore" in line or "socket.cpp" in line] == []
+    assert _c10d_lines(err) == []
+
+
+def _c10d_lines(log: str) -> list[str]:
+    """The lines of torch's C++ store client in a receiver's stderr (a warning and its stack trace per failed call)."""
+    return [line for line in log.splitlines() if "c10d" in line or "TCPStore" in line or "socket.cpp" in line]
 
 
 def test_connect_store_gives_up_at_its_deadline_and_keeps_backing_off(caplog):
