@@ -10,7 +10,9 @@ at the same rate (what the CNI ``bandwidth`` plugin does with a pod's ``kubernet
 Nothing is made in the host's namespace: the bridge, the veths and every address live in the run's own namespaces,
 so the subnet (:data:`SUBNET`) can neither clash with the host's routes (the real node's bridge ``rlnode0`` is
 10.89.0.0/24 and its cluster's pod CIDR 10.244.0.0/16, devcluster/_nodeconfig.py and _components.py) nor with
-another run's, and deleting the namespaces deletes every link and qdisc with them. Namespace names are global:
+another run's, and deleting the namespaces deletes every link and qdisc with them. The one host setting touched is
+the list of TCP congestion controls a namespace may select, where the one asked for is missing from it
+(:func:`allow_congestion_control`). Namespace names are global:
 the prefix carries the devcluster slot and the pid (:func:`default_prefix`), so parallel runs never collide.
 :meth:`CappedNetwork.close` deletes them (idempotent); a run killed with SIGKILL leaves them, listed by
 :func:`leftovers` and deleted with ``ip netns del NAME``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -78,6 +81,32 @@ def missing_requirements() -> str | None:
     if missing:
         return f"capped links need {' and '.join(missing)} (iproute2) on PATH"
     return None
+
+
+ALLOWED_CONGESTION_CONTROL = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+
+
+def allow_congestion_control(name: str) -> bool:
+    """Let network namespaces select TCP congestion control `name`: add it to the host's
+    `net.ipv4.tcp_allowed_congestion_control` when it is not there (needs root).
+
+    A namespace other than the host's may only make an allowed algorithm its default (Linux
+    `tcp_set_default_congestion_control`: EPERM otherwise, which `echo` reports as an I/O error); a host whose
+    default is bbr allows "reno bbr", so cubic, though available, is refused there. Adding it only lets programs
+    choose it; nothing changes algorithm.
+
+    Args:
+        name (str): One of `/proc/sys/net/ipv4/tcp_available_congestion_control`.
+
+    Returns:
+        bool: True when this call added it (False: it was allowed already).
+    """
+    sysctl = pathlib.Path(ALLOWED_CONGESTION_CONTROL)
+    allowed = sysctl.read_text(encoding="ascii").split()
+    if name in allowed:
+        return False
+    sysctl.write_text(" ".join([*allowed, name]), encoding="ascii")
+    return True
 
 
 def default_prefix() -> str:
@@ -165,6 +194,8 @@ class CappedNetwork:
         burst = str(tbf_burst_bytes(self.rate_bps))
         tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", f"{TBF_LATENCY_MS}ms"]
         try:
+            if self.congestion_control:
+                allow_congestion_control(self.congestion_control)
             self._add_namespace(self.switch)
             self._run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
             self._run("ip", "-n", self.switch, "link", "set", "br0", "up")
