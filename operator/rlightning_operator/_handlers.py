@@ -271,15 +271,30 @@ async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     metrics.WATCH_EVENTS.labels(kind=contract.KIND, outcome="pass" if stale else "ignored").inc()
 
 
+def pods_relisted(memo: Context, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete listing of the pods of `namespace` (None: every namespace): each pod the reconciler keeps that it
+    does not hold was deleted while the pod watch was down (no DELETED event came), and is handled as deleted.
+
+    Args:
+        memo (Context): The operator's shared state.
+        namespace (str | None): The namespace listed; None for every namespace.
+        listed (set[tuple[str, str]]): (namespace, name) of every pod listed.
+    """
+    for pod in memo.reconciler.pods_not_listed(namespace, listed):
+        logger.info("pod %s/%s was deleted while the pod watch was down", pod["metadata"].get("namespace"),
+                    pod["metadata"].get("name"))
+        pod_changed(memo, pod, deleted=True)
+
+
 def _start_pod_watch(memo: Context) -> None:
     """Start the pod watch in the context of a kopf event handler, which its task copies: kopf's credentials (the
     watch runs on kopf's session) and kopf's Event queue, which `kopf.event` needs in the passes the watch schedules
     and which kopf sets only for its object handlers. Before the first PolicyGroup there are no pods to watch.
     """
     namespaces = None if memo.settings.all_namespaces else memo.settings.served_namespaces
-    handle = functools.partial(pod_changed, memo)
+    handle, listed = functools.partial(pod_changed, memo), functools.partial(pods_relisted, memo)
     assert memo.kopf_settings is not None, "set at startup, before any event"
-    memo.pod_watch.append(asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle)))
+    memo.pod_watch.append(asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle, listed)))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

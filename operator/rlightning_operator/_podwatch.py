@@ -12,6 +12,11 @@ with `settings.watching.reconnect_backoff` between attempts; the label selector 
 `settings.watching.label_selectors["v1", "pods"]`. It runs inside kopf (`_handlers` starts it at the first
 PolicyGroup event), so only the leader watches. An error that ends kopf's stream (a refusal, an unexpected error
 event) starts it again, listing first, after `RETRY_SECONDS`.
+
+A watch resumed from its `resourceVersion` misses nothing, but a new listing (after 410 Gone or a failed stream)
+holds only the pods that exist: one deleted while the watch was down has no DELETED event. So each complete listing
+(kopf's `Bookmark.LISTED` ends it) is handed on as the set of pods it held, and the reconciler takes every pod it kept
+that is not among them as deleted (`_handlers.pods_relisted`).
 """
 
 from __future__ import annotations
@@ -35,34 +40,56 @@ RETRY_SECONDS = 5.0
 
 PodHandler = Callable[[dict[str, Any], bool], None]
 """Called on the event loop with (the pod trimmed by `_pods.trim`, whether it was deleted)."""
+ListingHandler = Callable[[str | None, set[tuple[str, str]]], None]
+"""Called on the event loop once a listing is complete, with the namespace watched (None: every namespace) and the
+(namespace, name) of every pod it held (each also handed to the `PodHandler` before)."""
 
 
-async def watch_pods(settings: kopf.OperatorSettings, namespaces: Sequence[str] | None, handle: PodHandler) -> None:
-    """Watch the pods of `namespaces` (None: every namespace) until cancelled, handing each event to `handle`.
+async def watch_pods(
+    settings: kopf.OperatorSettings, namespaces: Sequence[str] | None, handle: PodHandler, listed: ListingHandler
+) -> None:
+    """Watch the pods of `namespaces` (None: every namespace) until cancelled, handing each event to `handle` and each
+    complete listing to `listed`.
 
-    Listed pods (at start, and after 410 Gone) come as not deleted, like ADDED ones; a pod deleted while the watch was
-    down is not reported.
+    Listed pods (at start, after 410 Gone, after a failed stream) come to `handle` as not deleted, like ADDED ones;
+    then `listed` gets them all, so that a pod deleted while the watch was down can be told by its absence.
 
     Args:
         settings (kopf.OperatorSettings): kopf's settings (timeouts, page size, label selectors).
         namespaces (Sequence[str] | None): Namespaces to watch, one stream each; None for one cluster-wide stream.
         handle (PodHandler): Takes each pod; an exception it raises is logged and the stream goes on.
+        listed (ListingHandler): Takes each complete listing; an exception it raises is logged and the stream goes
+            on.
     """
     scopes: list[str | None] = [*namespaces] if namespaces is not None else [None]
-    await asyncio.gather(*(_watch(settings, namespace, handle) for namespace in scopes))
+    await asyncio.gather(*(_watch(settings, namespace, handle, listed) for namespace in scopes))
 
 
-async def _watch(settings: kopf.OperatorSettings, namespace: str | None, handle: PodHandler) -> None:
+async def _watch(
+    settings: kopf.OperatorSettings, namespace: str | None, handle: PodHandler, listed: ListingHandler
+) -> None:
     where = f"namespace {namespace}" if namespace else "every namespace"
     scope = references.NamespaceName(namespace) if namespace else None
     while True:
         logger.info("watching pods in %s", where)
+        # the pods of the listing under way; one cut short leaves extra names, which only hide a deletion
+        listing: set[tuple[str, str]] = set()
         try:
             async for event in watching.infinite_watch(settings=settings, resource=PODS, namespace=scope):
+                if event is watching.Bookmark.LISTED:
+                    try:
+                        listed(namespace, listing)
+                    except Exception:
+                        logger.exception("handling a listing of the pods in %s failed", where)
+                    listing = set()
+                    continue
                 if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
                     continue
                 try:
-                    handle(pods.trim(event["object"]), event.get("type") == "DELETED")
+                    pod = pods.trim(event["object"])
+                    if event.get("type") is None:  # kopf's mark of a listed object
+                        listing.add((pod["metadata"].get("namespace", ""), pod["metadata"].get("name", "")))
+                    handle(pod, event.get("type") == "DELETED")
                 except Exception:  # one strange pod must not cost a relisting of every pod
                     logger.exception("handling a pod event in %s failed", where)
         except Exception:

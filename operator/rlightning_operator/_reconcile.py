@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from typing import Any
 
 from rlightning import contract, launch
@@ -256,6 +256,22 @@ class Reconciler:
                 seen[name] = _SeenPod(pods.trim(pod))
             if not seen:
                 del self._pods_seen[key]
+
+    def pods_not_listed(self, namespace: str | None, listed: Set[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The pods kept (and not known gone) in `namespace` that a complete listing of it did not hold: deleted while
+        the pod watch was down.
+
+        Args:
+            namespace (str | None): The namespace listed; None for every namespace.
+            listed (Set[tuple[str, str]]): (namespace, name) of every pod the listing held.
+
+        Returns:
+            list[dict[str, Any]]: Those pods as last watched (`_pods.trim`med).
+        """
+        with self._pods_guard:
+            return [seen.pod for (pod_namespace, _), kept in self._pods_seen.items()
+                    if namespace in (None, pod_namespace)
+                    for name, seen in kept.items() if not seen.gone and (pod_namespace, name) not in listed]
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what the pod watch remembered of a PolicyGroup's pods (call once the PolicyGroup is gone)."""

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import gc
 import itertools
 import threading
 
+import kopf
 import pytest
+from kopf._cogs.clients import watching
 
 from rlightning import contract
 from rlightning_operator import _kube as kube
+from rlightning_operator import _pods, _podwatch
 from rlightning_operator._builders import NetworkPolicyOptions
 from rlightning_operator._reconcile import InvalidSpecError, Reconciler
 
@@ -709,3 +713,43 @@ def test_what_is_kept_of_watched_objects_holds_no_managed_fields(api, reconciler
     reconciler.reconcile(watched)  # its status write returns the object: kept until the watch delivers it
     kept = reconciler.read_group(NS, "cartpole")
     assert "managedFields" not in kept["metadata"] and kept["status"] == stored_status(api)
+
+
+def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile(monkeypatch, reconciler):
+    # kopf lists again after 410 Gone or a failed stream: a pod deleted while the watch was down has no DELETED
+    # event, only its absence from the listing (kopf marks listed objects with type None, then yields LISTED)
+    trainer = trainer_pod("cartpole-train-0-abcde", 0, phase="Running")
+    gone_before = trainer_pod("cartpole-train-0-fghij", 0, phase="Failed")  # its DELETED event comes
+    starting = {"kind": "Pod", "metadata": {"name": "cartpole-eval-1", "namespace": NS, "labels": {
+        contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}}, "status": {"phase": "Pending"}}
+    down = asyncio.Event()
+
+    async def stream(**_):
+        for listed_pod in (trainer, starting, gone_before):
+            yield {"type": None, "object": listed_pod}
+        yield watching.Bookmark.LISTED
+        yield {"type": "DELETED", "object": gone_before}
+        yield {"type": None, "object": starting}  # listed again after the watch was down: the trainer is gone
+        yield watching.Bookmark.LISTED
+        await down.wait()
+
+    listings, deleted = [], []
+
+    def listed(namespace, names):  # as `_handlers.pods_relisted` does
+        listings.append((namespace, set(names)))
+        for pod in reconciler.pods_not_listed(namespace, names):
+            deleted.append(pod["metadata"]["name"])
+            reconciler.note_pod(pod, deleted=True)
+
+    async def watch():
+        task = asyncio.create_task(_podwatch.watch_pods(kopf.OperatorSettings(), [NS], reconciler.note_pod, listed))
+        while len(listings) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    monkeypatch.setattr(watching, "infinite_watch", stream)
+    asyncio.run(asyncio.wait_for(watch(), 10))
+    assert listings == [(NS, {(NS, "cartpole-train-0-abcde"), (NS, "cartpole-eval-1"), (NS, "cartpole-train-0-fghij")}),
+                        (NS, {(NS, "cartpole-eval-1")})]
+    assert deleted == ["cartpole-train-0-abcde"]  # neither the pod whose DELETED event came nor one listed
+    assert reconciler.pods_not_listed(None, set()) == [_pods.trim(starting)]  # the trainers are known gone
