@@ -219,9 +219,9 @@ class WeightReceiver:
             self._report_store = _store.connect_again(store, self._timings.step)
             # one connection waits for announcements, for as long as this one lives (not one per publish)
             self._watcher = _store.KeyWatcher(_store.connect_again(store, self._timings.step), self._timings.step)
-            # the edges of two formations in a row: from the parent and to each child, in every tree
-            spares = 2 * self.config.relay_trees * (1 + self.config.relay_fanout)
-            self._spares = _store.SpareConnections(store, spares, self._timings.step)
+            # the edges of one formation (from the parent and to each child, in every tree); two once the first
+            # formed (`_form_edges`), not at once: the fleet's connections at start are a burst of DNS lookups
+            self._spares = _store.SpareConnections(store, self._edges_per_formation(), self._timings.step)
             self._next_seq = count + 1
             # joined once its edges need no new connection (within the caller's time), so its first publish does
             # not wait for one
@@ -662,12 +662,20 @@ class WeightReceiver:
         except RuntimeError as exc:  # the sender learns it from the missing acknowledgements, one timeout later
             log.warning("receiver %d: could not report ordinals %s lost: %s", self.ordinal, ordinals, exc)
 
+    def _edges_per_formation(self) -> int:
+        """Store connections one formation of this receiver's edges takes at most: from its parent and to each of
+        its children, in every tree.
+        """
+        return self.config.relay_trees * (1 + self.config.relay_fanout)
+
     def _form_edges(self, group: _messages.AnnouncedGroup, plans: tuple[dict[int, _topology.Place], ...]) -> None:
         """Form the edges from the parents (here, bounded) and the edges to the children (in the background), in
-        every tree.
+        every tree; then keep connections for two formations ready, so that a tree re-formed twice in a row finds
+        them.
         """
         spares = self._spares
         assert spares is not None  # set with the store (`_connect`)
+        spares.reserve(2 * self._edges_per_formation())
 
         def edge(child: int, tree: int, rank: int, timeout: float) -> _transport.BroadcastGroup:
             prefix = _store.edge_prefix(group.index, group.generation, child, tree)

@@ -348,7 +348,9 @@ class SpareConnections:
     (`CONNECT_BOUND`, see the module docstring), as long as a whole publish may wait for a peer, so connections
     are opened beforehand, each in a thread of its own (`connect_store`: probe, backoff), and `take` only hands one
     over. Keep twice the edges one publish forms: a tree re-formed twice in a row then still finds its connections
-    ready. Attempts go on (the sender restarting) until `close`.
+    ready (a receiver keeps one formation's worth until its first formation: each connection is a DNS lookup, and
+    the fleet's at start come as one burst; docs/weight-sync.md, "The store and DNS"). Attempts go on (the sender
+    restarting) until `close`.
 
     Args:
         store (dist.TCPStore): the store to connect to; only its `host` and `port` are kept, so the pool never
