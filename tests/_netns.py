@@ -86,7 +86,7 @@ def missing_requirements() -> str | None:
 ALLOWED_CONGESTION_CONTROL = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 
 
-def allow_congestion_control(name: str) -> bool:
+def allow_congestion_control(name: str) -> None:
     """Let network namespaces select TCP congestion control `name`: add it to the host's
     `net.ipv4.tcp_allowed_congestion_control` when it is not there (needs root).
 
@@ -97,16 +97,11 @@ def allow_congestion_control(name: str) -> bool:
 
     Args:
         name (str): One of `/proc/sys/net/ipv4/tcp_available_congestion_control`.
-
-    Returns:
-        bool: True when this call added it (False: it was allowed already).
     """
     sysctl = pathlib.Path(ALLOWED_CONGESTION_CONTROL)
     allowed = sysctl.read_text(encoding="ascii").split()
-    if name in allowed:
-        return False
-    sysctl.write_text(" ".join([*allowed, name]), encoding="ascii")
-    return True
+    if name not in allowed:
+        sysctl.write_text(" ".join([*allowed, name]), encoding="ascii")
 
 
 def default_prefix() -> str:

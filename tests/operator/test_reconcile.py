@@ -717,7 +717,9 @@ def test_what_is_kept_of_watched_objects_holds_no_managed_fields(api, reconciler
 
 def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile(monkeypatch, reconciler):
     # kopf lists again after 410 Gone or a failed stream: a pod deleted while the watch was down has no DELETED
-    # event, only its absence from the listing (kopf marks listed objects with type None, then yields LISTED)
+    # event, only its absence from the listing (kopf marks listed objects with type None, then yields LISTED). kopf's
+    # stream is replaced by that sequence: the API server answers 410 only once its watch cache has moved past the
+    # watch's resourceVersion, which a test cannot bring about on demand
     trainer = trainer_pod("cartpole-train-0-abcde", 0, phase="Running")
     gone_before = trainer_pod("cartpole-train-0-fghij", 0, phase="Failed")  # its DELETED event comes
     starting = {"kind": "Pod", "metadata": {"name": "cartpole-eval-1", "namespace": NS, "labels": {
