@@ -8,7 +8,8 @@ Scenarios (each in a fresh namespace, one operator process serving it):
 
 Figures per scenario: seconds from the first `kubectl apply` until every pod is Running and every PolicyGroup
 says Ready=True; the reconciler's API requests until then (`rlightning_operator_api_requests_total`; kopf's
-own watch and bookkeeping requests are not counted), by kind; the operator's peak RSS (VmHWM); and the
+own watch and bookkeeping requests are not counted), by kind; the operator's CPU seconds until then (user + system,
+its imports included); the operator's peak RSS (VmHWM); and the
 reconciler's requests per minute at steady state (once no reconcile happened for 10 s, measured over
 `--steady-seconds`), also by verb and kind, with the passes a minute by trigger (`recheck`: a condition that turns
 with time, such as TrainingProgressing of kwok's trainers, which never report). The baseline (`baseline_seconds`,
@@ -89,6 +90,12 @@ def _rss_peak_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, seconds) process `pid` used so far (/proc/PID/stat, proc(5))."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _running(api: kubernetes.client.ApiClient, namespace: str, pods: int) -> bool:
@@ -210,6 +217,7 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
                  lambda: _all_ready(api, namespace, groups, groups * (evaluators + 1)),
                  timeout=READY_TIMEOUT_SECONDS, interval=1.0)
         seconds = time.monotonic() - started
+        cpu_to_ready = _cpu_seconds(operator.process.pid)
         requests_to_ready = operator.counter("rlightning_operator_api_requests_total")
         reconciles = operator.counter("rlightning_operator_reconciles_total")
         settle = _settle(operator)
@@ -228,6 +236,7 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
             "reconciles_to_ready": int(reconciles),
             "settle_seconds_after_ready": round(settle, 1),
             "peak_rss_mib": round(_rss_peak_mib(operator.process.pid), 1),
+            "operator_cpu_seconds_to_ready": round(cpu_to_ready, 1),
             "steady_requests_per_minute": round(steady, 1),
             "steady_requests_per_minute_by_kind": _per_minute(
                 requests_before, _by_labels(operator, "rlightning_operator_api_requests_total", ("verb", "kind")),

@@ -644,6 +644,20 @@ def queued(manifest: PolicyGroupManifest, job: dict[str, Any]) -> dict[str, Any]
     return result
 
 
+def build_workloads(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+    """The two children whose status the PolicyGroup's follows: the trainer Job (`queued`) and the evaluator
+    StatefulSet, built alone (no ConfigMap rendering, RBAC or policies) for a status pass that compares only them.
+
+    Args:
+        manifest (PolicyGroupManifest): The validated PolicyGroup.
+        namespace (str): Its namespace.
+
+    Returns:
+        list[dict[str, Any]]: [Job, StatefulSet], as in `build_children`.
+    """
+    return [queued(manifest, build_train(manifest, namespace)[1]), build_eval(manifest, namespace)[1]]
+
+
 def build_children(
     manifest: PolicyGroupManifest, namespace: str, network_policy: NetworkPolicyOptions | None = None
 ) -> list[dict[str, Any]]:
@@ -681,11 +695,10 @@ def with_owner(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
         owner (dict[str, Any]): The PolicyGroup object (needs apiVersion, kind, metadata.name and metadata.uid).
 
     Returns:
-        dict[str, Any]: The child with metadata.ownerReferences set.
+        dict[str, Any]: The child with metadata.ownerReferences set; its metadata is a new dict, the rest is
+            shared with `child`.
     """
-    result = copy.deepcopy(child)
-    result["metadata"]["ownerReferences"] = [owner_reference(owner)]
-    return result
+    return {**child, "metadata": {**child["metadata"], "ownerReferences": [owner_reference(owner)]}}
 
 
 def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:

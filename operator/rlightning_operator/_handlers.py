@@ -151,6 +151,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     memo.refresher = refresher.Refresher(
         memo.reconciler,
         delay=memo.settings.refresh_delay_seconds,
+        interval=memo.settings.pass_interval_seconds,
         executor=concurrent.futures.ThreadPoolExecutor(memo.settings.workers, thread_name_prefix="refresh"),
     )
 

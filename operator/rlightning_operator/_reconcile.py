@@ -134,6 +134,9 @@ _MANIFEST_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _EVENT_REASONS = {"create": "Created", "patch": "Patched", "scale": "Scaled", "recreate": "Recreating"}
 NODE_UNREACHABLE = "NodeUnreachable"
 """Reason of the Warning Event naming a node that stopped answering and the pods force-deleted from it."""
+_GROUP_METADATA_DROPPED = ("managedFields", "annotations")
+"""What is not kept of a PolicyGroup's metadata: nothing reads its annotations (kopf's diff base there is a copy of
+the spec, kubectl's last-applied configuration one of the whole object)."""
 _EVENT_VERBS = {"create": "created", "patch": "patched", "scale": "scaled", "recreate": "recreating"}
 
 
@@ -226,7 +229,7 @@ class Reconciler:
                 self._groups_seen.pop(key, None)
             elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
                     body.get("status") == self._status_written.get(key):
-                kept = _without_managed_fields(body)
+                kept = _without_managed_fields(body, drop=_GROUP_METADATA_DROPPED)
                 if key in self._status_written and kept.get("status") == self._status_written[key]:
                     self._status_written[key] = kept["status"]  # one copy of the status a group, not two
                 self._groups_seen[key] = _SeenGroup(kept)
@@ -321,7 +324,8 @@ class Reconciler:
         watch already did: its event can come before the response is handled in this thread).
         """
         stored = _without_managed_fields(
-            self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"))
+            self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"),
+            drop=_GROUP_METADATA_DROPPED)
         key = (namespace, name)
         with self._groups_guard:
             seen = self._groups_seen.get(key)
@@ -405,7 +409,8 @@ class Reconciler:
             if decision is not None and decision.restart:
                 return self._reconcile_locked(body, namespace, name)
             stateful_set = self._watched_child("StatefulSet", namespace, contract.eval_name(name))
-            desired = {planner.key(child): child for child in self._desired(body, manifest, namespace, job, current)}
+            desired = {planner.key(child): child
+                       for child in self._desired(body, manifest, namespace, job, current, workloads_only=True)}
             watched = {("Job", contract.train_name(name)): job, ("StatefulSet", contract.eval_name(name)): stateful_set}
             if any(planner.plan_child(desired[key], observed) is not None for key, observed in watched.items()):
                 return self._reconcile_locked(body, namespace, name)  # missing, changed, or evaluators to stop
@@ -595,7 +600,12 @@ class Reconciler:
     def _reconcile_locked(self, body: Mapping[str, Any], namespace: str, name: str) -> Outcome:
         manifest = self._validate(body, namespace, name)
         job_name = contract.train_name(name)
-        job = self._client.read("Job", namespace, job_name)
+        # A PolicyGroup with no status that this operator never wrote one for was never reconciled: its children
+        # are created without reading them first (a child that exists after all, from a pass whose status write was
+        # lost, answers 409 and is read then).
+        with self._groups_guard:
+            fresh = not body.get("status") and (namespace, name) not in self._status_written
+        job = None if fresh else self._client.read("Job", namespace, job_name)
         current = _current_restarts(body, job)
         decision = planner.plan_restart(job, self._trainer_pods(namespace, name, job, current), current,
                                         manifest.spec.train.max_restarts)
@@ -606,7 +616,8 @@ class Reconciler:
         desired = self._desired(body, manifest, namespace, job, current)
         observed: dict[tuple[str, str], dict[str, Any] | None] = {}
         for kind, child_name in map(planner.key, desired):
-            observed[(kind, child_name)] = job if kind == "Job" else self._client.read(kind, namespace, child_name)
+            observed[(kind, child_name)] = job if kind == "Job" or fresh else \
+                self._client.read(kind, namespace, child_name)
         actions = planner.plan(desired, observed)
         old: list[dict[str, Any]] = []
         if any(action.kind == "Job" and action.type in ("create", "wait") for action in actions):
@@ -615,31 +626,51 @@ class Reconciler:
                    if builders.attempt_of(p) != current.attempt]
         self._force_delete_stranded(body, namespace, name, current, old)
         actions = [_old_attempt_gone(action, old) for action in actions]
-        conflicts, blocked = [], []
-        for action in actions:
-            result = self._apply(action, namespace, body)
-            if action.type in ("conflict", "wait"):
-                blocked.append(f"{action.kind}/{action.name}")
-                if action.type == "conflict":
-                    conflicts.append(f"{action.kind}/{action.name}: {action.reason}")
-            elif action.type == "recreate" and action.body is not None and result is None:
-                blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
-            elif result is not None or action.type == "recreate":
-                observed[(action.kind, action.name)] = result
+        conflicts: list[str] = []
+        blocked: list[str] = []
+        created: list[str] = []
+        applied: list[planner.Action] = []
+        try:
+            for action in actions:
+                try:
+                    result = self._apply(action, namespace, body, created)
+                except kube.Conflict:  # created meanwhile (a restart, a stale read, a fresh group's leftover)
+                    result = self._client.read(action.kind, namespace, action.name)
+                    follow_up = planner.plan_child(action.body or {}, result)
+                    if follow_up is None:
+                        observed[(action.kind, action.name)] = result
+                        continue
+                    action = follow_up
+                    result = self._apply(action, namespace, body, created)
+                applied.append(action)
+                if action.type in ("conflict", "wait"):
+                    blocked.append(f"{action.kind}/{action.name}")
+                    if action.type == "conflict":
+                        conflicts.append(f"{action.kind}/{action.name}: {action.reason}")
+                elif action.type == "recreate" and action.body is not None and result is None:
+                    blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
+                elif result is not None or action.type == "recreate":
+                    observed[(action.kind, action.name)] = result
+        finally:  # what was created is announced also when a later request failed
+            if created:
+                self._post_event(body, "Normal", _EVENT_REASONS["create"], f"created {', '.join(created)}"[:1000])
         job = observed.get(("Job", job_name))
         stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
         return self._report(body, namespace, name, manifest,
-                            _Pass(job, stateful_set, current, actions, conflicts, blocked, restarts))
+                            _Pass(job, stateful_set, current, applied, conflicts, blocked, restarts))
 
     def _desired(
         self, body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
-        current: planner.Restarts,
+        current: planner.Restarts, workloads_only: bool = False,
     ) -> list[dict[str, Any]]:
         """The children as they should be: built, the Job under the current attempt, the evaluators scaled to zero
-        once training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup.
+        once training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup; with
+        `workloads_only`, the Job and the StatefulSet alone (what a status pass compares).
         """
+        built = builders.build_workloads(manifest, namespace) if workloads_only else \
+            builders.build_children(manifest, namespace, self._network_policy)
         desired = []
-        for child in builders.build_children(manifest, namespace, self._network_policy):
+        for child in built:
             if child["kind"] == "Job":
                 child = builders.with_attempt(child, current.attempt, builders.created_seconds(body))
             elif child["kind"] == "StatefulSet" and _stop_evaluators(manifest, job, current):
@@ -670,8 +701,15 @@ class Reconciler:
             with self._pods_guard:
                 self._unreachable.setdefault((namespace, name), []).extend(g for gone in by_node.values() for g in gone)
 
-    def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict)."""
+    def _apply(
+        self, action: planner.Action, namespace: str, body: Mapping[str, Any], created: list[str]
+    ) -> dict[str, Any] | None:
+        """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict);
+        raises kube.Conflict when a child to create exists.
+        A creation is added to `created` (one Event a pass names them all: a group's first pass creates about 11
+        children, and an Event each was a third of the writes a group cost the API server); any other action posts
+        its own Event.
+        """
         if action.type in ("wait", "conflict"):  # reported through Outcome.blocked and the status
             return None
         metrics.ACTIONS.labels(type=action.type, kind=action.kind).inc()
@@ -686,23 +724,16 @@ class Reconciler:
                 result = self._client.create(action.body or {})
             except kube.Conflict:  # a finalizer keeps the old one a while: created on a later pass
                 result = None
-        elif action.type == "create":
-            try:
-                result = self._client.create(action.body or {})
-            except kube.Conflict:  # created meanwhile (a restart, a stale read): read it and patch it
-                observed = self._client.read(action.kind, namespace, action.name)
-                follow_up = planner.plan_child(action.body or {}, observed)
-                if follow_up is None or follow_up.type in ("wait", "conflict", "recreate"):
-                    return self._apply(follow_up, namespace, body) if follow_up else observed
-                result = self._client.patch(action.kind, namespace, action.name, follow_up.body or {})
+        elif action.type == "create":  # kube.Conflict when it exists: the caller reads it and plans again
+            result = self._client.create(action.body or {})
         else:
             result = self._client.patch(action.kind, namespace, action.name, action.body or {})
-        message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}"
-        if action.kind == "Job" and action.type == "create":
-            message += f" (attempt {builders.attempt_of(action.body)})"
-        if action.type != "create":
-            message += f": {action.reason}"
-        self._post_event(body, "Normal", _EVENT_REASONS[action.type], message)
+        if action.type == "create":
+            attempt = f" (attempt {builders.attempt_of(action.body)})" if action.kind == "Job" else ""
+            created.append(f"{action.kind} {action.name}{attempt}")
+        else:
+            message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}: {action.reason}"
+            self._post_event(body, "Normal", _EVENT_REASONS[action.type], message)
         return result
 
     def _write_status(
@@ -719,12 +750,13 @@ class Reconciler:
         return True
 
 
-def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
+def _without_managed_fields(obj: Mapping[str, Any], drop: tuple[str, ...] = ("managedFields",)) -> dict[str, Any]:
     """A copy of `obj` without `metadata.managedFields` (server-side apply's bookkeeping, several KB an object that
-    nothing here reads), its keys interned (`_interned`), for what the reconciler keeps of watched objects.
+    nothing here reads) or whatever other metadata fields `drop` names, its keys interned (`_interned`), for what the
+    reconciler keeps of watched objects.
     """
     metadata = obj.get("metadata") or {}
-    return _interned({**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}})
+    return _interned({**obj, "metadata": {k: v for k, v in metadata.items() if k not in drop}})
 
 
 def _interned(value: Any) -> Any:

@@ -2,12 +2,13 @@
 of their pods.
 
 A burst of child events for one PolicyGroup (1000 evaluator pods becoming ready) coalesces into one pass after
-`delay` seconds. A pass is a whole reconcile when a child was deleted, else a status refresh (read the Job and the
-StatefulSet, write status), which reconciles whole by itself when either differs from what the spec asks (spec
-hash, owner, replicas): so a child the operator has just created or patched costs no second round of reads of
-every child. Each pass takes the PolicyGroup as its watch last delivered it, never older than the operator's own
-last status write and read once the pass holds the group's lock (`Reconciler.refresh`, `read_group`), so a pass reads
-it only when the watch has not delivered it.
+`delay` seconds, and passes of one group start at least `interval` seconds apart (pods that become ready one by one
+over a minute cost a pass every `interval`, not one each). A pass is a whole reconcile when a child was deleted,
+else a status refresh (read the Job and the StatefulSet, write status), which reconciles whole by itself when either
+differs from what the spec asks (spec hash, owner, replicas): so a child the operator has just created or patched
+costs no second round of reads of every child. Each pass takes the PolicyGroup as its watch last delivered it, never
+older than the operator's own last status write and read once the pass holds the group's lock
+(`Reconciler.refresh`, `read_group`), so a pass reads it only when the watch has not delivered it.
 """
 
 from __future__ import annotations
@@ -34,15 +35,20 @@ class Refresher:
     Args:
         reconciler (reconcile.Reconciler): Does the work (in a thread: it blocks on the API).
         delay (float): Seconds to wait for more events before reconciling.
+        interval (float, optional): Least seconds between the starts of two passes of one PolicyGroup (a retry's
+            backoff and a recheck's delay are longer or equal anyway). Defaults to 0.
         executor (concurrent.futures.Executor | None, optional): Threads for reconciles, shut down by `close`;
             None for the event loop's default executor. Defaults to None.
     """
 
     def __init__(
-        self, reconciler: reconcile.Reconciler, delay: float, executor: concurrent.futures.Executor | None = None
+        self, reconciler: reconcile.Reconciler, delay: float, interval: float = 0.0,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         self._reconciler = reconciler
         self._delay = delay
+        self._interval = interval
+        self._last_start: dict[tuple[str, str], float] = {}  # loop time each group's last pass started
         self._executor = executor
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._full: set[tuple[str, str]] = set()
@@ -109,6 +115,9 @@ class Refresher:
         if key in self._pending:
             return
         wait = self._delay if delay is None else delay
+        last = self._last_start.get(key)
+        if last is not None:
+            wait = max(wait, last + self._interval - self._loop.time())
         self._pending[key] = asyncio.get_running_loop().create_task(self._run(key, wait, attempt))
 
     def recheck(self, namespace: str, name: str, delay: float) -> None:
@@ -137,6 +146,7 @@ class Refresher:
     async def _run(self, key: tuple[str, str], delay: float, attempt: int) -> None:
         await asyncio.sleep(delay)
         del self._pending[key]  # events from now on schedule another pass
+        self._last_start[key] = self._loop.time()
         full = key in self._full
         self._full.discard(key)
         by_recheck = key in self._by_recheck
@@ -145,7 +155,8 @@ class Refresher:
         metrics.RECONCILES.labels(trigger="child" if full else "recheck" if by_recheck else "child-status").inc()
         try:
             outcome = await self._in_thread(self._reconciler.refresh, namespace, name, full)
-            if outcome is None:
+            if outcome is None:  # the group is gone
+                self._last_start.pop(key, None)
                 return
             if outcome.recheck_seconds is not None:
                 self.recheck(namespace, name, outcome.recheck_seconds)

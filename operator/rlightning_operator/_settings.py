@@ -69,6 +69,16 @@ class OperatorSettings(BaseModel):
             "burst of changes (1000 pods becoming ready) costs one reconcile, not one per change."
         ),
     )
+    pass_interval_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=60,
+        description=(
+            "Least seconds between the starts of two passes of one PolicyGroup that its children's changes asked "
+            "for: a group whose pods become ready one by one gets a status write every few seconds, not one per "
+            "pod (the first change still waits only refresh_delay_seconds)."
+        ),
+    )
     api_timeout_seconds: float = Field(
         default=30.0, gt=0, le=600, description="Bound on each request of the reconciler to the API server."
     )

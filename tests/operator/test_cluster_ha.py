@@ -57,7 +57,8 @@ def test_one_replica_acts_and_the_standby_takes_over(crd, namespace, tmp_path):
         apply(crd, namespace, small(replicas=2))
         wait_for("2 evaluators ready", lambda: evaluators_ready(crd, namespace, 2))
         posted = group_events(crd, namespace)
-        assert sum(1 for reason, _ in posted if reason == "Created") == 11, posted  # every child once
+        created = [message for reason, message in posted if reason == "Created"]
+        assert len(created) == 1 and created[0].count(", ") == 10, posted  # one Event naming the 11 children once
         assert all(count == 1 for count in posted.values()), posted
         assert "reconcile-create" not in second.log() and "cartpole: create" not in second.log()
         assert "watching pods" in first.log() and "watching pods" not in second.log(), "only the leader watches"

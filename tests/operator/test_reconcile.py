@@ -120,7 +120,10 @@ def test_first_reconcile_creates_children_and_writes_status_once(api, events, re
     assert api.requests.count("patch/status") == 1
     status = api.objects[(contract.KIND, NS, "cartpole")]["status"]
     assert status["phase"] == "Pending" and status["eval"]["summary"] == "0/2"
-    assert [e[1] for e in events] == ["Created"] * 10
+    assert api.requests.count("get") == 0, "a group with no status has no children to read"
+    assert [e[1] for e in events] == ["Created"], "one Event names every child"
+    assert events[0][2].startswith("created ConfigMap cartpole-spec, ServiceAccount cartpole-runtime, ")
+    assert events[0][2].endswith("Job cartpole-train (attempt 0), Service cartpole-eval, StatefulSet cartpole-eval")
     for (kind, _, _), obj in api.objects.items():
         if kind != contract.KIND:
             assert obj["metadata"]["ownerReferences"][0]["uid"] == "pg-uid"
@@ -177,15 +180,33 @@ def test_create_conflict_reads_and_patches(api, reconciler):
     api.objects[("ConfigMap", NS, "cartpole-spec")]["metadata"]["annotations"] = {}
 
     original_read = api.read
+    missed: list[str] = []
 
-    def stale_read(kind, namespace, name):  # a read that missed the object: create then conflicts
-        return None if kind == "ConfigMap" else original_read(kind, namespace, name)
+    def stale_read(kind, namespace, name):  # the first read misses the object: create then conflicts
+        if kind == "ConfigMap" and not missed:
+            missed.append(name)
+            return None
+        return original_read(kind, namespace, name)
 
     api.read = stale_read
     outcome = reconciler.reconcile(group())
     api.read = original_read
-    assert [(a.type, a.kind) for a in outcome.actions] == [("create", "ConfigMap")]
+    assert missed == ["cartpole-spec"]
+    assert [(a.type, a.kind) for a in outcome.actions] == [("patch", "ConfigMap")], "what was done, after the 409"
     assert contract.SPEC_FILE_NAME in api.objects[("ConfigMap", NS, "cartpole-spec")]["data"]
+
+
+def test_a_fresh_groups_leftover_children_are_read_after_409_and_kept(api, events):
+    # a first pass whose status write was lost (the operator restarted): the group has no status, its children exist
+    Reconciler(api, lambda *event: None).reconcile(group())
+    before = {key: obj["metadata"]["uid"] for key, obj in api.objects.items() if key[0] != contract.KIND}
+    del api.objects[(contract.KIND, NS, "cartpole")]["status"]
+    api.requests.clear()
+    outcome = Reconciler(api, lambda *event: events.append(event)).reconcile(group())
+    assert outcome.actions == [] and events == []
+    assert {key: obj["metadata"]["uid"] for key, obj in api.objects.items() if key[0] != contract.KIND} == before
+    assert api.requests.count("create") == 10 and api.requests.count("get") == 10, "each read only after its 409"
+    assert api.requests.count("patch/status") == 1
 
 
 def test_invalid_spec_sets_condition_warns_once_and_raises(api, events, reconciler):
@@ -703,16 +724,17 @@ def test_a_group_left_alone_costs_no_request_across_its_rechecks(monkeypatch, ap
         assert requests == [], "a pass long after the condition turned writes nothing"
 
 
-def test_what_is_kept_of_watched_objects_holds_no_managed_fields(api, reconciler):
+def test_what_is_kept_of_watched_objects_holds_no_managed_fields_or_annotations(api, reconciler):
     managed = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    annotations = {"rlightning.io/last-handled-configuration": '{"spec": {}}'}
     watched = group()
-    watched["metadata"]["managedFields"] = managed
+    watched["metadata"].update(managedFields=managed, annotations=annotations)
     reconciler.note_group(watched)
-    assert "managedFields" not in reconciler.read_group(NS, "cartpole")["metadata"]
-    api.objects[(contract.KIND, NS, "cartpole")]["metadata"]["managedFields"] = managed
+    assert not {"managedFields", "annotations"} & set(reconciler.read_group(NS, "cartpole")["metadata"])
+    api.objects[(contract.KIND, NS, "cartpole")]["metadata"].update(managedFields=managed, annotations=annotations)
     reconciler.reconcile(watched)  # its status write returns the object: kept until the watch delivers it
     kept = reconciler.read_group(NS, "cartpole")
-    assert "managedFields" not in kept["metadata"] and kept["status"] == stored_status(api)
+    assert not {"managedFields", "annotations"} & set(kept["metadata"]) and kept["status"] == stored_status(api)
 
 
 def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile(monkeypatch, reconciler):

@@ -75,6 +75,41 @@ def test_a_burst_of_events_costs_one_reconcile_per_group():
     assert sorted(reconciler.calls) == ["a", "a", "b"]
 
 
+def test_passes_of_one_group_start_an_interval_apart_and_the_first_waits_only_the_delay():
+    reconciler, starts = FakeReconciler(), []
+    original = reconciler.refresh_status
+
+    def timed(body):
+        starts.append((body["metadata"]["name"], loop.time()))
+        return original(body)
+
+    reconciler.refresh_status = timed
+
+    async def scenario():
+        refresher = Refresher(reconciler, delay=0.01, interval=0.5)
+        first = loop.time()
+        for _ in range(3):  # pods of group "a" becoming ready one by one, each change after the previous pass
+            refresher.schedule("ns", "a", full=False)
+            await _settled()
+        refresher.schedule("ns", "b", full=False)  # another group is not held back by "a"
+        await _settled()
+        await refresher.close()
+        return first
+
+    loop = asyncio.new_event_loop()
+    try:
+        first = loop.run_until_complete(asyncio.wait_for(scenario(), timeout=10))
+    finally:
+        loop.close()
+    a = [t for name, t in starts if name == "a"]
+    b = [t for name, t in starts if name == "b"]
+    assert len(a) == 3 and len(b) == 1, starts
+    assert a[0] - first < 0.4, "the first change waits the delay, not the interval"
+    gaps = [later - earlier for earlier, later in zip(a, a[1:], strict=False)]
+    assert all(gap >= 0.49 for gap in gaps), gaps  # 10 ms below: the loop's clock resolution
+    assert b[0] - a[-1] < 0.4, "the interval is per group"
+
+
 def _one_pass(reconciler, name):
     """Schedule one pass for `ns/name` with a 10 ms debounce and wait until it and its retries are done."""
 
