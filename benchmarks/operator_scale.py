@@ -7,15 +7,15 @@ Scenarios (each in a fresh namespace, one operator process serving it):
 - `thousand`: 1000 PolicyGroups x 10 evaluators (11,000 pods; kwok nodes are added to hold them); not in `all`.
 
 Figures per scenario: seconds from the first `kubectl apply` until every pod is Running and every PolicyGroup
-says Ready=True; the reconciler's API requests until then (`rlightning_operator_api_requests_total`; kopf's
-own watch and bookkeeping requests are not counted), by kind; the operator's CPU seconds until then (user + system,
-its imports included); the operator's peak RSS (VmHWM); and the
-reconciler's requests per minute at steady state (once no reconcile happened for 10 s, measured over
-`--steady-seconds`), also by verb and kind, with the passes a minute by trigger (`recheck`: a condition that turns
-with time, such as TrainingProgressing of kwok's trainers, which never report). The baseline (`baseline_seconds`,
-unless `--no-baseline`): the same children (built by the operator's builders) created directly by this script with
-the operator's number of threads, no operator, in a namespace of their own, until every pod is Running; the
-operator's share of the wall time is the ratio.
+says Ready=True (`timed_out` after 900 s of waiting, with `ready_groups` saying how many did); the reconciler's
+API requests until then (`rlightning_operator_api_requests_total`; kopf's own watch and bookkeeping requests are
+not counted), by kind; the operator's CPU seconds until then (user + system, its imports included); the
+operator's peak RSS (VmHWM); and the reconciler's requests per minute at steady state (once no reconcile happened
+for 10 s, measured over `--steady-seconds`), also by verb and kind, with the passes a minute by trigger
+(`recheck`: a condition that turns with time, such as TrainingProgressing of kwok's trainers, which never
+report). The baseline (`baseline_seconds`, unless `--no-baseline`): the same children (built by the operator's
+builders) created directly by this script with the operator's number of threads, no operator, in a namespace of
+their own, until every pod is Running; the operator's share of the wall time is the ratio.
 
 Usage:
     python benchmarks/operator_scale.py [--scenario wide|many|thousand|all] [--steady-seconds 60]
@@ -107,13 +107,17 @@ def _running(api: kubernetes.client.ApiClient, namespace: str, pods: int) -> boo
     return running >= pods
 
 
-def _all_ready(api: kubernetes.client.ApiClient, namespace: str, groups: int, pods: int) -> bool:
-    """Every PolicyGroup says Ready=True and `pods` pods are Running (PolicyGroups first: the cheaper list)."""
+def _ready_groups(api: kubernetes.client.ApiClient, namespace: str) -> int:
+    """How many PolicyGroups of the namespace say Ready=True."""
     custom = kubernetes.client.CustomObjectsApi(api)
     listed = custom.list_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups")["items"]
-    ready = sum(1 for g in listed for c in (g.get("status") or {}).get("conditions") or []
-                if c["type"] == "Ready" and c["status"] == "True")
-    return ready >= groups and _running(api, namespace, pods)
+    return sum(1 for g in listed for c in (g.get("status") or {}).get("conditions") or []
+               if c["type"] == "Ready" and c["status"] == "True")
+
+
+def _all_ready(api: kubernetes.client.ApiClient, namespace: str, groups: int, pods: int) -> bool:
+    """Every PolicyGroup says Ready=True and `pods` pods are Running (PolicyGroups first: the cheaper list)."""
+    return _ready_groups(api, namespace) >= groups and _running(api, namespace, pods)
 
 
 def _ensure_nodes(api: kubernetes.client.ApiClient, pods: int) -> None:
@@ -213,9 +217,13 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
         for index in range(groups):
             custom.create_namespaced_custom_object("rlightning.io", "v1alpha1", namespace, "policygroups",
                                                    _group_body(index, evaluators))
-        wait_for(f"{groups} PolicyGroups Ready with {groups * (evaluators + 1)} pods Running",
-                 lambda: _all_ready(api, namespace, groups, groups * (evaluators + 1)),
-                 timeout=READY_TIMEOUT_SECONDS, interval=1.0)
+        try:
+            wait_for(f"{groups} PolicyGroups Ready with {groups * (evaluators + 1)} pods Running",
+                     lambda: _all_ready(api, namespace, groups, groups * (evaluators + 1)),
+                     timeout=READY_TIMEOUT_SECONDS, interval=1.0)
+            timed_out = False
+        except AssertionError:  # the figures so far still say where the time went
+            timed_out = True
         seconds = time.monotonic() - started
         cpu_to_ready = _cpu_seconds(operator.process.pid)
         requests_to_ready = operator.counter("rlightning_operator_api_requests_total")
@@ -232,6 +240,8 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
             "evaluators_each": evaluators,
             "pods": groups * (evaluators + 1),
             "seconds_to_running_and_ready": round(seconds, 1),
+            "timed_out": timed_out,
+            "ready_groups": _ready_groups(api, namespace),
             "api_requests_to_ready": int(requests_to_ready),
             "reconciles_to_ready": int(reconciles),
             "settle_seconds_after_ready": round(settle, 1),
@@ -280,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             _ensure_nodes(api, groups * (evaluators + 1))
             api.close()
             baseline = run_baseline(cluster, name) if args.baseline else None
+            if baseline is not None:
+                print(f"{name}: baseline {baseline:.1f} s", file=sys.stderr, flush=True)
             result = run_scenario(cluster, name, args.steady_seconds, log_dir)
             result["baseline_seconds"] = None if baseline is None else round(baseline, 1)
             print(json.dumps(result), flush=True)

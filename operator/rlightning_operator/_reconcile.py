@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -49,7 +49,7 @@ class _SeenGroup:
     """A PolicyGroup as last watched, or as the operator's own status write returned it.
 
     Attributes:
-        body (dict[str, Any] | None): The object; None while unknown: an event other than the write's came before
+        body (str | None): The object (`_packed`); None while unknown: an event other than the write's came before
             the write's own (it may be older or newer than the write: passes read the PolicyGroup until the write's
             event comes).
         awaiting (str | None): resourceVersion of that write until the watch delivers it; None when `body` came
@@ -57,17 +57,22 @@ class _SeenGroup:
         since (float): `time.monotonic()` of the write.
     """
 
-    body: dict[str, Any] | None
+    body: str | None
     awaiting: str | None = None
     since: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class _SeenPod:
-    """A pod as the pod watch last delivered it (`_pods.trim`med); `gone` after its DELETED event."""
+    """A pod as the pod watch last delivered it (`_pods.trim`med, `_packed`); `gone` after its DELETED event."""
 
-    pod: dict[str, Any]
+    packed: str
     gone: bool = False
+
+    @property
+    def pod(self) -> dict[str, Any]:
+        """The pod (a copy of its own)."""
+        return json.loads(self.packed)
 
 
 class InvalidSpecError(Exception):
@@ -174,13 +179,13 @@ class Reconciler:
         self._pods_guard = threading.Lock()
         # Each PolicyGroup as the watch (or the operator's own status write) last gave it, so that a pass reads none.
         self._groups_seen: dict[tuple[str, str], _SeenGroup] = {}
-        # Each PolicyGroup's status as the operator last wrote it: a pass never starts from an earlier attempt
-        # (`_not_before_own_restart`).
-        self._status_written: dict[tuple[str, str], dict[str, Any]] = {}
+        # Each PolicyGroup's status as the operator last wrote it (`_packed`): a pass never starts from an earlier
+        # attempt (`_not_before_own_restart`).
+        self._status_written: dict[tuple[str, str], str] = {}
         self._groups_guard = threading.Lock()
-        # Each Job and StatefulSet as the child watch last delivered it (no pod template), (kind, namespace, name)
-        # -> child, so that a status refresh reads neither (a whole reconcile reads them fresh).
-        self._children_seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # Each Job and StatefulSet as the child watch last delivered it (no pod template; `_packed`), (kind,
+        # namespace, name) -> child, so that a status refresh reads neither (a whole reconcile reads them fresh).
+        self._children_seen: dict[tuple[str, str, str], str] = {}
 
     def note_child(self, child: Mapping[str, Any], deleted: bool = False) -> None:
         """Remember a Job or StatefulSet as the child watch delivered it, without its pod template and managed
@@ -196,17 +201,16 @@ class Reconciler:
             if deleted:
                 self._children_seen.pop(key, None)
                 return
-            self._children_seen[key] = {
-                **_without_managed_fields({k: v for k, v in child.items() if k != "spec"}),
-                # the spec as watched: an interned copy of it measured larger (tracemalloc, unexplained)
+            self._children_seen[key] = _packed({
+                **_without_metadata({k: v for k, v in child.items() if k != "spec"}, ("managedFields",)),
                 "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
-            }
+            })
 
     def _watched_child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job or StatefulSet as last watched, else as read now (None when it does not exist)."""
         with self._groups_guard:
             seen = self._children_seen.get((kind, namespace, name))
-        return seen if seen is not None else self._client.read(kind, namespace, name)
+        return json.loads(seen) if seen is not None else self._client.read(kind, namespace, name)
 
     def note_group(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
@@ -228,11 +232,8 @@ class Reconciler:
             if deleted:
                 self._groups_seen.pop(key, None)
             elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
-                    body.get("status") == self._status_written.get(key):
-                kept = _without_managed_fields(body, drop=_GROUP_METADATA_DROPPED)
-                if key in self._status_written and kept.get("status") == self._status_written[key]:
-                    self._status_written[key] = kept["status"]  # one copy of the status a group, not two
-                self._groups_seen[key] = _SeenGroup(kept)
+                    body.get("status") == self._written_status(key):
+                self._groups_seen[key] = _SeenGroup(_packed(_without_metadata(body, _GROUP_METADATA_DROPPED)))
             else:
                 self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
 
@@ -252,11 +253,11 @@ class Reconciler:
         with self._pods_guard:
             seen = self._pods_seen.setdefault(key, {})
             if role == contract.PolicyRole.TRAIN:
-                seen[name] = _SeenPod(pods.trim(pod), gone=deleted)
+                seen[name] = _SeenPod(_packed(pods.trim(pod)), gone=deleted)
             elif deleted or pods.settled(pod):
                 seen.pop(name, None)
             else:
-                seen[name] = _SeenPod(pods.trim(pod))
+                seen[name] = _SeenPod(_packed(pods.trim(pod)))
             if not seen:
                 del self._pods_seen[key]
 
@@ -316,22 +317,28 @@ class Reconciler:
             if seen is not None and seen.awaiting is not None and time.monotonic() - seen.since > STATUS_ECHO_SECONDS:
                 del self._groups_seen[(namespace, name)]  # the watch may have relisted past the write: start over
             elif seen is not None and seen.body is not None:
-                return seen.body
+                return json.loads(seen.body)
         return self._client.read(contract.KIND, namespace, name)
 
     def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it (unless the
         watch already did: its event can come before the response is handled in this thread).
         """
-        stored = _without_managed_fields(
+        stored = _without_metadata(
             self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"),
-            drop=_GROUP_METADATA_DROPPED)
-        key = (namespace, name)
+            _GROUP_METADATA_DROPPED)
+        key, written = (namespace, name), stored.get("status") or {}
         with self._groups_guard:
             seen = self._groups_seen.get(key)
-            self._status_written[key] = stored.get("status") or {}
-            if seen is None or seen.body is None or seen.body.get("status") != self._status_written[key]:
-                self._groups_seen[key] = _SeenGroup(stored, stored["metadata"].get("resourceVersion"), time.monotonic())
+            self._status_written[key] = _packed(written)
+            if seen is None or seen.body is None or json.loads(seen.body).get("status") != written:
+                self._groups_seen[key] = _SeenGroup(_packed(stored), stored["metadata"].get("resourceVersion"),
+                                                    time.monotonic())
+
+    def _written_status(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        """The status this operator last wrote for PolicyGroup `key`, None if none (hold `_groups_guard`)."""
+        written = self._status_written.get(key)
+        return None if written is None else json.loads(written)
 
     def refresh(self, namespace: str, name: str, full: bool) -> Outcome | None:
         """A pass for a PolicyGroup named by an event of its children or pods: `reconcile` (``full``) or
@@ -424,7 +431,7 @@ class Reconciler:
         """
         metadata = body["metadata"]
         with self._groups_guard:
-            written = self._status_written.get((metadata["namespace"], metadata["name"]))
+            written = self._written_status((metadata["namespace"], metadata["name"]))
         if written is None or _attempt(written) <= _attempt(body.get("status") or {}):
             return body
         return {**body, "status": written}
@@ -554,12 +561,13 @@ class Reconciler:
         with self._pods_guard:
             seen = self._pods_seen.get((namespace, name), {})
             suspended = bool((job or {}).get("spec", {}).get("suspend"))
-            for pod_name, pod in list(seen.items()):
-                if _role(pod.pod) == contract.PolicyRole.TRAIN and \
-                        (suspended or builders.attempt_of(pod.pod) != current.attempt):
+            trainers = {n: kept.pod for n, kept in seen.items()}
+            trainers = {n: pod for n, pod in trainers.items() if _role(pod) == contract.PolicyRole.TRAIN}
+            for pod_name, pod in list(trainers.items()):
+                if suspended or builders.attempt_of(pod) != current.attempt:
                     # pods a suspension removed are no evidence of a loss once the Job runs again
-                    del seen[pod_name]
-            remembered = {n: pod.pod for n, pod in seen.items() if _role(pod.pod) == contract.PolicyRole.TRAIN}
+                    del seen[pod_name], trainers[pod_name]
+            remembered = trainers
         if job is None or builders.attempt_of(job) != current.attempt:
             return []
         job_status = job.get("status") or {}
@@ -750,25 +758,21 @@ class Reconciler:
         return True
 
 
-def _without_managed_fields(obj: Mapping[str, Any], drop: tuple[str, ...] = ("managedFields",)) -> dict[str, Any]:
-    """A copy of `obj` without `metadata.managedFields` (server-side apply's bookkeeping, several KB an object that
-    nothing here reads) or whatever other metadata fields `drop` names, its keys interned (`_interned`), for what the
-    reconciler keeps of watched objects.
+def _without_metadata(obj: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
+    """A shallow copy of `obj` without the metadata fields `drop` names (`managedFields`: server-side apply's
+    bookkeeping, several KB an object that nothing here reads).
     """
     metadata = obj.get("metadata") or {}
-    return _interned({**obj, "metadata": {k: v for k, v in metadata.items() if k not in drop}})
+    return {**obj, "metadata": {k: v for k, v in metadata.items() if k not in drop}}
 
 
-def _interned(value: Any) -> Any:
-    """`value` rebuilt with every mapping key interned (`sys.intern`), so the bodies kept of many groups share their
-    keys: each parsed JSON document has its own copy of each key (what is kept of a settled 1 x 10 group, 21.9 -> 18.4
-    KiB, tracemalloc).
+def _packed(obj: Mapping[str, Any]) -> str:
+    """`obj` as compact JSON, the form the reconciler keeps watched objects in (`json.loads` gives each pass a copy of
+    its own). One string an object rather than the hundreds of small dicts and strings of a parsed body: about a
+    fifth of the memory, and nothing long-lived left among the small objects that bursts of watch events allocate
+    and free, so the allocator can return their memory.
     """
-    if isinstance(value, Mapping):
-        return {sys.intern(str(key)): _interned(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_interned(item) for item in value]
-    return value
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def _role(pod: Mapping[str, Any]) -> str | None:

@@ -35,8 +35,8 @@ class Refresher:
     Args:
         reconciler (reconcile.Reconciler): Does the work (in a thread: it blocks on the API).
         delay (float): Seconds to wait for more events before reconciling.
-        interval (float, optional): Least seconds between the starts of two passes of one PolicyGroup (a retry's
-            backoff and a recheck's delay are longer or equal anyway). Defaults to 0.
+        interval (float, optional): Least seconds between the starts of two passes of one PolicyGroup, whatever
+            asked for them (an event, a retry, a recheck). Defaults to 0.
         executor (concurrent.futures.Executor | None, optional): Threads for reconciles, shut down by `close`;
             None for the event loop's default executor. Defaults to None.
     """
@@ -146,7 +146,8 @@ class Refresher:
     async def _run(self, key: tuple[str, str], delay: float, attempt: int) -> None:
         await asyncio.sleep(delay)
         del self._pending[key]  # events from now on schedule another pass
-        self._last_start[key] = self._loop.time()
+        started = self._last_start[key] = self._loop.time()
+        self._loop.call_later(self._interval, self._forget_start, key, started)
         full = key in self._full
         self._full.discard(key)
         by_recheck = key in self._by_recheck
@@ -155,8 +156,7 @@ class Refresher:
         metrics.RECONCILES.labels(trigger="child" if full else "recheck" if by_recheck else "child-status").inc()
         try:
             outcome = await self._in_thread(self._reconciler.refresh, namespace, name, full)
-            if outcome is None:  # the group is gone
-                self._last_start.pop(key, None)
+            if outcome is None:
                 return
             if outcome.recheck_seconds is not None:
                 self.recheck(namespace, name, outcome.recheck_seconds)
@@ -171,6 +171,13 @@ class Refresher:
         except Exception:  # never let one strange object stop the refreshes of the others
             metrics.RECONCILE_ERRORS.labels(trigger="child", error="unexpected").inc()
             logger.exception("refresh of %s/%s failed", namespace, name)
+
+    def _forget_start(self, key: tuple[str, str], started: float) -> None:
+        """Drop a pass's start once it no longer holds back the next (unless a later pass replaced it), so that
+        groups deleted long ago leave nothing behind.
+        """
+        if self._last_start.get(key) == started:
+            del self._last_start[key]
 
     def _retry(self, namespace: str, name: str, attempt: int, why: str) -> None:
         delay = _settings.retry_delay(attempt)

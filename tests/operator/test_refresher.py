@@ -93,6 +93,8 @@ def test_passes_of_one_group_start_an_interval_apart_and_the_first_waits_only_th
             await _settled()
         refresher.schedule("ns", "b", full=False)  # another group is not held back by "a"
         await _settled()
+        await asyncio.sleep(0.6)
+        assert refresher._last_start == {}, "a start is forgotten once it holds nothing back"
         await refresher.close()
         return first
 
