@@ -74,9 +74,10 @@ class OperatorSettings(BaseModel):
         ge=0,
         le=60,
         description=(
-            "Least seconds between the starts of two passes of one PolicyGroup that its children's changes asked "
-            "for: a group whose pods become ready one by one gets a status write every few seconds, not one per "
-            "pod (the first change still waits only refresh_delay_seconds)."
+            "Least seconds between the starts of two passes of one PolicyGroup that the operator schedules itself "
+            "(its children's and pods' changes, retries, rechecks): a group whose pods become ready one by one "
+            "gets a status write every few seconds, not one per pod (the first change still waits only "
+            "refresh_delay_seconds)."
         ),
     )
     api_timeout_seconds: float = Field(

@@ -108,7 +108,8 @@ def test_passes_of_one_group_start_an_interval_apart_and_the_first_waits_only_th
     assert len(a) == 3 and len(b) == 1, starts
     assert a[0] - first < 0.4, "the first change waits the delay, not the interval"
     gaps = [later - earlier for earlier, later in zip(a, a[1:], strict=False)]
-    assert all(gap >= 0.49 for gap in gaps), gaps  # 10 ms below: the loop's clock resolution
+    # measured in the pass's thread, after a hop that load can stretch; without the interval a gap is about 0.02 s
+    assert all(gap >= 0.4 for gap in gaps), gaps
     assert b[0] - a[-1] < 0.4, "the interval is per group"
 
 
