@@ -142,7 +142,7 @@ NODE_UNREACHABLE = "NodeUnreachable"
 _GROUP_METADATA_DROPPED = ("managedFields", "annotations")
 """What is not kept of a PolicyGroup's metadata: nothing reads its annotations (kopf's diff base there is a copy of
 the spec, kubectl's last-applied configuration one of the whole object)."""
-_EVENT_VERBS = {"create": "created", "patch": "patched", "scale": "scaled", "recreate": "recreating"}
+_EVENT_VERBS = {"patch": "patched", "scale": "scaled", "recreate": "recreating"}
 
 
 class Reconciler:
@@ -561,13 +561,16 @@ class Reconciler:
         with self._pods_guard:
             seen = self._pods_seen.get((namespace, name), {})
             suspended = bool((job or {}).get("spec", {}).get("suspend"))
-            trainers = {n: kept.pod for n, kept in seen.items()}
-            trainers = {n: pod for n, pod in trainers.items() if _role(pod) == contract.PolicyRole.TRAIN}
-            for pod_name, pod in list(trainers.items()):
+            remembered = {}
+            for pod_name, kept in list(seen.items()):
+                pod = kept.pod
+                if _role(pod) != contract.PolicyRole.TRAIN:
+                    continue
                 if suspended or builders.attempt_of(pod) != current.attempt:
                     # pods a suspension removed are no evidence of a loss once the Job runs again
-                    del seen[pod_name], trainers[pod_name]
-            remembered = trainers
+                    del seen[pod_name]
+                else:
+                    remembered[pod_name] = pod
         if job is None or builders.attempt_of(job) != current.attempt:
             return []
         job_status = job.get("status") or {}
@@ -641,7 +644,7 @@ class Reconciler:
         try:
             for action in actions:
                 try:
-                    result = self._apply(action, namespace, body, created)
+                    result = self._apply(action, namespace, body)
                 except kube.Conflict:  # created meanwhile (a restart, a stale read, a fresh group's leftover)
                     result = self._client.read(action.kind, namespace, action.name)
                     follow_up = planner.plan_child(action.body or {}, result)
@@ -649,8 +652,11 @@ class Reconciler:
                         observed[(action.kind, action.name)] = result
                         continue
                     action = follow_up
-                    result = self._apply(action, namespace, body, created)
+                    result = self._apply(action, namespace, body)
                 applied.append(action)
+                if action.type == "create":  # one Event a pass names them all (below)
+                    attempt = f" (attempt {builders.attempt_of(action.body)})" if action.kind == "Job" else ""
+                    created.append(f"{action.kind} {action.name}{attempt}")
                 if action.type in ("conflict", "wait"):
                     blocked.append(f"{action.kind}/{action.name}")
                     if action.type == "conflict":
@@ -659,7 +665,8 @@ class Reconciler:
                     blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
                 elif result is not None or action.type == "recreate":
                     observed[(action.kind, action.name)] = result
-        finally:  # what was created is announced also when a later request failed
+        finally:  # what was created is announced also when a later request failed; a group's first pass creates
+            # about 11 children, and an Event each was a third of the writes a group cost the API server
             if created:
                 self._post_event(body, "Normal", _EVENT_REASONS["create"], f"created {', '.join(created)}"[:1000])
         job = observed.get(("Job", job_name))
@@ -709,14 +716,10 @@ class Reconciler:
             with self._pods_guard:
                 self._unreachable.setdefault((namespace, name), []).extend(g for gone in by_node.values() for g in gone)
 
-    def _apply(
-        self, action: planner.Action, namespace: str, body: Mapping[str, Any], created: list[str]
-    ) -> dict[str, Any] | None:
+    def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict);
-        raises kube.Conflict when a child to create exists.
-        A creation is added to `created` (one Event a pass names them all: a group's first pass creates about 11
-        children, and an Event each was a third of the writes a group cost the API server); any other action posts
-        its own Event.
+        raises kube.Conflict when a child to create exists. Every action but a creation posts its own Event (the
+        caller names a pass's creations in one).
         """
         if action.type in ("wait", "conflict"):  # reported through Outcome.blocked and the status
             return None
@@ -736,10 +739,7 @@ class Reconciler:
             result = self._client.create(action.body or {})
         else:
             result = self._client.patch(action.kind, namespace, action.name, action.body or {})
-        if action.type == "create":
-            attempt = f" (attempt {builders.attempt_of(action.body)})" if action.kind == "Job" else ""
-            created.append(f"{action.kind} {action.name}{attempt}")
-        else:
+        if action.type != "create":
             message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}: {action.reason}"
             self._post_event(body, "Normal", _EVENT_REASONS[action.type], message)
         return result
