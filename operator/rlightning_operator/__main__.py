@@ -48,13 +48,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-class QuietChildEvents(logging.Filter):
-    """Drops kopf's per-event success line of the child watches (one per Job or StatefulSet change)."""
+class QuietEventHandlers(logging.Filter):
+    """Drops kopf's per-event success line of the PolicyGroup event handler (one per PolicyGroup change, its status
+    writes included)."""
 
-    QUIET = ("Handler 'child_changed' succeeded.",)
+    QUIET = ("Handler 'group_changed' succeeded.",)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for "Handler 'child_changed' succeeded." records of kopf."""
+        """False for "Handler 'group_changed' succeeded." records of kopf."""
         return not (record.name == "kopf.objects" and record.getMessage() in self.QUIET)
 
 
@@ -83,7 +84,7 @@ def _configure_logging(settings: _settings.OperatorSettings) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    handler.addFilter(QuietChildEvents())
+    handler.addFilter(QuietEventHandlers())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)

@@ -3,12 +3,13 @@
 - create / update (of `spec` only) / resume of a PolicyGroup: one reconcile each. kopf keeps its progress
   and diff base in annotations under `rlightning.io/` (the CRD's status schema has no room for `status.kopf`,
   so bookkeeping there would be pruned and handlers would run again).
-- events of the Jobs and StatefulSets the operator manages (server-side label selector): a debounced
-  reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events that
-  change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
+- events of the Jobs and StatefulSets the operator manages (server-side label selector), from the operator's own
+  watches (`_watches`, started at the first PolicyGroup event, not kopf handlers: kopf would hold a queue and a
+  worker per object, and the queues held every status event's whole body while the workers fell behind): a
+  debounced reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events
+  that change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
   each child as last watched (`Reconciler.note_child`), so a status refresh reads none.
-- events of their pods (same selector; read-only), from the operator's own pod watch (`_podwatch`, started at
-  the first PolicyGroup event, not a kopf handler: kopf would hold a queue and a worker per pod): a debounced
+- events of their pods (same selector; read-only), from the same kind of watch: a debounced
   status refresh, so that status says when pods crash-loop, cannot be scheduled or hold a rollout
   (`_status.pod_fingerprint` drops the rest: a pod that only starts, a label or annotation); a refresh that
   finds a trainer pod failed or gone reconciles whole (a gang restart). The reconciler keeps from these events
@@ -24,8 +25,8 @@
 There is no deletion handler and so no finalizer: children go with their owner through garbage collection.
 
 What kopf keeps (docs/operator.md, "At scale"): no copy of any watched body (event handlers have no diff base;
-only PolicyGroups get one, in an annotation); one small record per watched PolicyGroup, Job and StatefulSet, none per
-pod; initial listings in pages of `LIST_CHUNK_SIZE`; an object's worker (with its last body) gone
+only PolicyGroups get one, in an annotation); one small record per watched PolicyGroup, none per child or pod;
+initial listings in pages of `LIST_CHUNK_SIZE`; an object's worker (with its last body) gone
 `WORKER_IDLE_SECONDS` after its last event; at most `kopf_connection_limit` connections to the API server.
 """
 
@@ -47,11 +48,12 @@ import kopf
 from rlightning import contract
 from rlightning_operator import _kube as kube
 from rlightning_operator import _metrics as metrics
-from rlightning_operator import _podwatch as podwatch
+from rlightning_operator import _pods as pods
 from rlightning_operator import _reconcile as reconcile
 from rlightning_operator import _refresher as refresher
 from rlightning_operator import _settings
 from rlightning_operator import _status as status
+from rlightning_operator import _watches as watches
 
 logger = logging.getLogger(__name__)
 REGISTRY = kopf.OperatorRegistry()
@@ -66,7 +68,7 @@ minute kept hundreds of pod bodies alive at once (peak RSS of `benchmarks/operat
 82 MiB with 0.5 s). A worker that exited is started again by the object's next event (kopf 1.45 handles every event
 in turn: it has no batch window that a longer wait would fill)."""
 WATCHED_KINDS = 4
-"""Kinds watched on kopf's session (PolicyGroups, Jobs, StatefulSets by kopf, pods by `_podwatch`): one long-lived
+"""Kinds watched on kopf's session (PolicyGroups by kopf; Jobs, StatefulSets and pods by `_watches`): one long-lived
 watch connection each per served namespace (one each when cluster-wide)."""
 
 
@@ -99,18 +101,19 @@ class Context:
         reconciler (reconcile.Reconciler): Does the work.
         refresher (refresher.Refresher | None): Debounces child-triggered reconciles; made at startup (it
             needs the running event loop).
-        kopf_settings (kopf.OperatorSettings | None): kopf's settings as configured at startup (the pod watch reads
-            its timeouts, page size and label selector).
-        pod_watch (list[asyncio.Task[None]]): The pod watch (`_podwatch.watch_pods`) once started by the first
-            PolicyGroup event (`group_changed`; so only by a leader), cancelled at cleanup. A list, made before kopf
-            starts: kopf gives each object's handlers a shallow copy of the memo, and this must be shared.
+        kopf_settings (kopf.OperatorSettings | None): kopf's settings as configured at startup (the watches read
+            their timeouts, page size and label selectors).
+        watches (list[asyncio.Task[None]]): The watches of pods, Jobs and StatefulSets (`_watches.watch`) once
+            started by the first PolicyGroup event (`group_changed`; so only by a leader), cancelled at cleanup. A
+            list, made before kopf starts: kopf gives each object's handlers a shallow copy of the memo, and this
+            must be shared.
     """
 
     settings: _settings.OperatorSettings
     reconciler: reconcile.Reconciler
     refresher: refresher.Refresher | None = None
     kopf_settings: kopf.OperatorSettings | None = None
-    pod_watch: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    watches: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -175,8 +178,8 @@ async def login(memo: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
 
 @kopf.on.cleanup(registry=REGISTRY)
 async def cleanup(memo: Context, **_: Any) -> None:
-    """Stop the pod watch and cancel pending refreshes."""
-    for task in memo.pod_watch:
+    """Stop the watches and cancel pending refreshes."""
+    for task in memo.watches:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -220,21 +223,40 @@ def reconcile_group(body: kopf.Body, param: str, retry: int, memo: Context, **_:
         raise kopf.TemporaryError(f"waiting for {', '.join(outcome.blocked)}", delay=_settings.retry_delay(retry))
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
-               registry=REGISTRY)
-@kopf.on.event("apps", "v1", "statefulsets", labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
-               registry=REGISTRY)
-async def child_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's name)
+def child_changed(memo: Context, kind: str, child: dict[str, Any], deleted: bool) -> None:
     """A managed Job or StatefulSet changed (status, spec, deletion): refresh its PolicyGroup soon, unless
     nothing the status or the plan reads from it changed.
+
+    Args:
+        memo (Context): The operator's shared state.
+        kind (str): `Job` or `StatefulSet` (a watch event's object may carry no `kind`).
+        child (dict[str, Any]): The child as its watch (`_watches`) hands it.
+        deleted (bool): It is gone (a DELETED event).
     """
-    group = body.metadata.labels.get(contract.LABEL_GROUP)
-    if group and memo.refresher is not None and body.metadata.namespace:
-        memo.reconciler.note_child(_plain(body), deleted=type == "DELETED")  # a status refresh reads no child
-        fingerprint = status.child_fingerprint(_plain(body))
-        scheduled = memo.refresher.notify(body.metadata.namespace, group, body.metadata.uid or "", fingerprint,
-                                          deleted=type == "DELETED")
-        metrics.WATCH_EVENTS.labels(kind=body.get("kind") or "", outcome="pass" if scheduled else "ignored").inc()
+    child = {**child, "kind": kind}
+    metadata = child.get("metadata") or {}
+    group, namespace = (metadata.get("labels") or {}).get(contract.LABEL_GROUP), metadata.get("namespace")
+    if group and memo.refresher is not None and namespace:
+        memo.reconciler.note_child(child, deleted=deleted)  # a status refresh reads no child
+        scheduled = memo.refresher.notify(namespace, group, metadata.get("uid") or "", status.child_fingerprint(child),
+                                          deleted=deleted)
+        metrics.WATCH_EVENTS.labels(kind=kind, outcome="pass" if scheduled else "ignored").inc()
+
+
+def children_relisted(memo: Context, kind: str, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete listing of the `kind` children of `namespace` (None: every namespace): each one the reconciler keeps
+    that it does not hold was deleted while the watch was down (no DELETED event came), and is handled as deleted.
+
+    Args:
+        memo (Context): The operator's shared state.
+        kind (str): `Job` or `StatefulSet`.
+        namespace (str | None): The namespace listed; None for every namespace.
+        listed (set[tuple[str, str]]): (namespace, name) of every child listed.
+    """
+    for child in memo.reconciler.children_not_listed(kind, namespace, listed):
+        logger.info("%s %s/%s was deleted while its watch was down", kind, child["metadata"].get("namespace"),
+                    child["metadata"].get("name"))
+        child_changed(memo, kind, child, deleted=True)
 
 
 def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
@@ -243,9 +265,11 @@ def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
 
     Args:
         memo (Context): The operator's shared state.
-        pod (dict[str, Any]): The pod as `_podwatch` hands it (`_pods.trim`med).
+        pod (dict[str, Any]): The pod as its watch (`_watches`) hands it, or as the reconciler kept it
+            (`_pods.trim`med: trimming again changes nothing).
         deleted (bool): It is gone (a DELETED event).
     """
+    pod = pods.trim(pod)  # at once: nothing else of the event is kept
     metadata = pod["metadata"]
     group, namespace = (metadata.get("labels") or {}).get(contract.LABEL_GROUP), metadata.get("namespace")
     if group and memo.refresher is not None and namespace:
@@ -259,10 +283,11 @@ def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
 async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: Any) -> None:  # noqa: A002 (kopf's)
     """A PolicyGroup changed, its status included: refresh its status soon when the trainer's report of waiting for
     data (status.training) and the DataFlowing condition disagree, or when a report arrived after
-    TrainingProgressing turned False. Spec changes have handlers of their own. The first event starts the pod watch.
+    TrainingProgressing turned False. Spec changes have handlers of their own. The first event starts the watches of
+    pods, Jobs and StatefulSets.
     """
-    if not memo.pod_watch:
-        _start_pod_watch(memo)
+    if not memo.watches:
+        _start_watches(memo)
     namespace, name = body.metadata.namespace, body.metadata.name
     memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
     stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
@@ -287,15 +312,22 @@ def pods_relisted(memo: Context, namespace: str | None, listed: set[tuple[str, s
         pod_changed(memo, pod, deleted=True)
 
 
-def _start_pod_watch(memo: Context) -> None:
-    """Start the pod watch in the context of a kopf event handler, which its task copies: kopf's credentials (the
-    watch runs on kopf's session) and kopf's Event queue, which `kopf.event` needs in the passes the watch schedules
-    and which kopf sets only for its object handlers. Before the first PolicyGroup there are no pods to watch.
+def _start_watches(memo: Context) -> None:
+    """Start the watches of pods, Jobs and StatefulSets in the context of a kopf event handler, which their tasks copy:
+    kopf's credentials (the watches run on kopf's session) and kopf's Event queue, which `kopf.event` needs in the
+    passes the watches schedule and which kopf sets only for its object handlers. Before the first PolicyGroup there
+    are no children to watch.
     """
     namespaces = None if memo.settings.all_namespaces else memo.settings.served_namespaces
-    handle, listed = functools.partial(pod_changed, memo), functools.partial(pods_relisted, memo)
     assert memo.kopf_settings is not None, "set at startup, before any event"
-    memo.pod_watch.append(asyncio.create_task(podwatch.watch_pods(memo.kopf_settings, namespaces, handle, listed)))
+    settings = memo.kopf_settings
+    memo.watches.append(asyncio.create_task(watches.watch(
+        settings, watches.PODS, namespaces, functools.partial(pod_changed, memo), functools.partial(pods_relisted, memo)
+    )))
+    for resource, kind in ((watches.JOBS, "Job"), (watches.STATEFULSETS, "StatefulSet")):
+        handle = functools.partial(child_changed, memo, kind)
+        listed = functools.partial(children_relisted, memo, kind)
+        memo.watches.append(asyncio.create_task(watches.watch(settings, resource, namespaces, handle, listed)))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

@@ -206,6 +206,25 @@ class Reconciler:
                 "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
             })
 
+    def children_not_listed(
+        self, kind: str, namespace: str | None, listed: Set[tuple[str, str]]
+    ) -> list[dict[str, Any]]:
+        """The `kind` children kept in `namespace` that a complete listing of them did not hold: deleted while their
+        watch was down.
+
+        Args:
+            kind (str): `Job` or `StatefulSet`.
+            namespace (str | None): The namespace listed; None for every namespace.
+            listed (Set[tuple[str, str]]): (namespace, name) of every child of that kind the listing held.
+
+        Returns:
+            list[dict[str, Any]]: Those children as last watched (without their pod templates).
+        """
+        with self._groups_guard:
+            return [json.loads(packed) for (child_kind, child_namespace, name), packed in self._children_seen.items()
+                    if child_kind == kind and namespace in (None, child_namespace)
+                    and (child_namespace, name) not in listed]
+
     def _watched_child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job or StatefulSet as last watched, else as read now (None when it does not exist)."""
         with self._groups_guard:

@@ -15,7 +15,7 @@ from kopf._cogs.clients import watching
 
 from rlightning import contract
 from rlightning_operator import _kube as kube
-from rlightning_operator import _pods, _podwatch
+from rlightning_operator import _pods, _watches
 from rlightning_operator._builders import NetworkPolicyOptions
 from rlightning_operator._reconcile import InvalidSpecError, Reconciler
 
@@ -766,7 +766,9 @@ def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile
             reconciler.note_pod(pod, deleted=True)
 
     async def watch():
-        task = asyncio.create_task(_podwatch.watch_pods(kopf.OperatorSettings(), [NS], reconciler.note_pod, listed))
+        task = asyncio.create_task(
+            _watches.watch(kopf.OperatorSettings(), _watches.PODS, [NS], reconciler.note_pod, listed)
+        )
         while len(listings) < 2:
             await asyncio.sleep(0.01)
         task.cancel()
@@ -777,3 +779,45 @@ def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile
                         (NS, {(NS, "cartpole-eval-1")})]
     assert deleted == ["cartpole-train-0-abcde"]  # neither the pod whose DELETED event came nor one listed
     assert reconciler.pods_not_listed(None, set()) == [_pods.trim(starting)]  # the trainers are known gone
+
+
+def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanwhile(monkeypatch, reconciler):
+    # As for pods: a Job deleted while its watch was down is known by its absence from the next listing; a Job of
+    # another namespace, or a StatefulSet, is not judged by a listing of Jobs in this one.
+    def child(kind, name, namespace=NS):
+        return {"kind": kind, "metadata": {"name": name, "namespace": namespace, "uid": name}, "spec": {}}
+
+    kept, gone = child("Job", "cartpole-train"), child("Job", "pendulum-train")
+    reconciler.note_child(child("Job", "other-train", namespace="elsewhere"))
+    reconciler.note_child(child("StatefulSet", "cartpole-eval"))
+    down = asyncio.Event()
+
+    async def stream(**_):
+        for listed_job in (kept, gone):
+            yield {"type": None, "object": listed_job}
+        yield watching.Bookmark.LISTED
+        yield {"type": None, "object": kept}  # listed again after the watch was down: the pendulum Job is gone
+        yield watching.Bookmark.LISTED
+        await down.wait()
+
+    deleted = []
+
+    def listed(namespace, names):  # as `_handlers.children_relisted` does
+        for job in reconciler.children_not_listed("Job", namespace, names):
+            deleted.append(job["metadata"]["name"])
+            reconciler.note_child(job, deleted=True)
+
+    async def watch():
+        task = asyncio.create_task(_watches.watch(
+            kopf.OperatorSettings(), _watches.JOBS, [NS], lambda job, gone: reconciler.note_child(job, gone), listed
+        ))
+        while not deleted:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    monkeypatch.setattr(watching, "infinite_watch", stream)
+    asyncio.run(asyncio.wait_for(watch(), 10))
+    assert deleted == ["pendulum-train"]
+    assert [job["metadata"]["name"] for job in reconciler.children_not_listed("Job", None, set())] == [
+        "other-train", "cartpole-train"
+    ]

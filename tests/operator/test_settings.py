@@ -74,21 +74,21 @@ def test_entry_point_rejects_bad_settings(monkeypatch, capsys):
     assert "settings.log_format" in capsys.readouterr().err
 
 
-def test_json_log_lines_and_quiet_child_events():
+def test_json_log_lines_and_quiet_event_handlers():
     import json
     import logging
 
-    from rlightning_operator.__main__ import JsonFormatter, QuietChildEvents
+    from rlightning_operator.__main__ import JsonFormatter, QuietEventHandlers
 
     record = logging.LogRecord("rlightning_operator._reconcile", logging.INFO, __file__, 1, "created %s", ("x",), None)
     entry = json.loads(JsonFormatter().format(record))
     assert (entry["level"], entry["logger"], entry["message"]) == (
         "INFO", "rlightning_operator._reconcile", "created x"
     )
-    noisy = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'child_changed' succeeded.", (), None)
+    noisy = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'group_changed' succeeded.", (), None)
     other = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'reconcile-create' succeeded.", (),
                               None)
-    assert not QuietChildEvents().filter(noisy) and QuietChildEvents().filter(other)
+    assert not QuietEventHandlers().filter(noisy) and QuietEventHandlers().filter(other)
 
 
 def test_kopf_holds_at_most_its_watches_and_the_workers_connections(tmp_path, monkeypatch):
