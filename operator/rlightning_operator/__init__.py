@@ -3,9 +3,9 @@ NetworkPolicy, trainer Job, evaluator StatefulSet, status.
 
 What belongs here: pure builders (`_builders`), the pure planner (`_planner`) and status function
 (`_status`, with the pods' diagnosis `_pods`), the one module that calls the API (`_kube`), the reconcile
-that ties them (`_reconcile`), thin kopf handlers (`_handlers`, `_refresher`), the pod watch (`_podwatch`, on
-kopf's watch stream), leader election over a Lease (`_leader`), the liveness endpoint (`_health`), settings,
-metrics and the `rlightning-operator` entry point.
+that ties them (`_reconcile`), thin kopf handlers (`_handlers`, `_refresher`), the watches of pods, Jobs and
+StatefulSets (`_watches`, on kopf's watch stream), leader election over a Lease (`_leader`), the liveness endpoint
+(`_health`), settings, metrics and the `rlightning-operator` entry point.
 From `rlightning` it imports only `rlightning.config`, `rlightning.contract` and `rlightning.launch` (no torch).
 Design notes and the user's flow: docs/operator.md.
 

@@ -10,7 +10,8 @@ no heartbeat for `ack_timeout` seconds is disconnected, so a silent one (a lost 
 disconnects is forgotten (what it reported no longer holds once it restarts). At most `credits` batches are in flight
 (sent, not yet acknowledged); an acknowledgement returns a credit, and so does a batch with no acknowledgement after
 `ack_timeout` seconds or whose rank disconnected, counted lost (its rank died holding it: a restarted trainer gang
-cannot acknowledge it). `wanted(version)` tells an evaluator whether any rank may still take a batch of that version. A
+cannot acknowledge it). `wanted(version)` tells an evaluator whether any rank may still take a batch of that version,
+and `too_old(version, max_policy_lag)` whether every rank's fill is already more than the lag past it. A
 restarted trainer's pull (`[b"pull"]`) is answered with `held_weights()` whenever the sender reads its sockets (every
 call but `close`). Host names are resolved by libzmq when it (re)connects, in its I/O thread, so a rank whose name does
 not resolve yet (a pod not yet created) is retried from `RECONNECT_SECONDS` on and never fails the sender. Use a sender
