@@ -49,8 +49,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class QuietEventHandlers(logging.Filter):
-    """Drops kopf's per-event success line of the PolicyGroup event handler (one per PolicyGroup change, its status
-    writes included)."""
+    """Drops kopf's per-event success line of the PolicyGroup event handler (one per PolicyGroup change)."""
 
     QUIET = ("Handler 'group_changed' succeeded.",)
 
