@@ -288,10 +288,10 @@ async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     """
     if not memo.watches:
         _start_watches(memo)
-    namespace, name = body.metadata.namespace, body.metadata.name
-    memo.reconciler.note_group(_plain(body), deleted=type == "DELETED")  # a refresh reads no PolicyGroup
+    namespace, name, group = body.metadata.namespace, body.metadata.name, _plain(body)
+    memo.reconciler.note_group(group, deleted=type == "DELETED")  # a refresh reads no PolicyGroup
     stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
-        (status.data_condition_stale(_plain(body)) or status.progress_condition_stale(_plain(body)))
+        (status.data_condition_stale(group) or status.progress_condition_stale(group))
     if stale and memo.refresher is not None and namespace and name:
         memo.refresher.schedule(namespace, name, full=False)
     metrics.WATCH_EVENTS.labels(kind=contract.KIND, outcome="pass" if stale else "ignored").inc()
