@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ import yaml
 
 from rlightning import contract, launch
 from rlightning.config import parse_manifest
-from rlightning.runtime import _fork, local
+from rlightning.runtime import local
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, eval_ordinal
 from rlightning_operator import _builders as builders
@@ -178,16 +179,42 @@ def test_the_local_environment_gives_valid_settings_for_each_role(tmp_path, monk
         assert child.grace_seconds == 75 and re.fullmatch(r"(eval-\d|trainer)", child.name)
 
 
+FORK_PLAN = """
+import json, sys, threading
+from pathlib import Path
+import yaml
+from rlightning.config import parse_manifest
+from rlightning.runtime import local
+from rlightning.runtime.rundir import RunDir
+manifest, run_dir = parse_manifest(yaml.safe_load(Path(sys.argv[1]).read_text())), RunDir(Path(sys.argv[2]))
+plans = {"same": local.LocalRun(manifest, "", run_dir, fork=True),
+         "other": local.LocalRun(manifest, "", run_dir, python="/opt/other/python", fork=True),
+         "embedded": local.LocalRun(manifest, "", run_dir)}
+forks = {name: [child.fork for child in plan.children()] for name, plan in plans.items()}
+forks["threads"] = threading.active_count()
+release = threading.Event()
+other_thread = threading.Thread(target=release.wait, daemon=True)
+other_thread.start()  # as a library's or an embedding's thread: a fork would copy none of its locks' owners
+forks["threaded"] = [child.fork for child in plans["same"].children()]
+release.set()
+print(json.dumps(forks))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="forks with a pidfd: Linux only")
 def test_local_children_fork_the_launcher_only_when_asked_and_they_run_its_interpreter(tmp_path):
     # A fork shares the launcher's imports (torch's agent and the evaluators); another interpreter needs an exec,
-    # and an embedding process (this test runner) may hold native threads a fork would leave locks of.
-    run_dir = RunDir(tmp_path / "run")
-    same = local.LocalRun(_manifest(), "", run_dir, fork=True).children()
-    other = local.LocalRun(_manifest(), "", run_dir, python="/opt/other/python", fork=True).children()
-    embedded = local.LocalRun(_manifest(), "", run_dir).children()
-    assert [child.fork for child in same] == [_fork.available()] * len(same)  # Linux: True
-    assert [child.fork for child in other] == [False] * len(other)
-    assert [child.fork for child in embedded] == [False] * len(embedded)
+    # and a process with another thread (an embedding's, a library's) may hold locks a fork would leave held. Planned
+    # in a fresh interpreter of one thread, as `rlightning run`'s: this test runner's worker may have threads of its own.
+    proc = subprocess.run([sys.executable, "-c", FORK_PLAN, str(EXAMPLE), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    forks = json.loads(proc.stdout)
+    assert forks.pop("threads") == 1
+    assert forks["same"] == [True] * len(forks["same"]) and len(forks["same"]) == 3  # 2 evaluators, the trainer
+    assert forks["other"] == [False] * len(forks["other"]) and len(forks["other"]) == 3
+    assert forks["embedded"] == [False] * len(forks["embedded"]) and len(forks["embedded"]) == 3
+    assert forks["threaded"] == [False] * 3
 
 
 @pytest.mark.parametrize(
