@@ -204,8 +204,8 @@ print(json.dumps(forks))
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="forks with a pidfd: Linux only")
 def test_local_children_fork_the_launcher_only_when_asked_and_they_run_its_interpreter(tmp_path):
     # A fork shares the launcher's imports (torch's agent and the evaluators); another interpreter needs an exec,
-    # and a process with another thread (an embedding's, a library's) may hold locks a fork would leave held. Planned
-    # in a fresh interpreter of one thread, as `rlightning run`'s: this test runner's worker may have threads of its own.
+    # and a process with another thread (an embedding's, a library's) may hold locks a fork would leave held.
+    # Planned in a fresh interpreter of one thread, as `rlightning run`'s: a test runner's worker may have more.
     proc = subprocess.run([sys.executable, "-c", FORK_PLAN, str(EXAMPLE), str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -79,9 +79,9 @@ def test_a_closed_rank_sends_everything_to_the_other_within_the_ack_timeout(send
     ports = TRAJECTORIES.port(9), TRAJECTORIES.port(10)
     alive, closing = (TrajectoryIntake(port, bind_host="127.0.0.1") for port in ports)
     intakes.append(alive)
-    ack_timeout, credits, count = 2.0, 2, 40
+    ack_timeout, sender_credits, count = 2.0, 2, 40
     sender = WorkerProcess(SENDER, "--endpoints", ",".join(f"127.0.0.1:{port}" for port in ports), "--count",
-                           str(count), "--credits", str(credits), "--ack-timeout", str(ack_timeout),
+                           str(count), "--credits", str(sender_credits), "--ack-timeout", str(ack_timeout),
                            "--credit-wait", "0.2")
     senders.append(sender)
     deadline = time.monotonic() + EVENT_SECONDS
@@ -100,8 +100,8 @@ def test_a_closed_rank_sends_everything_to_the_other_within_the_ack_timeout(send
     closed_at = time.monotonic()
     before_close = closing.held
     sent_before_close = max(event["sequence"] for event in sender.seen if event["event"] == "sent")
-    # Neither rank reads from here to the close, so at most `credits` more are sent (unseen yet) before it.
-    assert sent_before_close + 2 * credits < count // 2, "the run checked below must start after the close"
+    # Neither rank reads from here to the close, so at most `sender_credits` more are sent (unseen yet) before it.
+    assert sent_before_close + 2 * sender_credits < count // 2, "the run checked below must start after the close"
     closing.close()
     assert alive.fill(alive.held + 1, version=0, max_policy_lag=0, timeout=ack_timeout + 3.0)
     assert time.monotonic() - closed_at <= ack_timeout + 3.0
@@ -112,7 +112,7 @@ def test_a_closed_rank_sends_everything_to_the_other_within_the_ack_timeout(send
     # Every batch is accounted for once: held by a rank, or lost with the closed one. Only what was in flight to it
     # when it closed is lost (unread there, or sent to it before the sender saw the disconnect): at most the credits.
     assert counts["sent"] == counts["accepted"] + counts["lost"]
-    assert counts["lost"] <= credits, counts
+    assert counts["lost"] <= sender_credits, counts
     # Everything after goes to the live rank: the last half of the sequence numbers, every one, and none twice.
     at_alive = [stamp.sequence for _, stamp in alive.drain()]
     assert len(at_alive) == len(set(at_alive)), sorted(at_alive)
