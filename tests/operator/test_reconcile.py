@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import functools
 import gc
 import itertools
 import threading
@@ -15,9 +16,11 @@ from kopf._cogs.clients import watching
 
 from rlightning import contract
 from rlightning_operator import _kube as kube
-from rlightning_operator import _pods, _watches
+from rlightning_operator import _handlers, _pods, _watches
 from rlightning_operator._builders import NetworkPolicyOptions
 from rlightning_operator._reconcile import InvalidSpecError, Reconciler
+from rlightning_operator._refresher import Refresher
+from rlightning_operator._settings import OperatorSettings
 
 from operator_manifests import edited, example_document
 
@@ -737,6 +740,17 @@ def test_what_is_kept_of_watched_objects_holds_no_managed_fields_or_annotations(
     assert not {"managedFields", "annotations"} & set(kept["metadata"]) and kept["status"] == stored_status(api)
 
 
+def relisting_memo(reconciler):
+    """The handlers' shared state around `reconciler`, on the running loop; its refreshes wait an hour (never run)."""
+    return _handlers.Context(OperatorSettings(), reconciler, Refresher(reconciler, delay=3600.0))
+
+
+async def memo_closed(memo):
+    """Cancel what the handlers scheduled on `memo`'s refresher."""
+    assert memo.refresher is not None
+    await memo.refresher.close()
+
+
 def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile(monkeypatch, reconciler):
     # kopf lists again after 410 Gone or a failed stream: a pod deleted while the watch was down has no DELETED
     # event, only its absence from the listing (kopf marks listed objects with type None, then yields LISTED). kopf's
@@ -757,27 +771,36 @@ def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile
         yield watching.Bookmark.LISTED
         await down.wait()
 
-    listings, deleted = [], []
+    listings, forgotten = [], []
+    note_pod = reconciler.note_pod
 
-    def listed(namespace, names):  # as `_handlers.pods_relisted` does
-        listings.append((namespace, set(names)))
-        for pod in reconciler.pods_not_listed(namespace, names):
-            deleted.append(pod["metadata"]["name"])
-            reconciler.note_pod(pod, deleted=True)
+    def noted(pod, deleted=False):  # what the handlers tell the reconciler
+        if deleted:
+            forgotten.append(pod["metadata"]["name"])
+        note_pod(pod, deleted)
 
     async def watch():
-        task = asyncio.create_task(
-            _watches.watch(kopf.OperatorSettings(), _watches.PODS, [NS], reconciler.note_pod, listed)
-        )
+        memo = relisting_memo(reconciler)
+
+        def listed(namespace, names):  # the operator's own handler, counted
+            _handlers.pods_relisted(memo, namespace, names)
+            listings.append((namespace, set(names)))
+
+        task = asyncio.create_task(_watches.watch(
+            kopf.OperatorSettings(), _watches.PODS, [NS], functools.partial(_handlers.pod_changed, memo), listed
+        ))
         while len(listings) < 2:
             await asyncio.sleep(0.01)
         task.cancel()
+        await memo_closed(memo)
 
+    monkeypatch.setattr(reconciler, "note_pod", noted)
     monkeypatch.setattr(watching, "infinite_watch", stream)
     asyncio.run(asyncio.wait_for(watch(), 10))
     assert listings == [(NS, {(NS, "cartpole-train-0-abcde"), (NS, "cartpole-eval-1"), (NS, "cartpole-train-0-fghij")}),
                         (NS, {(NS, "cartpole-eval-1")})]
-    assert deleted == ["cartpole-train-0-abcde"]  # neither the pod whose DELETED event came nor one listed
+    # the pod whose DELETED event came, then the one gone from the listing; never one listed
+    assert forgotten == ["cartpole-train-0-fghij", "cartpole-train-0-abcde"]
     assert reconciler.pods_not_listed(None, set()) == [_pods.trim(starting)]  # the trainers are known gone
 
 
@@ -785,7 +808,9 @@ def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanw
     # As for pods: a Job deleted while its watch was down is known by its absence from the next listing; a Job of
     # another namespace, or a StatefulSet, is not judged by a listing of Jobs in this one.
     def child(kind, name, namespace=NS):
-        return {"kind": kind, "metadata": {"name": name, "namespace": namespace, "uid": name}, "spec": {}}
+        labels = {contract.LABEL_GROUP: name.split("-")[0]}
+        return {"kind": kind, "metadata": {"name": name, "namespace": namespace, "uid": name, "labels": labels},
+                "spec": {}}
 
     kept, gone = child("Job", "cartpole-train"), child("Job", "pendulum-train")
     reconciler.note_child(child("Job", "other-train", namespace="elsewhere"))
@@ -800,24 +825,34 @@ def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanw
         yield watching.Bookmark.LISTED
         await down.wait()
 
-    deleted = []
+    forgotten, listings = [], []
+    note_child = reconciler.note_child
 
-    def listed(namespace, names):  # as `_handlers.children_relisted` does
-        for job in reconciler.children_not_listed("Job", namespace, names):
-            deleted.append(job["metadata"]["name"])
-            reconciler.note_child(job, deleted=True)
+    def noted(child, deleted=False):  # what the handlers tell the reconciler
+        if deleted:
+            forgotten.append(child["metadata"]["name"])
+        note_child(child, deleted)
 
     async def watch():
+        memo = relisting_memo(reconciler)
+
+        def listed(namespace, names):  # the operator's own handler, counted
+            _handlers.children_relisted(memo, "Job", namespace, names)
+            listings.append(namespace)
+
         task = asyncio.create_task(_watches.watch(
-            kopf.OperatorSettings(), _watches.JOBS, [NS], lambda job, gone: reconciler.note_child(job, gone), listed
+            kopf.OperatorSettings(), _watches.JOBS, [NS], functools.partial(_handlers.child_changed, memo, "Job"),
+            listed,
         ))
-        while not deleted:
+        while len(listings) < 2:
             await asyncio.sleep(0.01)
         task.cancel()
+        await memo_closed(memo)
 
+    monkeypatch.setattr(reconciler, "note_child", noted)
     monkeypatch.setattr(watching, "infinite_watch", stream)
     asyncio.run(asyncio.wait_for(watch(), 10))
-    assert deleted == ["pendulum-train"]
+    assert forgotten == ["pendulum-train"]
     assert [job["metadata"]["name"] for job in reconciler.children_not_listed("Job", None, set())] == [
         "other-train", "cartpole-train"
     ]
