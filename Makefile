@@ -26,10 +26,12 @@ run: install
 
 ## The whole suite in phases (tools/test_phases.py): the Go builds of the test control plane run in the
 ## background (niced) during pip, lint and the tests that need no cluster; every phase runs in parallel
-## (pytest-xdist, TEST_WORKERS workers); at the end a table says where the time went.
+## (pytest-xdist, TEST_WORKERS workers); at the end a table says where the time went. TEST_FLAGS=--record appends
+## the figures to docs/measurements.md.
 TEST_WORKERS ?= 4
+TEST_FLAGS ?=
 test: $(BOOT)
-	$(PY) tools/test_phases.py --workers $(TEST_WORKERS)
+	$(PY) tools/test_phases.py --workers $(TEST_WORKERS) $(TEST_FLAGS)
 
 ## Everything that needs no control plane and runs in seconds.
 test-fast: install

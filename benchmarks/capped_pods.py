@@ -38,7 +38,7 @@ Usage:
 
 `--json FILE` rows: fanout, trees, evaluators, seconds (median), all_seconds (the publishes taken), model_bytes,
 link_seconds, rate_bps, bucket_bytes, hidden_sizes, sync_failures (during the run), loadavg (1 minute, when the row
-finished).
+finished). `--record` appends the rows' medians to docs/measurements.md as one row (`figures`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # the repository root, for tests.*
 
 import devcluster  # noqa: E402
+from benchmarks import _record  # noqa: E402
 from rlightning.config import WeightSyncConfig  # noqa: E402
 from tests import _netns  # noqa: E402
 from tests.operator.operator_cluster import OperatorProcess, apply, get_json, install_crd  # noqa: E402
@@ -209,6 +210,24 @@ def print_row(row: dict, base: dict) -> None:
           f"{row['loadavg']:>5.1f}   {taken}", flush=True)  # fmt: skip
 
 
+def figures(rows: list[dict]) -> str:
+    """The rows as one line for docs/measurements.md: each case's median publish and its ratio to the first row's.
+
+    Args:
+        rows (list[dict]): `run_cases`' rows, the first the ratios' base.
+
+    Returns:
+        str: e.g. ``38.0 MB at 100 Mbit/s, 1 tree(s): fan-out 2 x1 3.176 s (1.05 of the link), fan-out 2 x8 4.655 s
+        (1.47x); 0 sync failures``.
+    """
+    first = rows[0]
+    cells = [f"fan-out {r['fanout']} x{r['evaluators']} {r['seconds']:.3f} s"
+             + (f" ({r['seconds'] / first['seconds']:.2f}x)" if r is not first
+                else f" ({r['seconds'] / r['link_seconds']:.2f} of the link)") for r in rows]
+    return (f"{first['model_bytes'] / 1e6:.1f} MB at {first['rate_bps'] / 1e6:g} Mbit/s, {first['trees']} tree(s): "
+            f"{', '.join(cells)}; {sum(r['sync_failures'] for r in rows)} sync failures")
+
+
 def parse_args() -> argparse.Namespace:
     """The command line (see the module docstring); a bad value, or no root, exits 2 with argparse's message."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -224,6 +243,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="publishes left out after the qdiscs are changed")
     parser.add_argument("--publishes", type=int, default=3, help="publishes timed (the median is reported)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list to this file")
+    parser.add_argument("--record", action="store_true", help=_record.RECORD_HELP)
     args = parser.parse_args()
     try:
         args.counts = [int(n) for n in args.evaluators.split(",")]
@@ -284,6 +304,8 @@ def main() -> int:
         cluster.stop()
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))
+    if args.record:
+        print(f"recorded: {_record.append_row(figures(rows))}")
     return 0
 
 

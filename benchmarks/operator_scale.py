@@ -22,6 +22,7 @@ time is the ratio.
 Usage:
     python benchmarks/operator_scale.py [--scenario wide|many|thousand|all] [--steady-seconds 60]
         [--no-baseline] [--kubeconfig FILE]   # a running cluster (default: start one with devcluster.launch())
+        [--record]                            # append the figures to docs/measurements.md (`figures`)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import kubernetes  # noqa: E402
 import yaml  # noqa: E402
 
 import devcluster  # noqa: E402
+from benchmarks import _record  # noqa: E402
 from devcluster import _nodes  # noqa: E402
 from rlightning.config import parse_manifest  # noqa: E402
 from rlightning_operator import _builders as builders  # noqa: E402
@@ -284,6 +286,30 @@ def run_scenario(cluster: _GivenCluster | devcluster.Cluster, name: str, steady_
         api.close()
 
 
+def figures(results: list[dict]) -> str:
+    """The scenarios' figures as one line for docs/measurements.md.
+
+    Args:
+        results (list[dict]): `run_scenario`'s results, each with its baseline.
+
+    Returns:
+        str: e.g. ``thousand: 11000 pods Running and Ready in 740.7 s (0.91x the baseline's 815.5 s), 17316 API
+        requests (17.3 a group), operator CPU 72.5 s, peak RSS 107.0 MiB, 12.0 requests/min steady``.
+    """
+    cells = []
+    for r in results:
+        ready = f"{r['seconds_to_running_and_ready']} s" + (
+            f" (TIMED OUT, {r['ready_groups']} of {r['policy_groups']} groups Ready)" if r["timed_out"] else "")
+        if r["baseline_seconds"]:
+            ready += (f" ({r['seconds_to_running_and_ready'] / r['baseline_seconds']:.2f}x the baseline's "
+                      f"{r['baseline_seconds']} s)")
+        cells.append(f"{r['scenario']}: {r['pods']} pods Running and Ready in {ready}, {r['api_requests_to_ready']} "
+                     f"API requests ({r['api_requests_to_ready'] / r['policy_groups']:.1f} a group), operator CPU "
+                     f"{r['operator_cpu_seconds_to_ready']} s, peak RSS {r['peak_rss_mib']} MiB, "
+                     f"{r['steady_requests_per_minute']} requests/min steady")
+    return "; ".join(cells)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen scenarios and print one JSON line per scenario, then a table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -292,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="time the same children created without the operator first (baseline_seconds)")
     parser.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
+    parser.add_argument("--record", action="store_true", help=_record.RECORD_HELP)
     args = parser.parse_args(argv)
     names = list(ALL) if args.scenario == "all" else [args.scenario]
     log_dir = Path(tempfile.mkdtemp(prefix="rlightning-operator-bench-"))
@@ -322,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             owned.stop()
     print(yaml.safe_dump(results, sort_keys=False))
     print(f"operator logs: {log_dir}")
+    if args.record:
+        print(f"recorded: {_record.append_row(figures(results))}")
     return 0
 
 

@@ -39,6 +39,7 @@ namespace: `--congestion-control`, cubic unless said).
 `--json FILE` writes one object per row: params, receivers, bucketed_seconds, naive_seconds, tcp_seconds,
 model_bytes, sender_egress_bytes, sender_peak_extra_bytes, receiver_peak_extra_bytes. GB/s is payload bytes
 per receiver per second (1 GB = 1e9 bytes). The naive and TCP parts use benchmark-only keys on the sender's store.
+`--record` appends the rows' seconds to docs/measurements.md as one row (`loopback_figures`, `capped_figures`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from rlightning.weights._topology import relay_tree, relay_trees
 from rlightning.weights._transport import BroadcastGroup
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository root, for tests._ports
+from benchmarks import _record
 from tests import _netns
 from tests._ports import BENCH_WEIGHT_SYNC
 from tests.weights.wsync_helpers import peak_tensor_bytes
@@ -746,6 +748,45 @@ def print_row(r: dict) -> None:
     print(" | ".join(cells), flush=True)
 
 
+def loopback_figures(rows: list[dict]) -> str:
+    """The loopback rows as one line for docs/measurements.md: each case's seconds, bucketed / naive / TCP streams.
+
+    Args:
+        rows (list[dict]): `run_cases`' rows (the `--json` keys).
+
+    Returns:
+        str: e.g. ``publish s (bucketed/naive/tcp): 10M to 1 0.027/0.044/0.013, 10M to 8 0.187/0.244/0.078; sender
+        egress at most 1.00 model``.
+    """
+    cases = ", ".join(f"{r['params'] / 1e6:g}M to {r['receivers']} {r['bucketed_seconds']:.3f}/"
+                      f"{r['naive_seconds']:.3f}/{r['tcp_seconds']:.3f}" for r in rows)
+    egress = max(r["sender_egress_bytes"] / r["model_bytes"] for r in rows)
+    return f"publish s (bucketed/naive/tcp): {cases}; sender egress at most {egress:.2f} model"
+
+
+def capped_figures(rows: list[dict], args: argparse.Namespace) -> str:
+    """The capped rows as one line for docs/measurements.md: each topology's median seconds and its ratio to 1.
+
+    Args:
+        rows (list[dict]): `run_capped`'s rows.
+        args (argparse.Namespace): The command line (`link_rate`, `congestion_control`).
+
+    Returns:
+        str: e.g. ``links 25mbit, cubic: dtree2 10M to 1 13.394 s, dtree2 10M to 16 16.856 s (1.26x); sender egress
+        at most 1.00 model; digests exact``.
+    """
+    cells = []
+    for r in rows:
+        base = next((b for b in rows if b["receivers"] == 1 and b["params"] == r["params"]
+                     and b["topology"] == r["topology"]), None)
+        ratio = f" ({r['seconds'] / base['seconds']:.2f}x)" if base is not None and base is not r else ""
+        cells.append(f"{r['topology']} {r['params'] / 1e6:g}M to {r['receivers']} {r['seconds']:.3f} s{ratio}")
+    egress = max((r["sender_egress_bytes"] / r["model_bytes"] for r in rows if r["topology"] != "tcp"), default=0.0)
+    digests = "exact" if all(r.get("digests_ok", True) for r in rows) else "NOT all exact"
+    return (f"links {args.link_rate}, {args.congestion_control}: {', '.join(cells)}; sender egress at most "
+            f"{egress:.2f} model; digests {digests}")
+
+
 def fit_hop(rows: list[dict]) -> tuple[float, float] | None:
     """Least-squares fit of t = a + bytes / bw to the 1-receiver publishes; None without two sizes."""
     points = [(r["model_bytes"], r["bucketed_seconds"]) for r in rows if r["receivers"] == 1]
@@ -790,6 +831,7 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser.add_argument("--bucket-bytes", type=int, default=WeightSyncConfig().bucket_size_bytes)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list to this file")
+    parser.add_argument("--record", action="store_true", help=_record.RECORD_HELP)
     parser.add_argument(
         "--in-place", action="store_true",
         help="receivers receive each version into the weights they hold (bufferStrategy none), not a fresh copy",
@@ -857,6 +899,8 @@ def main_capped(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     print_capped_model(rows)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.record:
+        print(f"recorded: {_record.append_row(capped_figures(rows, args))}")
 
 
 def run_cases(args: argparse.Namespace) -> list[dict]:
@@ -892,6 +936,8 @@ def main() -> None:
     print_projection(rows, args.fanout)
     if args.json is not None:
         args.json.write_text(json.dumps([{k: r[k] for k in JSON_KEYS} for r in rows], indent=1) + "\n")
+    if args.record:
+        print(f"recorded: {_record.append_row(loopback_figures(rows))}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@
 
 At the end it prints where the time went: each phase's wall time, the Go build's, and per tier (unit, slow,
 cluster, autoscaling, realpods) the summed test durations from each phase's JUnit XML, then one closing line
-``suite: N passed, N failed, N skipped``. The exit status is 0 only when every phase passed.
+``suite: N passed, N failed, N skipped``. The exit status is 0 only when every phase passed. With ``--record`` it
+also appends those figures to docs/measurements.md as one row (``benchmarks/_record.py``), passed or failed.
 
 Stdlib only (it starts before pip has installed anything but PyYAML). Run it as ``make test`` does:
 ``.venv/bin/python tools/test_phases.py``.
@@ -36,6 +37,9 @@ import time
 import xml.etree.ElementTree as ElementTree
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # the repository root, for benchmarks._record: the one writer of docs/measurements.md
+from benchmarks import _record  # noqa: E402  (stdlib only, as this script must be)
+
 LOG_DIR = REPO / "build" / "make-test"
 ADDONS = ("metrics-server", "karpenter", "keda", "kueue")
 """Every add-on a test uses (tests/autoscaling); built after the control plane, in this order."""
@@ -154,6 +158,20 @@ def _tally(phases: list[Phase]) -> tuple[dict[str, TierTime], dict[str, int]]:
     return per_tier, outcomes
 
 
+def _figures(phases: list[Phase], build: Phase | None, total: float, workers: int) -> str:
+    """The run's figures as one line for docs/measurements.md: outcomes, each phase's and the build's wall seconds,
+    the total in minutes and the workers, e.g. ``1119 passed, 0 failed, 0 skipped; install 0 s, lint 7 s, suite
+    798 s, go builds 1 s (background); total 13.5 min, 4 workers``. A failed phase is marked ``FAILED``.
+    """
+    _, outcomes = _tally(phases)
+    timed = [*phases, *([Phase("go builds", build.seconds, build.ok)] if build else [])]
+    cells = [f"{phase.name} {phase.seconds:.0f} s" + ("" if phase.ok else " FAILED") for phase in timed]
+    if build is not None:
+        cells[-1] += " (background)"
+    return (f"{outcomes['passed']} passed, {outcomes['failed']} failed, {outcomes['skipped']} skipped; "
+            f"{', '.join(cells)}; total {total / 60:.1f} min, {workers} workers")
+
+
 def _report(phases: list[Phase], build: Phase | None, total: float) -> int:
     per_tier, outcomes = _tally(phases)
     print("\n=== where the time went (wall seconds)")
@@ -179,11 +197,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="pytest-xdist workers per phase (default $RLIGHTNING_TEST_WORKERS or 4; at most 5, "
                         "each cluster worker takes a devcluster slot)")
     parser.add_argument("--make", default=os.environ.get("MAKE", "make"), help="the make command (default $MAKE)")
+    parser.add_argument("--record", action="store_true", help=_record.RECORD_HELP)
     args = parser.parse_args(argv)
     python = sys.executable
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     phases: list[Phase] = []
+
+    def finish(build: Phase | None) -> int:
+        total = time.monotonic() - start
+        status = _report(phases, build, total)
+        if args.record:
+            print(f"recorded: {_record.append_row(_figures(phases, build, total, args.workers))}")
+        return status
 
     build_log = LOG_DIR / "go-build.log"
     addon_flags = [flag for name in ADDONS for flag in ("--addon", name)]
@@ -206,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = _run("install", [args.make, "--no-print-directory", "install"], phases)
         ok = ok and _run("lint", [args.make, "--no-print-directory", "lint"], phases)
         if not ok:
-            return _report(phases, None, time.monotonic() - start)
+            return finish(None)
         if builder.poll() == 0:
             # Warm caches: one parallel session, so the real node's and the autoscalers' groups start at once.
             _pytest(python, "suite", None, args.workers, phases)
@@ -221,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if builder.poll() is None:  # interrupted: stop the go commands too (they are in the builder's group)
             os.killpg(builder.pid, signal.SIGTERM)
             builder.wait()
-    return _report(phases, build, time.monotonic() - start)
+    return finish(build)
 
 
 if __name__ == "__main__":
