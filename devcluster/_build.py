@@ -261,9 +261,9 @@ def addon_key(go: str, name: str) -> str:
 def build_addon(name: str, log: Callable[[str], None] = print) -> pathlib.Path:
     """Build (or find cached) one add-on, under the same lock-and-marker scheme as :func:`build`.
 
-    Its folder is ``<cache root>/<name>-<addon key>/bin`` (cold build times: README's figures). An add-on with
-    several commands (KEDA's operator and adapter) is built one ``go build`` per command, each named after its
-    entry in ``binaries`` (the second reuses what the first compiled).
+    Its folder is ``<cache root>/<name>-<addon key>/bin`` (cold build times: docs/autoscaling.md, "What builds
+    here"). An add-on with several commands (KEDA's operator and adapter) is built one ``go build`` per command, each
+    named after its entry in ``binaries`` (the second reuses what the first compiled).
 
     Args:
         name (str): A key of :data:`ADDONS`.
