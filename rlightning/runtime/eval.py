@@ -40,7 +40,8 @@ After every `eval.episodesPerReport` evaluation episodes it reports:
   the trainer's target check uses);
 - `episodes`: evaluation episodes finished since start; `env_steps`: env steps of the batches it sent;
   `cut_batches`: on-policy batches it collected and did not send, because a new version was applied meanwhile;
-  `refused_publishes`: publishes its receiver refused, sent by a trainer of an older attempt than one it has seen.
+  `refused_publishes`: publishes its receiver refused, sent by a trainer of an older attempt than one it has seen;
+  `in_place_versions`: versions received whole straight into the policy (`bufferStrategy: none`; 0 with `single`).
 
 With `policy.weightBuffer.bufferStrategy: none` a version is received in place (`WeightReceiver.receive(into=...)`,
 `rlightning.weights._inplace`): rollouts pause from its first transfer to its commit and it lands in the policy's
@@ -209,6 +210,7 @@ class Evaluator:
         self._applied = threading.Event()
         self._new_version = threading.Event()  # set by the receiving thread after each apply
         self._torn = 0  # receives in place that stopped part way: what ran meanwhile used no whole version
+        self._in_place_versions = 0  # receives in place that completed
         self._dtypes = {name: t.dtype for name, t in weights.named_state(self.policy).items()}
         self._in_place = self if self.policy.weight_buffer_strategy == "none" else None
 
@@ -255,7 +257,10 @@ class Evaluator:
         """
         try:
             self.policy.end_weight_receive(version)
-            if version is None:
+            if version is not None:
+                with self._lock:
+                    self._in_place_versions += 1
+            else:
                 with self._lock:
                     self._torn += 1
                     self._applied_record = None
@@ -303,7 +308,8 @@ class Evaluator:
         with self._lock:
             record = self._applied_record
             report = {**self._report, "env_steps": float(self._env_steps), "cut_batches": float(self._cut_batches),
-                      "refused_publishes": float(self.receiver.refused)}
+                      "refused_publishes": float(self.receiver.refused),
+                      "in_place_versions": float(self._in_place_versions)}
         if record is not None:
             self.receiver.report(record, report)
 

@@ -30,6 +30,7 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     assert summary["sync"]["count"] > 0 and summary["sync"]["bytes"] > 0
     assert summary["final_eval_version"] == summary["weight_version"] and summary["final_eval_note"] is None
     assert set(summary["evaluators"]) == {"0", "1"}
+    assert [e["in_place_versions"] for e in summary["evaluators"].values()] == [0, 0]  # `single`: staged
     # Start-up measured phase by phase from the launch, each reached after the one before, and shown.
     phases = summary["startup_seconds"]
     assert set(phases) == set(_startup.PHASES), phases
@@ -109,5 +110,8 @@ def test_evaluators_apply_weights_without_a_buffer(tmp_path: Path, write_manifes
     summary = json.loads(run.summary_path.read_text())
     assert summary["consistent"] is True, summary
     assert summary["final_eval_version"] == summary["weight_version"]
+    # each evaluator says it received its versions in place (`single` stages them, and reports 0)
+    assert set(summary["evaluators"]) == {"0", "1"}
+    assert all(e["in_place_versions"] >= 1 for e in summary["evaluators"].values()), summary["evaluators"]
     for name in ("eval-0.log", "eval-1.log"):
         assert "was not applied" not in (run.logs_dir / name).read_text()
