@@ -62,28 +62,33 @@ def best(row: dict) -> float:
 
 
 def test_relay_beats_the_star_on_capped_links_and_leaves_nothing(tmp_path):
-    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s
+    # 16 MB in 1 MiB transfers at 200 Mbit/s: the star takes about 2.7 s, the chain about 1 s, fan-out 2 about 1.4 s.
+    # What each topology sends is counted in bytes (exact); its time only bounded loosely, each bound at most half the
+    # speed-up measured under load (load 19 on 2 cores, best of 5 publishes: star/chain 2.35x, star/tree 1.89x).
     rows = capped_rows(tmp_path, "relay1,relay2,star")
     assert all(r["digests_ok"] for r in rows.values()), rows
     star, chain, tree = rows["star"], rows["relay1"], rows["relay2"]
     model = star["model_bytes"]
-    assert best(star) >= 2.0 * best(chain), rows
-    assert best(star) >= 1.5 * best(tree), rows
     assert chain["sender_egress_bytes"] <= 1.05 * model and tree["sender_egress_bytes"] <= 1.05 * model, rows
     assert star["sender_egress_bytes"] >= 3.9 * model, rows
+    print(f"capped links: star/chain {best(star) / best(chain):.2f}x, star/tree {best(star) / best(tree):.2f}x "
+          f"(load {star['loadavg']:.1f})")
+    assert best(star) >= 1.6 * best(chain), rows  # measured 2.35x under load
+    assert best(star) >= 1.4 * best(tree), rows  # measured 1.89x under load
 
 
 def test_double_tree_on_capped_links_sends_one_model_and_beats_the_tree(tmp_path):
     # 16 MB in 1 MiB transfers at 200 Mbit/s: fan-out 2's root uploads 2 copies (about 1.4 s), while in two trees
-    # every member uploads at most one (about 0.9 s: the model plus 4 transfers of pipeline fill). Quiet: 1.65x; a
-    # CI run at load 13 on 2 cores: 1.26x in the median of 3 publishes. One tree's shape, or both halves down one
-    # tree, would be 1.0x.
+    # every member uploads at most one (about 0.9 s: the model plus 4 transfers of pipeline fill). One tree's shape,
+    # or both halves down one tree, would be 1.0x. Measured: 1.65x quiet; 1.52x at load 19 on 2 cores (best of 5);
+    # 1.26x at load 13 (median of 3). The bound, 1.13x, is half the smallest speed-up measured (0.26).
     rows = capped_rows(tmp_path, "dtree2,relay2")
     assert all(r["digests_ok"] for r in rows.values()), rows  # every receiver holds the sender's exact digest
     double, tree = rows["dtree2"], rows["relay2"]
     model = double["model_bytes"]
     assert model * 0.99 <= double["sender_egress_bytes"] <= 1.05 * model, rows  # half down each tree: one model
-    assert best(tree) >= 1.2 * best(double), rows
+    print(f"capped links: tree/double tree {best(tree) / best(double):.2f}x (load {tree['loadavg']:.1f})")
+    assert best(tree) >= 1.13 * best(double), rows
 
 
 def test_an_interrupted_run_removes_its_namespaces():
