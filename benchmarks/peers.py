@@ -31,12 +31,18 @@ Cases, seeds interleaved (SB3 then rlightning for each seed):
   each (1 trainer rank, N batches of [256/N, 1] per update, `train.maxPolicyLag` `--slow-lag`, default 1 so that
   collection overlaps the update) against SB3 with N envs in a SubprocVecEnv (n_steps 256/N): the same update.
 
+- `halfcheetah`, `hopper`: MuJoCo locomotion to `--env-steps` (default 1M) with `--workload-evaluators` evaluators
+  (default 2; a list runs each count) against SB3's PPO with CleanRL's settings in one process, and a plain process
+  stepping the env with the same policy (`benchmarks/_workload_peers.py`; the extra `mujoco` too).
+
 Needs the optional extra `peers` (`pip install -e '.[peers]'`: stable-baselines3); the runtime never imports it.
 
 Usage:
     python benchmarks/peers.py                                   # 5 seeds, cartpole and slow-1, slow-4, slow-8
     python benchmarks/peers.py --seeds 2 --evaluators 8 --json peers.json
     python benchmarks/peers.py --cases cartpole --seeds 3
+    python benchmarks/peers.py --cases halfcheetah --seeds 3 --workload-evaluators 2
+    python benchmarks/peers.py --cases halfcheetah --seeds 1 --workload-evaluators 1,2,4 --env-steps 200000 --no-sb3
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # the repository root, for tests._ports and benchmarks.slow_env
+from benchmarks import _workload_peers  # noqa: E402
 from tests._ports import BENCH_PEERS  # noqa: E402
 
 TARGET = 475.0
@@ -96,14 +103,19 @@ class Outcome:
 EXAMPLE = REPO / "examples" / "cartpole.yaml"
 
 
+def run_ports(index: int) -> dict[str, int]:
+    """The benchmark's own ports for run `index` (`spec.ports`, less the metrics port)."""
+    first = PORTS_PER_RUN * (index % (BENCH_PEERS.size // PORTS_PER_RUN))
+    return {"torchrun": BENCH_PEERS.port(first), "weightSync": BENCH_PEERS.port(first + 1),
+            "trajectories": BENCH_PEERS.port(first + 2)}  # fmt: skip
+
+
 def example_manifest(seed: int, index: int, path: Path = EXAMPLE) -> dict[str, Any]:
     """The manifest at `path` (the example by default) with `train.seed` and the benchmark's own ports (run `index`)."""
     doc = yaml.safe_load(path.read_text())
     spec = doc["spec"]
     spec["train"]["seed"] = seed
-    first = PORTS_PER_RUN * (index % (BENCH_PEERS.size // PORTS_PER_RUN))
-    spec["ports"] = {"torchrun": BENCH_PEERS.port(first), "weightSync": BENCH_PEERS.port(first + 1),
-                     "trajectories": BENCH_PEERS.port(first + 2), "metrics": 0}  # fmt: skip
+    spec["ports"] = {**run_ports(index), "metrics": 0}
     return doc
 
 
@@ -284,6 +296,30 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{r['dropped_share']:>20}")  # fmt: skip
 
 
+def run_workloads(args: argparse.Namespace, cases: list[str]) -> int:
+    """The MuJoCo cases (`benchmarks/_workload_peers.py`): the plain process, then seeds interleaved, SB3 first."""
+    plain = {case: _workload_peers.run_plain(case) for case in cases}
+    counts = [int(c) for c in args.workload_evaluators.split(",")]
+    outcomes: list[_workload_peers.WorkloadOutcome] = []
+    index = 0
+    for case in cases:
+        for seed in range(args.seeds):
+            for count in ([] if args.no_sb3 else [0]) + counts:  # 0: SB3
+                if count == 0:
+                    outcome = _workload_peers.run_sb3(case, seed, args.env_steps, args.timeout)
+                else:
+                    doc = _workload_peers.manifest(case, count, seed, args.env_steps, run_ports(index))
+                    outcome = _workload_peers.run_rlightning(case, doc, seed, args.timeout)
+                    index += 1
+                outcomes.append(outcome)
+                print(json.dumps(dataclasses.asdict(outcome)), file=sys.stderr, flush=True)
+    rows = _workload_peers.print_table(outcomes, plain)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": rows, "plain": plain,
+                                         "runs": [dataclasses.asdict(o) for o in outcomes]}, indent=2))  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="seeds per case and system (>= 5 for the README)")
@@ -295,11 +331,23 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and every run to this file")
     parser.add_argument("--manifest", type=Path, default=EXAMPLE,
                         help="the PolicyGroup of the `cartpole` case (a variant of the example to compare)")
+    parser.add_argument("--workload-evaluators", default="2", help="evaluator counts of halfcheetah and hopper")
+    parser.add_argument("--env-steps", type=int, default=1_000_000, help="env steps of halfcheetah and hopper runs")
+    parser.add_argument("--no-sb3", action="store_true", help="halfcheetah and hopper: rlightning and plain only")
     parser.add_argument("--sb3-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--sb3-workload-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sb3_worker is not None:
         return sb3_worker(json.loads(args.sb3_worker))
+    if args.sb3_workload_worker is not None:
+        return _workload_peers.sb3_worker(json.loads(args.sb3_workload_worker))
+    if args.plain_worker is not None:
+        return _workload_peers.plain_worker(args.plain_worker)
     cases = set(args.cases.split(","))
+    workloads = [case for case in args.cases.split(",") if case in _workload_peers.EXAMPLES]
+    if workloads:
+        return run_workloads(args, workloads)
     plan: list[tuple[str, dict[str, Any], Any]] = []  # case, SB3 config, rlightning manifest by (seed, index)
     if "cartpole" in cases:
         plan.append(("cartpole", {"env_id": "CartPole-v1", "n_envs": 8},

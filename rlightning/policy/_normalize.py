@@ -71,3 +71,51 @@ class RunningObservationNorm(nn.Module):
         self.mean += delta * count / merged
         self.var.copy_((self.var * self.count + batch_var * count + delta**2 * self.count * count / merged) / merged)
         self.count.copy_(merged)
+
+
+class RunningRewardNorm(nn.Module):
+    """Scales rewards `[T, N]` by the running standard deviation of the discounted return, as gymnasium's
+    `NormalizeReward` wrapper does (the reward scaling of CleanRL's ppo_continuous_action.py and of Engstrom et al.
+    2020, "Implementation Matters in Deep Policy Gradients", arXiv:2005.12729): `r / sqrt(Var[G] + epsilon)`, clipped to
+    `[-clip, clip]`, where `G_t = gamma * G_{t-1} * (1 - done_{t-1}) + r_t` per env copy. The mean is not subtracted.
+
+    It runs on the trainer, over each batch as it arrives: `G` starts at 0 at a batch's first step (a batch carries no
+    state of the evaluator that collected it), where the wrapper carries it on across its env's steps.
+
+    Args:
+        gamma (float): The discount of `G` (the algorithm's own).
+        clip (float, optional): Bound of the scaled rewards. Defaults to 10.0.
+        epsilon (float, optional): Added to the variance under the square root. Defaults to 1e-8.
+
+    Attributes:
+        returns (RunningObservationNorm): The running mean and variance of `G` (`[1]` float64 buffers).
+    """
+
+    def __init__(self, gamma: float, clip: float = 10.0, epsilon: float = 1e-8) -> None:
+        super().__init__()
+        self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
+        self.returns = RunningObservationNorm(1, clip=float("inf"), epsilon=epsilon)
+
+    @torch.no_grad()
+    def update_and_scale(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """Merge the discounted returns of a batch into the statistics, then scale its rewards by them.
+
+        Under DDP every rank must call this at the same time (the moments are summed over the ranks).
+
+        Args:
+            reward (torch.Tensor): `[T, N]` float32 raw rewards.
+            done (torch.Tensor): `[T, N]` bool, the episode ended at this step (terminated or truncated).
+
+        Returns:
+            torch.Tensor: `[T, N]` float32 scaled and clipped rewards.
+        """
+        discounted = torch.empty_like(reward, dtype=torch.float64)
+        running = torch.zeros_like(reward[0], dtype=torch.float64)
+        keep = (~done).double()
+        for t in range(reward.shape[0]):
+            running = running * self.gamma + reward[t].double()
+            discounted[t] = running
+            running = running * keep[t]
+        self.returns.update(discounted.reshape(-1, 1))
+        std = torch.sqrt(self.returns.var + self.epsilon)
+        return (reward.double() / std).clamp(-self.clip, self.clip).to(reward.dtype)

@@ -75,6 +75,11 @@ class PPOKwargs(BaseModel):
         default=False, description="Normalise observations by running statistics (synced and checkpointed)."
     )
     observation_clip: float = Field(default=10.0, gt=0, description="Bound of the normalised observations.")
+    normalize_rewards: bool = Field(
+        default=False,
+        description="Scale rewards by the running std of the discounted return (synced and checkpointed).",
+    )
+    reward_clip: float = Field(default=10.0, gt=0, description="Bound of the scaled rewards.")
     target_kl: float | None = Field(
         default=None, gt=0, description="Stop an update's epochs once an epoch's mean approximate KL exceeds this."
     )
@@ -128,24 +133,35 @@ class PPONetwork(nn.Module):
         self.obs_norm: _normalize.RunningObservationNorm | None = None
         if kwargs.normalize_observations:
             self.obs_norm = _normalize.RunningObservationNorm(obs_dim, kwargs.observation_clip)
+        self.reward_norm: _normalize.RunningRewardNorm | None = None
+        if kwargs.normalize_rewards:
+            self.reward_norm = _normalize.RunningRewardNorm(kwargs.gamma, kwargs.reward_clip)
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
         """Observations `[B, obs_dim]` as the MLPs take them: normalised when `obs_norm` is set, else unchanged."""
         return obs if self.obs_norm is None else self.obs_norm(obs)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """State values `[B]` of observations `[B, obs_dim]` float32."""
-        return self.critic(self.normalize(obs)).squeeze(-1)
+    def value(self, obs: torch.Tensor, normalized: bool = False) -> torch.Tensor:
+        """State values `[B]` of observations `[B, obs_dim]` float32 (already `normalize`d when `normalized`)."""
+        return self.critic(obs if normalized else self.normalize(obs)).squeeze(-1)
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        """The action distribution for observations `[B, obs_dim]` float32."""
-        out = self.actor(self.normalize(obs))
+    def distribution(self, obs: torch.Tensor, normalized: bool = False) -> torch.distributions.Distribution:
+        """The action distribution for observations `[B, obs_dim]` float32 (already `normalize`d when
+        `normalized`).
+        """
+        out = self.actor(obs if normalized else self.normalize(obs))
+        # validate_args=False: the arguments are the network's own outputs, and the checks cost about as much as
+        # the small MLP's forward on every rollout step.
         if self.continuous:
-            return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
-        return torch.distributions.Categorical(logits=out)
+            return torch.distributions.Normal(out, self.log_std.exp(), validate_args=False)
+        return torch.distributions.Categorical(logits=out, validate_args=False)
 
     def forward(
-        self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor | None = None,
+        deterministic: bool = False,
+        normalized: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Act (or score a given action) and estimate the value.
 
@@ -154,18 +170,22 @@ class PPONetwork(nn.Module):
             action (torch.Tensor | None, optional): Actions to score, `[B]` int64 or `[B, A]` float32; None
                 samples (or takes the mode when `deterministic`). Defaults to None.
             deterministic (bool, optional): Take the distribution's mode instead of sampling. Defaults to False.
+            normalized (bool, optional): `obs` is already `normalize`d (a training update normalises its batch
+                once, with statistics that do not change during the update). Defaults to False.
 
         Returns:
             tuple[torch.Tensor, ...]: action, log_prob `[B]`, entropy `[B]`, value `[B]`.
         """
-        dist = self.distribution(obs)
+        if not normalized:
+            obs, normalized = self.normalize(obs), True
+        dist = self.distribution(obs, normalized)
         if action is None:
             action = dist.mode if deterministic else dist.sample()  # mode: the mean, or the likeliest class
         log_prob = dist.log_prob(action)
         entropy = dist.entropy()
         if self.continuous:
             log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
-        return action, log_prob, entropy, self.value(obs)
+        return action, log_prob, entropy, self.value(obs, normalized)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample (or take the mode of) actions, without running the critic.
@@ -222,14 +242,14 @@ class PPOPolicy(base_policy.BasePolicy):
         pydantic.ValidationError: When `policy_kwargs` is invalid (a ValueError).
     """
 
-    kwargs_model: ClassVar[type[BaseModel]] = PPOKwargs
+    kwargs_model: ClassVar[type[PPOKwargs]] = PPOKwargs
     observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Box,)
     action_spaces: ClassVar[tuple[type[gymnasium.Space], ...]] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
     algorithm: ClassVar[str] = "PPO"
 
     def __init__(self, config: PolicyConfig, role_type: base_policy.PolicyRole | str) -> None:
         super().__init__(config, role_type)
-        self.kwargs = PPOKwargs.model_validate(config.policy_kwargs)
+        self.kwargs = self.kwargs_model.model_validate(config.policy_kwargs)  # a subclass may extend the model
         self._dataset: TensorDict | None = None
 
     @property
@@ -320,18 +340,25 @@ class PPOPolicy(base_policy.BasePolicy):
         if self.optimizer is None or self._dataset is None:
             raise RuntimeError("PPOPolicy.train needs init_train and a batch from update_dataset")
         data, self._dataset = self._dataset, None
-        kw = self.kwargs
+        kw, network = self.kwargs, self.network
         steps, envs = data.batch_size
+        observation = data["observation"].reshape(steps * envs, -1).float()
         with torch.no_grad():  # the batch is our own selection (update_dataset), so adding keys is safe
-            data["value"] = self._state_values(data["observation"])
+            if network.reward_norm is not None:
+                done = data["terminated"] | data["truncated"]
+                data["reward"] = network.reward_norm.update_and_scale(data["reward"].float(), done)
+            # Normalised once: the statistics do not change during the epochs.
+            normalized = network.normalize(observation)
+            data["normalized_observation"] = normalized.reshape(steps, envs, -1)
+            data["value"] = network.value(normalized, normalized=True).reshape(steps, envs)
             data["next_value"] = self._state_values(data["next_observation"])
-            advantages, returns = compute_gae(data, kw.gamma, kw.gae_lambda)
-        flat = data.select("observation", "action", "log_prob", "value").reshape(-1)
+            advantages, returns = self.estimate_advantages(data)
+        flat = data.select("normalized_observation", "action", "log_prob", "value").reshape(-1)
         flat["advantage"], flat["return"] = advantages.reshape(-1), returns.reshape(-1)
-        flat["observation"] = flat["observation"].reshape(flat.shape[0], -1).float()
         lr, clip = self.current_lr(), self.current_clip_coef()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        clipped = [param for group in self.optimizer.param_groups for param in group["params"]]
 
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = epochs = 0
@@ -341,7 +368,7 @@ class PPOPolicy(base_policy.BasePolicy):
             for index in torch.tensor_split(order, kw.num_minibatches):
                 if index.numel() == 0:
                     continue
-                stats = self._minibatch_step(flat[index], self.optimizer, clip)
+                stats = self._minibatch_step(flat[index], self.optimizer, clip, clipped)
                 for key, value in stats.items():
                     sums[key] += value
                 epoch_kl += stats["approx_kl"]
@@ -350,8 +377,8 @@ class PPOPolicy(base_policy.BasePolicy):
             epochs += 1
             if kw.target_kl is not None and _ddp.mean_over_ranks(epoch_kl / max(epoch_updates, 1)) > kw.target_kl:
                 break
-        if self.network.obs_norm is not None:  # after the epochs: this batch was collected with the old statistics
-            self.network.obs_norm.update(flat["observation"])
+        if network.obs_norm is not None:  # after the epochs: this batch was collected with the old statistics
+            network.obs_norm.update(observation)
 
         values, target = data["value"].reshape(-1).float(), returns.reshape(-1)
         var_target = target.var(unbiased=False)
@@ -361,6 +388,20 @@ class PPOPolicy(base_policy.BasePolicy):
         metrics = {key: total / max(updates, 1) for key, total in sums.items()}
         metrics.update(explained_variance=explained, epochs=float(epochs), lr=lr, clip_coef=clip)
         return metrics
+
+    def estimate_advantages(self, data: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The advantages and value targets of a batch: GAE (`compute_gae`). A policy that corrects for policy lag
+        overrides this.
+
+        Args:
+            data (TensorDict): `[T, N]`, the batch with (scaled, under `normalizeRewards`) `reward`, `value`,
+                `next_value`, `normalized_observation` `[T, N, D]` (what the network takes with
+                `normalized=True`) and the keys of `experience_fields()`.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: advantages and value targets, `[T, N]` float32.
+        """
+        return compute_gae(data, self.kwargs.gamma, self.kwargs.gae_lambda)
 
     def current_clip_coef(self) -> float:
         """The clipping range of the next update: `clipCoef`, linearly annealed to 0 over `train.totalEnvSteps` with
@@ -373,9 +414,11 @@ class PPOPolicy(base_policy.BasePolicy):
         kw = self.kwargs
         return kw.clip_coef * self.remaining_fraction() if kw.anneal_clip_coef else kw.clip_coef
 
-    def _minibatch_step(self, mb: TensorDict, optimizer: torch.optim.Optimizer, clip: float) -> dict[str, float]:
+    def _minibatch_step(
+        self, mb: TensorDict, optimizer: torch.optim.Optimizer, clip: float, parameters: list[torch.Tensor]
+    ) -> dict[str, float]:
         kw = self.kwargs
-        _, log_prob, entropy, value = self.agent(mb["observation"], mb["action"])
+        _, log_prob, entropy, value = self.agent(mb["normalized_observation"], mb["action"], normalized=True)
         log_ratio = log_prob - mb["log_prob"]
         ratio = log_ratio.exp()
         advantage = mb["advantage"]
@@ -395,7 +438,7 @@ class PPOPolicy(base_policy.BasePolicy):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.optim.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.parameters(), self.config.optim.max_grad_norm)
+            nn.utils.clip_grad_norm_(parameters, self.config.optim.max_grad_norm, foreach=True)
         optimizer.step()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - log_ratio).mean()  # http://joschu.net/blog/kl-approx.html (k3)
