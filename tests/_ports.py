@@ -25,7 +25,7 @@ POLICY                  27400-27409  tests/policy/test_policy_group.py
 BENCH_WEIGHT_SYNC       27500-27599  benchmarks/weight_sync.py default ``--port`` (2 per case)
 OPERATOR                27600-27619  tests/operator/operator_cluster.py: health, metrics (2 per devcluster slot)
 BENCH_NCCL              27700-27709  benchmarks/nccl_check.py default ``--port`` (3)
-TRAJECTORIES            27800-27820  tests/trajectories/ (one or two per test, numbered in each file)
+TRAJECTORIES            27800-27821  tests/trajectories/ (one or two per test, numbered in each file)
 BENCH_FLEET             27900-27929  benchmarks/fleet_throughput.py: torchrun, weightSync, trajectories per run
 BENCH_PEERS             27930-27969  benchmarks/peers.py: torchrun, weightSync, 2 trajectory intakes per run, reused
                                      every 10 runs
@@ -131,7 +131,7 @@ POLICY = PortBlock("POLICY", 27400, 10)
 BENCH_WEIGHT_SYNC = PortBlock("BENCH_WEIGHT_SYNC", 27500, 100)
 OPERATOR = PortBlock("OPERATOR", 27600, 2 * (devcluster_ports.MAX_SLOT + 1))
 BENCH_NCCL = PortBlock("BENCH_NCCL", 27700, 10)
-TRAJECTORIES = PortBlock("TRAJECTORIES", 27800, 21)
+TRAJECTORIES = PortBlock("TRAJECTORIES", 27800, 22)
 BENCH_FLEET = PortBlock("BENCH_FLEET", 27900, 30)
 BENCH_PEERS = PortBlock("BENCH_PEERS", 27930, 40)
 

@@ -62,6 +62,9 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         action_spaces (tuple[type[gymnasium.Space], ...] | None): The action space types it can act in; None:
             any. A continuous-control algorithm declares `(gymnasium.spaces.Box,)`.
         algorithm (str): The algorithm's short name in messages (`"PPO"`). Defaults to `"policy"`.
+        corrects_policy_lag (bool): Whether `train` corrects for data acted with older weights (V-trace,
+            `rlightning.policy.appo`), so evaluators free-run instead of pacing themselves to the trainer's reads
+            (`rlightning.runtime.eval.BatchPacing`). Defaults to False.
         device (torch.device): Where the network lives.
         model_list (list[tuple[str, nn.Module]]): Child modules with trainable parameters, by attribute name.
         iteration (int): Completed `train` calls.
@@ -74,6 +77,7 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
     observation_spaces: ClassVar[tuple[type[gymnasium.Space], ...] | None] = None
     action_spaces: ClassVar[tuple[type[gymnasium.Space], ...] | None] = None
     algorithm: ClassVar[str] = "policy"
+    corrects_policy_lag: ClassVar[bool] = False
 
     def __init__(self, config: PolicyConfig, role_type: PolicyRole | str) -> None:
         nn.Module.__init__(self)

@@ -20,7 +20,8 @@ and none is collected while every trainer rank holds enough of the version it ha
 the first took (`PEER_BATCH_SLACK_SECONDS`), so the ranks get one batch per evaluator, not extras they must drop.
 With lag allowed, it collects while the ranks learn, but a second batch of one version only once the ranks read the
 first (`BatchPacing`), so a fleet faster than the updates does not queue batches that turn stale, and none of a
-version every rank is already more than the lag past (`TrajectorySender.too_old`: its weights lag). A
+version every rank is already more than the lag past (`TrajectorySender.too_old`: its weights lag); under a policy
+that corrects for lag (`BasePolicy.corrects_policy_lag`: APPO) it free-runs, collecting whenever it has a credit. A
 restarted trainer gang without a checkpoint pulls the weights this evaluator holds over the same connection
 (`held_weights`, docs/trajectories.md).
 Between batches it plays deterministic evaluation episodes of the version it holds when
@@ -387,7 +388,7 @@ class Evaluator:
             spec, [self.policy], seed=spec.train.seed + SEED_STRIDE * (self.ordinal + 1) + TRAINING_SEED_OFFSET
         )
         schedule = EvaluationSchedule(spec)
-        pacing = BatchPacing(spec.train.max_policy_lag)
+        pacing = BatchPacing(spec.train.max_policy_lag, free_run=self.policy.corrects_policy_lag)
         try:
             while not self.stop.requested:
                 self._wait_for_weights()
@@ -476,15 +477,21 @@ class BatchPacing:
     already more than `maxPolicyLag` past (an evaluator whose weights lag, on a loaded node) is not collected at all:
     the evaluator waits for newer weights instead of playing a batch that would be dropped as stale on arrival.
 
+    With lag allowed and a policy that corrects for it (`free_run`: `BasePolicy.corrects_policy_lag`, V-trace), the
+    evaluator free-runs as IMPALA's actors do: it collects whenever a credit is free, several batches of one version
+    included, and only a version the ranks are already more than `maxPolicyLag` past is not collected.
+
     Args:
         max_policy_lag (int): `train.maxPolicyLag`.
+        free_run (bool, optional): The policy corrects for lag; ignored at `maxPolicyLag` 0. Defaults to False.
 
     Attributes:
         sequence (int): Batches sent so far (the last one's `BatchStamp.sequence`).
     """
 
-    def __init__(self, max_policy_lag: int) -> None:
+    def __init__(self, max_policy_lag: int, free_run: bool = False) -> None:
         self.max_policy_lag = max_policy_lag
+        self.free_run = free_run
         self.sequence = 0
         self._version, self._at, self._grace = -1, 0.0, 0.0
 
@@ -492,7 +499,7 @@ class BatchPacing:
         """Whether a batch of `version` is wanted now."""
         if self.max_policy_lag > 0:
             fresh = not sender.too_old(version, self.max_policy_lag)
-            return fresh and (version != self._version or sender.in_flight == 0)
+            return fresh and (self.free_run or version != self._version or sender.in_flight == 0)
         return sender.wanted(version) and (version != self._version or time.monotonic() - self._at >= self._grace)
 
     def sent(self, version: int, collect_started: float) -> None:
