@@ -23,6 +23,7 @@ from typing import Any
 
 from rlightning import weights
 from rlightning.config import TrainingStatus
+from rlightning.policy import _vtrace
 from rlightning.runtime._prometheus import TrainerMetrics
 from rlightning.runtime._status_reporter import StatusReporter
 from rlightning.runtime._tensorboard import TensorBoardWriter
@@ -49,6 +50,9 @@ class DataFigures:
         policy_lag_max (int | None): Their largest lag.
         dropped_batches (int): Fleet batches dropped since start (too old, invalid, or of an older trainer attempt).
         update_seconds (float): Seconds rank 0 spent in `update_dataset` and `train` (the learner's own cost).
+        policy_lag_counts (tuple[int, ...] | None): The fleet batches trained on by their lag: index `k` counts those
+            `k` versions old, 0..`train.maxPolicyLag` (the last also takes the rare batch a republish while the ranks
+            waited made older); None when the trainers collected their own data.
     """
 
     env_steps_per_second: float
@@ -57,6 +61,7 @@ class DataFigures:
     policy_lag_max: int | None
     dropped_batches: int
     update_seconds: float
+    policy_lag_counts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,8 @@ class Recorder:
         self._start_env_steps = 0
         self._lags: list[float] = []
         self._lag_max: int | None = None
+        self._lag_counts: list[int] | None = None
+        self._importance: list[tuple[float, float]] = []  # (mean, clipped share) of each update that reported them
         self._dropped = 0
         self._last_waiting_log = 0.0
         self._last_row: dict[str, Any] | None = None
@@ -230,6 +237,14 @@ class Recorder:
         if data.policy_lag_mean is not None:
             self._lags.append(data.policy_lag_mean)
             self._lag_max = max(self._lag_max or 0, data.policy_lag_max or 0)
+        if data.policy_lag_counts is not None:
+            self._lag_counts = [a + b for a, b in zip(self._lag_counts or [0] * len(data.policy_lag_counts),
+                                                      data.policy_lag_counts, strict=True)]  # fmt: skip
+        stats = row.train_stats
+        if _vtrace.IMPORTANCE_WEIGHT_MEAN in stats and _vtrace.IMPORTANCE_WEIGHT_CLIPPED_SHARE in stats:
+            self._importance.append(
+                (stats[_vtrace.IMPORTANCE_WEIGHT_MEAN], stats[_vtrace.IMPORTANCE_WEIGHT_CLIPPED_SHARE])
+            )
         self._dropped = data.dropped_batches
         self._last_row = written
         append_jsonl(self.run_dir.metrics_path, written)
@@ -254,6 +269,8 @@ class Recorder:
             dropped_batches=self._dropped,
             policy_lag_mean=sum(self._lags) / len(self._lags) if self._lags else None,
             policy_lag_max=self._lag_max,
+            policy_lag_counts=self._lag_counts,
+            importance_weights=_importance_summary(self._importance),
             **fields,
         )
         write_json_atomic(self.run_dir.summary_path, summary.to_dict())
@@ -323,6 +340,17 @@ class Recorder:
                 ),
                 force=force,
             )
+
+
+def _importance_summary(updates: list[tuple[float, float]]) -> dict[str, float] | None:
+    """The run's importance weights: means over the updates of each update's mean and clipped share; None without."""
+    if not updates:
+        return None
+    return {
+        "mean": round(sum(mean for mean, _ in updates) / len(updates), 4),
+        "clipped_share": round(sum(share for _, share in updates) / len(updates), 4),
+        "updates": len(updates),
+    }
 
 
 def _now() -> str:

@@ -35,7 +35,8 @@ TAGS: dict[str, str] = {
     "iteration": "progress/iteration",
 }
 """metrics.jsonl key -> TensorBoard tag (grouped by section, as SB3 and CleanRL do). The policy's own `train()`
-statistics (`train/<key>`: losses, entropy, ...) keep their row keys as tags."""
+statistics (`train/<key>`: losses, entropy, importance weights, ...) keep their row keys as tags, and the lag
+distribution (`policy_lag_counts`) is one scalar a lag, `policy_lag/batches_at_lag_<k>`."""
 
 
 def available() -> bool:
@@ -92,6 +93,8 @@ class TensorBoardWriter:
             tag = TAGS.get(key, key if key.startswith("train/") else None)
             if tag is not None and isinstance(value, int | float):  # bool is an int
                 self._writer.add_scalar(tag, float(value), step)
+        for lag, batches in enumerate(row.get("policy_lag_counts") or ()):
+            self._writer.add_scalar(f"policy_lag/batches_at_lag_{lag}", float(batches), step)
         self._writer.flush()
 
     def close(self) -> None:

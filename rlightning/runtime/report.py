@@ -76,6 +76,11 @@ class RunSummary:
             older trainer attempt's weights).
         policy_lag_mean (float | None): Mean policy lag of the batches trained on, in weight versions.
         policy_lag_max (int | None): Largest policy lag trained on.
+        policy_lag_counts (list[int] | None): The lag distribution: fleet batches trained on by their lag, index `k`
+            counting those `k` versions old (0..train.maxPolicyLag); None when the trainers collected their own data.
+        importance_weights (dict[str, float] | None): Of a policy that corrects for lag (V-trace,
+            `rlightning.policy.appo`): `mean` (of `pi/mu`) and `clipped_share` (above rho-bar), each the mean over
+            the run's `updates` of the update's figure; None for other policies.
         dropped (dict[str, Any] | None): Why evaluator batches were not trained on (`reasons`: batches per reason)
             and their `share` of those produced (`rlightning.runtime._rank_zero.dropped_summary`); None when the
             trainers collected their own data.
@@ -104,6 +109,8 @@ class RunSummary:
     dropped_batches: int = 0
     policy_lag_mean: float | None = None
     policy_lag_max: int | None = None
+    policy_lag_counts: list[int] | None = None
+    importance_weights: dict[str, float] | None = None
     dropped: dict[str, Any] | None = None
     startup_seconds: dict[str, float] = field(default_factory=dict)
     final_eval_note: str | None = None

@@ -158,6 +158,7 @@ class TrainingLoop:
         heartbeat: Path | None,
     ) -> None:
         self.policy, self.source, self.hooks, self.stop, self.heartbeat = policy, source, hooks, stop, heartbeat
+        self.max_policy_lag = spec.train.max_policy_lag
         self.recent_returns = _stop.RecentReturns(spec.eval.episodes_per_report)
         self.last_return: float | None = None
 
@@ -204,9 +205,12 @@ class TrainingLoop:
     ) -> _rank_zero.IterationResult:
         """The iteration's figures, all-reduced over the ranks (every rank calls it)."""
         returns = dataset.episode_returns
-        total, count, lag_sum, lags, waited, dropped = all_reduce(
+        by_lag = [0] * (self.max_policy_lag + 1)
+        for lag in dataset.lags:  # a rank's version may pass the fill's while it waits: the last bin takes it
+            by_lag[min(lag, self.max_policy_lag)] += 1
+        total, count, lag_sum, lags, waited, dropped, *lag_counts = all_reduce(
             [sum(returns), len(returns), sum(dataset.lags), len(dataset.lags), dataset.wait_seconds,
-             self.source.dropped_batches()]
+             self.source.dropped_batches(), *by_lag]
         )  # fmt: skip
         (lag_max,) = all_reduce([max(dataset.lags, default=0)], dist.ReduceOp.MAX)
         if count:
@@ -221,6 +225,7 @@ class TrainingLoop:
             policy_lag_max=int(lag_max) if lags else None,
             dropped_batches=int(dropped),
             update_seconds=update_seconds,
+            policy_lag_counts=tuple(int(n) for n in lag_counts) if lags else None,
         )
         return _rank_zero.IterationResult(
             train_return=self.last_return,
