@@ -256,7 +256,13 @@ def test_a_receive_in_place_waits_for_a_running_rollout() -> None:
         assert not policy.begin_weight_receive(0.1)  # it does not drain in time: nothing may be written
         waiter = threading.Thread(target=lambda: entered.set() if policy.begin_weight_receive(5.0) else None)
         waiter.start()
-        assert not entered.wait(0.3)  # the receive waits for it
+        # the receive waits for it: seen waiting (the gate counts it) before the wait for it to get through starts,
+        # so that wait is long enough whatever the machine's load
+        deadline = time.monotonic() + 5.0
+        while policy._gate.updates_waiting == 0 and not entered.is_set():
+            assert time.monotonic() < deadline, "the receive never began to wait"
+            time.sleep(0.01)
+        assert not entered.wait(0.3)
         policy._gate.exit_rollout()
         assert entered.wait(5.0)
         waiter.join(5.0)
