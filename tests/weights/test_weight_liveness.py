@@ -107,7 +107,9 @@ def test_receiver_leaves_a_silent_sender_and_joins_its_replacement(procs):
     stopped = time.monotonic()
     lost = wait_line(receiver_err, "lost the weight-sync store", 5 * timeout)
     assert lost is not None, "the receiver kept waiting on a silent sender"
-    assert time.monotonic() - stopped <= 3 * timeout + 2.0
+    left_after = time.monotonic() - stopped
+    print(f"left the silent sender after {left_after:.2f} s")
+    assert left_after <= 3 * timeout + 2.0  # 8 s; measured 2.0 s at load 16 on 2 cores
 
     sender_proc.kill()  # its replacement takes the same port
     sender_proc.wait(10)
