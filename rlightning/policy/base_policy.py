@@ -2,24 +2,22 @@
 
 A subclass builds its network in `construct_network`, acts in `rollout_step`/`postprocess`, declares which rollout
 outputs it learns from in `rollout_fields` (the dataset layout is `experience_fields`: those plus the env keys of
-`_experience`) and learns in `update_dataset`/`train`. The base class keeps the seed's API, mostly as short
-delegations to private modules with one job each: rollouts and weight updates are mutually exclusive, rollouts
-are admitted in arrival order and a pending update goes first (`_gate`; a rollout that raises still releases
-it); update requests are counted by generation so none is lost (`_weight_updates`); the device and DDP wrapping
-(`_ddp`); optimizer, counters and weight version in checkpoints and resumes (`_training_state`, `_rng`); phase
-durations as bounded running aggregates (`_timing`). Weights are named by `rlightning.weights.named_state`, so
-bare parameters and buffers are synced, fingerprinted and checkpointed like any other tensor.
+`_experience`) and learns in `update_dataset`/`train`. The base class keeps the seed's API: it builds the
+network (the device and DDP wrapping: `_ddp`; the optimizer: `_optim`) and checks datasets, and mixes in the
+parts with one job each: `ActorMixin` (`_actor`: rollouts admitted in arrival order by `_gate`, never during a
+weight update, a pending update first, and their accounting), `WeightUpdateMixin` (`_weight_mixin`: update
+requests counted by generation so none is lost, applied between rollouts by `_weight_updates`' thread;
+fingerprints and digests) and `CheckpointMixin` (`_checkpoint`: what a resume needs, via `_training_state` and
+`_rng`). Phase durations are bounded running aggregates (`_timing`). Weights are named by
+`rlightning.weights.named_state`, so bare parameters and buffers are synced, fingerprinted and checkpointed like
+any other tensor.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
 import gc
-import os
-import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium
@@ -31,8 +29,11 @@ from torch import nn
 from rlightning import weights
 from rlightning.config import OptimConfig, PolicyConfig, TrainConfig
 from rlightning.contract import PolicyRole
-from rlightning.policy import _ddp, _experience, _gate, _optim, _rng, _timing, _training_state, _weight_updates
+from rlightning.policy import _ddp, _experience, _gate, _optim, _rng, _timing, _weight_updates
+from rlightning.policy._actor import ActorMixin
+from rlightning.policy._checkpoint import CheckpointMixin
 from rlightning.policy._env_meta import EnvMeta
+from rlightning.policy._weight_mixin import WeightUpdateMixin
 
 # The seed's module functions keep their import path here (`from rlightning.policy.base_policy import ...`).
 from rlightning.policy._ddp import infer_train_dp_world_size, set_nested_attr
@@ -41,7 +42,7 @@ from rlightning.policy._training_state import clone_checkpoint_value
 __all__ = ["BasePolicy", "PolicyRole", "clone_checkpoint_value", "infer_train_dp_world_size", "set_nested_attr"]
 
 
-class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
+class BasePolicy(nn.Module, ActorMixin, WeightUpdateMixin, CheckpointMixin, abc.ABC):
     """A policy that rolls out, trains and receives weights; subclass it for an algorithm.
 
     Note that `train(...)` is the algorithm's update step (the seed's API), not `nn.Module.train(mode)`:
@@ -154,29 +155,6 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         if self.train_config is None:
             return 1.0
         return max(0.0, 1.0 - self.env_steps / self.train_config.total_env_steps)
-
-    @abc.abstractmethod
-    def rollout_step(self, env_ret: Mapping[str, Any]) -> Any:
-        """Act on a batch of observations; runs under `torch.inference_mode`, admitted by the gate.
-
-        Args:
-            env_ret (Mapping[str, Any]): What the environment returned, for example `{"observation": [N, *O]}`.
-
-        Returns:
-            Any: The raw policy response handed to `postprocess`.
-        """
-
-    @abc.abstractmethod
-    def postprocess(self, env_ret: Mapping[str, Any], policy_resp: Any) -> Any:
-        """Turn the raw response into what the caller gets; runs under `torch.inference_mode`.
-
-        Args:
-            env_ret (Mapping[str, Any]): The input of `rollout_step`.
-            policy_resp (Any): The output of `rollout_step`.
-
-        Returns:
-            Any: The rollout result.
-        """
 
     def rollout_fields(self) -> dict[str, _experience.ExperienceField]:
         """The keys of the rollout output that collectors keep per step, with their shapes and dtypes.
@@ -296,13 +274,15 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             dict[str, float]: Training metrics (losses, learning rate, ...).
         """
 
-    @abc.abstractmethod
     def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The state dicts of the trainable modules, by attribute name, with clean keys.
+        """The state of each trainable module (`model_list`), by attribute name, with clean keys (no DDP or
+        torch.compile prefixes): every parameter and persistent buffer, as `weights.named_state` names them.
 
         Returns:
-            dict[str, dict[str, torch.Tensor]]: `{module name: state dict}`.
+            dict[str, dict[str, torch.Tensor]]: `{module name: {name: tensor}}`, sharing storage with the policy (no
+            copy); PPO's is `{"agent": {...}}`, a trainer's SAC's also has `critic`.
         """
+        return {name: weights.named_state(module) for name, module in self.model_list}
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:  # type: ignore[override]  # seed's API
         """Load a whole-policy state dict, also one saved from a DDP-wrapped or torch.compile'd policy.
@@ -445,190 +425,6 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
             raise RuntimeError(f"reset_training_state needs role 'train', this policy has {self.role_type.value!r}")
         self.init_train(env_meta, train_config, seed)
 
-    # -- rollouts --------------------------------------------------------------------------------------------------
-
-    def _forward_and_release(self, env_ret: Mapping[str, Any]) -> Any:
-        # Runs with the gate entered; always releases it, also when the forward raises.
-        start = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                return self.postprocess(env_ret, self.rollout_step(env_ret))
-        finally:
-            self._gate.exit_rollout()
-            self.timings.record("rollout", time.perf_counter() - start)
-
-    def _require_init(self) -> None:
-        if not self._initialized:
-            raise RuntimeError(f"{type(self).__name__} is not initialised: call init_eval or init_train first")
-
-    def rollout(self, env_ret: Mapping[str, Any], timeout: float | None = None) -> Any:
-        """Run `rollout_step` then `postprocess`, never while a weight update is applied.
-
-        Args:
-            env_ret (Mapping[str, Any]): Input of `rollout_step`.
-            timeout (float | None, optional): Seconds to wait for admission. Defaults to None (forever).
-
-        Returns:
-            Any: The output of `postprocess`.
-
-        Raises:
-            RuntimeError: When the policy is not initialised.
-            TimeoutError: When not admitted within `timeout`.
-        """
-        self._require_init()
-        if not self._gate.enter_rollout(timeout):
-            raise TimeoutError(f"rollout not admitted within {timeout} s (a weight update holds the policy)")
-        return self._forward_and_release(env_ret)
-
-    async def rollout_async(self, env_ret: Mapping[str, Any]) -> Any:
-        """Like `rollout`, from an asyncio task: admission waits without blocking the loop and the forward
-        runs in the loop's default executor, so concurrent requests overlap (async mode).
-
-        Args:
-            env_ret (Mapping[str, Any]): Input of `rollout_step`.
-
-        Returns:
-            Any: The output of `postprocess`.
-
-        Raises:
-            RuntimeError: When the policy is not initialised.
-        """
-        self._require_init()
-        await self._gate.enter_rollout_async()
-        try:
-            future = asyncio.get_running_loop().run_in_executor(None, self._forward_and_release, env_ret)
-        except BaseException:
-            self._gate.exit_rollout()
-            raise
-        # Cancelling the caller does not cut the forward short: the worker releases the gate when done.
-        return await future
-
-    def check_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no rollout and no weight update is in flight.
-
-        Args:
-            timeout (float | None, optional): Seconds to wait. Defaults to None (forever).
-
-        Returns:
-            bool: True when idle, False on timeout.
-        """
-        return self._gate.wait_idle(timeout)
-
-    def get_num_requests(self) -> int:
-        """Rollout requests in flight or waiting for admission now: this policy's load, by which a router picks
-        the least-loaded replica (`rlightning.policy.RolloutRouter`). At most 1 is in flight in sync mode.
-
-        Returns:
-            int: The count.
-        """
-        return self._gate.requests
-
-    # -- weight updates --------------------------------------------------------------------------------------------
-
-    @property
-    def weight_update_error(self) -> BaseException | None:
-        """BaseException | None: What the last weight update raised; None after one that succeeded."""
-        return self._update_thread.error
-
-    def notify_update_weights(self) -> int:
-        """Ask for the staged weights to be applied; safe from any thread, never lost during an update.
-
-        Returns:
-            int: The request's generation; `wait_for_weight_update_done` waits for it.
-        """
-        return self._update_thread.notify()
-
-    def push_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> bool:
-        """Hand received weights to the policy the way its buffer strategy wants, never during a rollout.
-
-        With strategy `single` the state is staged and the update thread notified (applied between
-        rollouts); with `none` it is applied now, after running rollouts drain.
-
-        Args:
-            version (int): The weight version (>= 1); a version not newer than the newest staged or applied
-                one is ignored.
-            state (Mapping[str, torch.Tensor]): Clean name -> tensor (`named_state` form); not copied, so the
-                caller must not modify it afterwards.
-
-        Returns:
-            bool: True when staged or applied, False when ignored as not newer.
-        """
-        return self._update_thread.push(version, state)
-
-    def wait_for_weight_update_done(self, timeout: float | None = None) -> bool:
-        """Wait until every update requested so far has been applied.
-
-        Args:
-            timeout (float | None, optional): Seconds to wait. Defaults to None (forever).
-
-        Returns:
-            bool: True when applied without error, False on timeout or when the last update failed
-                (see `weight_update_error`).
-        """
-        return self._update_thread.wait_done(timeout)
-
-    def apply_staged_weights(self, timeout: float | None = None) -> int | None:
-        """Apply the staged weights now, exclusive of rollouts; marks every request so far as handled.
-
-        The update thread calls this; with buffer strategy `none` the caller does.
-
-        Args:
-            timeout (float | None, optional): Seconds to wait for running rollouts. Defaults to None (forever).
-
-        Returns:
-            int | None: The weight version applied, or None when nothing newer was staged.
-
-        Raises:
-            TimeoutError: When rollouts did not drain within `timeout` (nothing applied, request kept).
-            Exception: Whatever applying raised (also kept in `weight_update_error`).
-        """
-        return self._update_thread.apply_staged(timeout)
-
-    def receive_targets(self) -> dict[str, torch.Tensor]:
-        """The tensors a version received in place is written into (`WeightReceiver.receive(into=...)`).
-
-        Returns:
-            dict[str, torch.Tensor]: Clean name -> this policy's own tensor (`named_state`, no copy).
-        """
-        return weights.named_state(self)
-
-    def begin_weight_receive(self, timeout: float) -> bool:
-        """Pause rollouts while a version is written straight into this policy's tensors (buffer strategy
-        `none`, `rlightning.weights.WeightReceiver`): waits for running rollouts, keeps new ones out until
-        `end_weight_receive`.
-
-        Args:
-            timeout (float): Seconds to wait for running rollouts.
-
-        Returns:
-            bool: True when paused (call `end_weight_receive` afterwards); False when rollouts did not drain in
-            time (nothing may be written).
-        """
-        return self._gate.acquire_exclusive(timeout)
-
-    def end_weight_receive(self, version: int | None) -> None:
-        """Let rollouts in again after `begin_weight_receive`.
-
-        Args:
-            version (int | None): The version the tensors now hold completely; None when the receive stopped part
-                way, so they hold no version: `weight_version` is 0 until the next complete one.
-
-        Raises:
-            RuntimeError: When no receive was begun.
-        """
-        with self._weight_apply_lock:
-            self.weight_version = 0 if version is None else int(version)
-        self._gate.release_exclusive()
-
-    def update_weights(self) -> None:
-        """The update thread's loop (`init_eval` starts it on a daemon thread): wait for a request, wait for
-        rollouts to drain, apply, repeat.
-
-        A request that arrives while an update runs has a newer generation and triggers another pass.
-        Errors are logged and kept in `weight_update_error`; the loop continues. Returns after `close`.
-        """
-        self._update_thread.run()
-
     def close(self, timeout: float = 5.0) -> None:
         """Stop the update thread and release the DDP wrappers (idempotent); call it before
         `torch.distributed.destroy_process_group`, so that the group is freed there and not at interpreter teardown.
@@ -643,128 +439,3 @@ class BasePolicy(nn.Module, weights.WeightBufferMixin, abc.ABC):
         if any(isinstance(module, nn.parallel.DistributedDataParallel) for _, module in self.model_list):
             self.model_list = _ddp.unwrap_ddp_children(self, self.model_list)
             gc.collect()  # a wrapper caught in a reference cycle would otherwise keep the group until teardown
-
-    def get_eval_weights(self) -> dict[str, torch.Tensor]:
-        """The tensors a trainer publishes to its evaluators: what an evaluator of this class holds, by clean name.
-
-        By default every parameter and buffer (`weights.named_state(self)`). A policy whose evaluators need less
-        than the trainer holds (SAC's critics stay with the trainer) returns that part, named as in the evaluator's
-        own `named_state`, so received weights load into it and its digests compare with these.
-
-        Returns:
-            dict[str, torch.Tensor]: Clean name -> tensor, sharing storage with the policy (no copy).
-        """
-        return weights.named_state(self)
-
-    # -- fingerprints -----------------------------------------------------------------------------------------------
-
-    def get_param_fingerprint(self) -> dict[str, float]:
-        """Per-tensor float32 L2 norms of every parameter and buffer, keyed `"<module>.<param>"`.
-
-        Returns:
-            dict[str, float]: Norms by clean name (no DDP/compile prefixes).
-        """
-        return weights.l2_fingerprint(weights.named_state(self))
-
-    def get_param_digests(self) -> dict[str, str]:
-        """Exact sha256 digests of every parameter and buffer.
-
-        Returns:
-            dict[str, str]: Hex digests by clean name.
-        """
-        return weights.tensor_digests(weights.named_state(self))
-
-    # -- checkpoints ------------------------------------------------------------------------------------------------
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Everything a resume needs, cloned to the CPU.
-
-        Returns:
-            dict[str, Any]: `format_version`, `policy_class`, `weights` (named_state), `optimizer` (state dict
-                or None), `counters` (`iteration`, `env_steps`), `weight_version`, `extra`
-                (`extra_training_state()`), `rng` (python, numpy, torch, cuda).
-        """
-        cls = type(self)
-        return {
-            "format_version": _training_state.CHECKPOINT_FORMAT_VERSION,
-            "policy_class": f"{cls.__module__}:{cls.__qualname__}",
-            "weights": _training_state.clone_checkpoint_value(dict(weights.named_state(self))),
-            **_training_state.capture(self),
-            "rng": _rng.capture_rng_state(),
-        }
-
-    def extra_training_state(self) -> dict[str, Any]:
-        """What else a resume needs besides weights, optimizer, counters and RNG (an off-policy learner's replay
-        buffer); checkpointed and, on a DDP resume, broadcast from rank 0 to every rank. None by default.
-
-        Returns:
-            dict[str, Any]: Tensors in plain containers (a checkpoint loads with `weights_only=True`).
-        """
-        return {}
-
-    def load_extra_training_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what `extra_training_state` returned (the base class has none to restore).
-
-        Args:
-            state (Mapping[str, Any]): An `extra_training_state()` output, tensors on the CPU.
-        """
-        del state
-
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
-        """Write `checkpoint_state()` atomically (temporary file, then rename).
-
-        Args:
-            path (str | os.PathLike[str]): Destination file; parent directories are created.
-
-        Returns:
-            Path: The path written.
-        """
-        return _training_state.write_checkpoint(self.checkpoint_state(), path)
-
-    def load_checkpoint(self, path: str | os.PathLike[str], restore_rng: bool = True) -> dict[str, Any]:
-        """Resume from a checkpoint: weights, optimizer, counters, weight version, extra training state (a replay
-        buffer) and (optionally) RNG states.
-
-        Call after `init_train` (or `init_eval`, which ignores the optimizer state).
-
-        Args:
-            path (str | os.PathLike[str]): A file written by `save_checkpoint`.
-            restore_rng (bool, optional): Also restore the global RNG states. Defaults to True.
-
-        Returns:
-            dict[str, Any]: The checkpoint as loaded.
-
-        Raises:
-            RuntimeError: When the policy is not initialised.
-            ValueError: When the file's format version is unknown.
-        """
-        self._require_init()
-        state = _training_state.read_checkpoint(path)
-        with self._gate.exclusive():
-            self.load_state_dict(state["weights"])
-        _training_state.restore(self, state)
-        if restore_rng:
-            _rng.restore_rng_state(state["rng"])
-        return state
-
-    # -- timing ------------------------------------------------------------------------------------------------------
-
-    def print_timing_summary(self, reset: bool = False) -> dict[str, dict[str, float]]:
-        """Print count, total, mean and maximum seconds per timed phase, since start or the last reset.
-
-        Args:
-            reset (bool, optional): Start the aggregates afresh afterwards. Defaults to False.
-
-        Returns:
-            dict[str, dict[str, float]]: `{phase: {"count", "total_s", "mean_s", "max_s"}}`, phases by name.
-        """
-        summary = {
-            phase: {"count": stats.count, "total_s": stats.total_s, "mean_s": stats.mean_s, "max_s": stats.max_s}
-            for phase, stats in self.timings.snapshot(reset).items()
-        }
-        for phase, row in summary.items():
-            print(
-                f"{phase:>16}: n={row['count']} total={row['total_s']:.3f}s mean={row['mean_s'] * 1e3:.3f}ms "
-                f"max={row['max_s'] * 1e3:.3f}ms"
-            )
-        return summary

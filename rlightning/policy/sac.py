@@ -408,12 +408,6 @@ class SACPolicy(base_policy.BasePolicy):
         """The actor's parameters and buffers under `actor.*`: all an evaluator holds and needs to act."""
         return {f"actor.{name}": tensor for name, tensor in weights.named_state(self.actor).items()}
 
-    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
-        """`{module name: state dict}` of the trainable modules (`actor`; a trainer also `critic` and, when tuned,
-        `temperature`) with clean keys (no DDP/compile prefixes).
-        """
-        return {name: dict(weights.named_state(module)) for name, module in self.model_list}
-
     def extra_training_state(self) -> dict[str, Any]:
         """The replay buffer's transitions, oldest first (`CircularReplayBuffer.state_dict`); none on an evaluator.
 

@@ -159,9 +159,6 @@ class ToyPolicy(BasePolicy):
         self.env_steps += self._data.numel() * self.dp_world_size
         return {"loss": float(loss.detach())}
 
-    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
-        return {name: weights.named_state(module) for name, module in self.model_list}
-
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         weights.load_named_state(self, self.clean_state_dict(state_dict))
 

@@ -8,9 +8,9 @@ cut where its batch ends (no critic to bootstrap from), which biases it for epis
 What a policy class must do for rlightning (see `rlightning.policy.BasePolicy`): build its network in
 `construct_network`, act in `rollout_step`/`postprocess` (the output's `action` goes to the env), declare the
 rollout outputs it learns from in `rollout_fields`, learn in `update_dataset` (`checked_dataset` checks the batch)
-and `train`, and name its weights (`get_trainable_parameters`). The base class builds the optimizer that
-`spec.policy.optim` names (`setup_optimizer`) and loads state dicts (`load_state_dict`). Its `policy_kwargs` are
-validated by `kwargs_model`.
+and `train`. The base class builds the optimizer that `spec.policy.optim` names (`setup_optimizer`), names the
+trainable modules' weights (`get_trainable_parameters`) and loads state dicts (`load_state_dict`). Its
+`policy_kwargs` are validated by `kwargs_model`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pydantic.alias_generators import to_camel
 from tensordict import TensorDict
 from torch import nn
 
-from rlightning import weights
 from rlightning.config import PolicyConfig
 from rlightning.policy import BasePolicy, EnvMeta, ExperienceField, PolicyRole
 
@@ -147,7 +146,3 @@ class ReinforcePolicy(BasePolicy):
         self.iteration += 1
         self.env_steps += steps * envs * self.dp_world_size
         return {"policy_loss": float(loss.detach()), "entropy": float(dist.entropy().mean().detach())}
-
-    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
-        """`{"agent": state dict}` with clean keys."""
-        return {name: weights.named_state(module) for name, module in self.model_list}
