@@ -1,8 +1,9 @@
 """Policies: the seed's `BasePolicy` API, the `PolicyGroup` handle, the policy-class loader, PPO, APPO and SAC.
 
 Belongs here: what a policy is and does (build, act, learn, receive weights, checkpoint) and the handle that
-keeps evaluators in step with the trainer. `base_policy` holds the seed's API; the private modules behind it
-each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`); `_experience` is
+keeps evaluators in step with the trainer. `base_policy` holds the seed's API, with its parts mixed in (`_actor`:
+rollouts and their accounting; `_weight_mixin`: weight updates; `_checkpoint`: checkpoints); the private modules
+behind them each do one job (`_gate`, `_weight_updates`, `_training_state`, `_ddp`, `_timing`, `_rng`); `_experience` is
 the layout of experience batches (keys, per-step shapes, dtypes) that collectors write and trainers check;
 `_replay` the bounded replay buffer of off-policy learners (SAC); `_vtrace` the V-trace targets of APPO;
 `_router` sends rollout requests to the least-loaded of several policy replicas (async rollout mode). Not here:
