@@ -39,8 +39,9 @@ def _suspend(cluster, namespace, suspend: bool) -> None:
                     "-p", f'{{"spec":{{"suspend":{str(suspend).lower()}}}}}')
 
 
-def test_a_queued_trainer_gang_starts_only_when_admitted_and_all_at_once(crd, namespace,
-                                                                         operator):
+def test_a_queued_trainer_gang_has_no_pod_until_admitted_and_its_preemption_is_kept(crd, namespace, operator):
+    # Kueue's steps done by hand: this test cannot tell a whole gang from pods started one by one (the Job
+    # controller starts them); test_kueue_admits_a_trainer_gang_whole_or_not_at_all checks that with a real Kueue.
     cluster = crd
     apply(cluster, namespace, yaml.safe_load(EXAMPLE.read_text()))
     group = wait_for("the group to be Queued", lambda: _with_reason(cluster, namespace, "Queued"))
