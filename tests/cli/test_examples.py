@@ -67,6 +67,20 @@ def test_cartpole_example_runs_to_its_target(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @DEFAULT_PORTS
+def test_cartpole_appo_example_runs_to_its_target(tmp_path: Path) -> None:
+    """examples/cartpole-appo.yaml: APPO's free-running evaluators produce the data, nothing within the lag is
+    dropped, and it reaches 475 on the final weights."""
+    summary = run_example("cartpole-appo.yaml", tmp_path)
+    assert summary["reached_target"] is True and summary["final_eval_return"] >= 475, summary
+    assert summary["consistent"] is True and summary["final_eval_version"] == summary["weight_version"], summary
+    assert summary["dropped"]["share"] == 0.0, summary["dropped"]
+    assert sum(summary["policy_lag_counts"]) * 32 * 4 == summary["env_steps"], summary  # batches of [32, 4]
+    assert summary["importance_weights"]["updates"] == summary["iterations"], summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@DEFAULT_PORTS
 def test_pendulum_example_runs_to_its_target(tmp_path: Path) -> None:
     """examples/pendulum.yaml: SAC learns from the evaluator's data and reaches -250."""
     summary = run_example("pendulum.yaml", tmp_path)
