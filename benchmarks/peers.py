@@ -30,6 +30,9 @@ Cases, seeds interleaved (SB3 then rlightning for each seed):
 - `slow-N`: behind a 5 ms-per-step env (`benchmarks/slow_env.py`, `--step-latency-ms`) with N evaluators of one env
   each (1 trainer rank, N batches of [256/N, 1] per update, `train.maxPolicyLag` `--slow-lag`, default 1 so that
   collection overlaps the update) against SB3 with N envs in a SubprocVecEnv (n_steps 256/N): the same update.
+- `appo-N` (`--slow-policies ppo,appo`): the same behind the slow env with `examples/cartpole-appo.yaml`'s APPO
+  (V-trace, free-running evaluators, `train.maxPolicyLag` `--appo-lag`, default 4, docs/vtrace.md), against the
+  same SB3 runs as `slow-N` (each seed's SB3 run is made once and counted for both).
 
 - `halfcheetah`, `hopper`: MuJoCo locomotion to `--env-steps` (default 1M) with `--workload-evaluators` evaluators
   (default 2; a list runs each count) against SB3's PPO with CleanRL's settings in one process, and a plain process
@@ -101,6 +104,7 @@ class Outcome:
 
 # -- rlightning -------------------------------------------------------------------------------------------------
 EXAMPLE = REPO / "examples" / "cartpole.yaml"
+APPO_EXAMPLE = REPO / "examples" / "cartpole-appo.yaml"
 
 
 def run_ports(index: int) -> dict[str, int]:
@@ -119,11 +123,13 @@ def example_manifest(seed: int, index: int, path: Path = EXAMPLE) -> dict[str, A
     return doc
 
 
-def slow_manifest(evaluators: int, seed: int, index: int, latency_ms: float, lag: int) -> dict[str, Any]:
-    """The example behind the slow env: `evaluators` evaluators of one env each, one trainer rank learning from one
-    [256/evaluators, 1] batch of each per update (the Zoo's 256 samples).
+def slow_manifest(
+    evaluators: int, seed: int, index: int, latency_ms: float, lag: int, path: Path = EXAMPLE
+) -> dict[str, Any]:
+    """The example at `path` behind the slow env: `evaluators` evaluators of one env each, one trainer rank learning
+    from one [256/evaluators, 1] batch of each per update (the Zoo's 256 samples).
     """
-    doc = example_manifest(seed, index)
+    doc = example_manifest(seed, index, path)
     spec = doc["spec"]
     spec["env"] = {"id": SLOW_ENV_ID, "numEnvs": 1, "kwargs": {"step_latency_ms": latency_ms}}
     spec["train"].update(procsPerNode=1, rolloutSteps=SAMPLES_PER_UPDATE // evaluators, batchesPerUpdate=evaluators,
@@ -327,6 +333,8 @@ def main() -> int:
     parser.add_argument("--evaluators", default="1,4,8", help="evaluator (and SubprocVecEnv env) counts of `slow`")
     parser.add_argument("--step-latency-ms", type=float, default=5.0, help="added latency per env step (ms)")
     parser.add_argument("--slow-lag", type=int, default=1, help="train.maxPolicyLag of the slow-env runs")
+    parser.add_argument("--slow-policies", default="ppo", help="comma-separated: ppo (slow-N), appo (appo-N)")
+    parser.add_argument("--appo-lag", type=int, default=4, help="train.maxPolicyLag of the appo-N runs")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take at most")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and every run to this file")
     parser.add_argument("--manifest", type=Path, default=EXAMPLE,
@@ -357,14 +365,21 @@ def main() -> int:
             config = {"env_id": SLOW_ENV_ID, "n_envs": count, "subproc": True,
                       "env_kwargs": {"step_latency_ms": args.step_latency_ms},
                       "evaluation_interval": SLOW_EVALUATION_INTERVAL_SECONDS}  # fmt: skip
-            plan.append((f"slow-{count}", config, lambda seed, index, n=count: slow_manifest(
-                n, seed, index, args.step_latency_ms, args.slow_lag)))  # fmt: skip
+            for policy in args.slow_policies.split(","):
+                lag, path = (args.appo_lag, APPO_EXAMPLE) if policy == "appo" else (args.slow_lag, EXAMPLE)
+                plan.append((f"{'slow' if policy == 'ppo' else policy}-{count}", config,
+                             lambda seed, index, n=count, lag=lag, path=path: slow_manifest(
+                                 n, seed, index, args.step_latency_ms, lag, path)))  # fmt: skip
     outcomes: list[Outcome] = []
+    sb3_runs: dict[tuple[str, int], Outcome] = {}  # (config, seed) -> its run, shared by the cases of one config
     index = 0
     for case, config, manifest in plan:
         for seed in range(args.seeds):
+            key = (json.dumps(config, sort_keys=True), seed)
+            if key not in sb3_runs:
+                sb3_runs[key] = run_sb3(case, config, seed, args.timeout)
             for outcome in (
-                run_sb3(case, config, seed, args.timeout),
+                dataclasses.replace(sb3_runs[key], case=case),
                 run_rlightning(case, copy.deepcopy(manifest(seed, index)), seed, args.timeout),
             ):
                 outcomes.append(outcome)
