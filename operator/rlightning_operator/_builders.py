@@ -189,6 +189,37 @@ def _role_config(spec: PolicyGroupSpec, role: str) -> TrainConfig | EvalConfig:
     return spec.train if role == contract.PolicyRole.TRAIN else spec.eval
 
 
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+"""NoExecute taints the node lifecycle controller puts on a node whose kubelet reports NotReady or stops answering
+(Kubernetes docs, "Taints and Tolerations", taint-based evictions)."""
+
+
+def node_loss_tolerations(given: list[dict[str, Any]], role: TrainConfig | EvalConfig) -> list[dict[str, Any]]:
+    """Tolerations of :data:`NODE_LOSS_TAINTS` for the role's `unreachableTolerationSeconds`, but for the taints
+    `given` (the pod shorthand's tolerations) already names, by key or by a toleration of every key.
+
+    Without them the admission plugin DefaultTolerationSeconds gives every pod 300 s; once the taint manager evicts
+    a pod, the operator forces it out (`_pods.released_at`). The taint manager takes the shortest matching
+    `tolerationSeconds`, so one of ours beside a user's would override the user's.
+
+    Args:
+        given (list[dict[str, Any]]): `pod.tolerations` of the role, as the user wrote them.
+        role (TrainConfig | EvalConfig): The role's config.
+
+    Returns:
+        list[dict[str, Any]]: Toleration objects (operator Exists, effect NoExecute), by taint key.
+    """
+    if any(not toleration.get("key") and toleration.get("operator") == "Exists" for toleration in given):
+        return []
+    named = {toleration.get("key") for toleration in given}
+    seconds = role.unreachable_toleration_seconds
+    return [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        for key in NODE_LOSS_TAINTS
+        if key not in named
+    ]
+
+
 def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[str, Any]:
     spec, group = manifest.spec, manifest.metadata.name
     pod = _role_config(spec, role).pod
@@ -233,8 +264,9 @@ def _pod_spec(manifest: PolicyGroupManifest, namespace: str, role: str) -> dict[
     }
     if pod.node_selector:
         result["nodeSelector"] = dict(sorted(pod.node_selector.items()))
-    if pod.tolerations:
-        result["tolerations"] = copy.deepcopy(pod.tolerations)
+    tolerations = [*copy.deepcopy(pod.tolerations), *node_loss_tolerations(pod.tolerations, _role_config(spec, role))]
+    if tolerations:
+        result["tolerations"] = tolerations
     if pod.affinity:
         result["affinity"] = copy.deepcopy(pod.affinity)
     if pod.priority_class_name:

@@ -11,8 +11,8 @@
 - A trainer lost (`trainer_loss`): a pod of the gang's current attempt that failed (a container exited non-zero),
   or that was disrupted (condition `DisruptionTarget`: preempted, evicted, its node tainted or gone) or deleted.
   The operator restarts the whole gang as a new attempt on either (`_planner.plan_restart`).
-- Stranded on an unreachable node (`stranded`): a pod the taint manager deleted whose grace period has passed
-  with no kubelet to confirm it (`_planner.plan_force_deletes` says which the operator force-deletes);
+- Stranded on an unreachable node (`stranded`): a pod the taint manager deleted, which no kubelet may be there to
+  end (`_planner.plan_force_deletes` says which the operator force-deletes, without waiting for its grace period);
   `unreachable_nodes` names their nodes for the Event and the conditions.
 
 Each message ends with what the failed container said (`said`: its termination message, which for a trainer is the
@@ -377,13 +377,17 @@ def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
 
 
 def released_at(pod: Mapping[str, Any]) -> float | None:
-    """When `pod` counts as stranded if it is still there: the end of the grace period of the deletion the taint
-    manager made (its deletionTimestamp), for a pod on a node, not ready, evicted by the taint manager.
+    """When `pod` counts as stranded if it is still there: when the taint manager deleted it (its deletionTimestamp
+    less its deletionGracePeriodSeconds), for a pod on a node, not ready, evicted by the taint manager.
 
-    A kubelet that answers ends a deleted pod's containers within the grace period and removes the pod; one that
-    does not leaves it Terminating until the node comes back or is deleted. Kubernetes' own answer for such a pod is
-    a forced deletion (`kubectl delete --force --grace-period=0`, or the out-of-service taint whose pod garbage
-    collector does the same): Kubernetes docs, "Force Delete StatefulSet Pods" and "Non-graceful node shutdown".
+    The taint manager evicts a pod once its toleration of the node's NoExecute taint (`builders.NODE_LOSS_TAINTS`,
+    `unreachableTolerationSeconds`) has passed. A kubelet that answers ends a deleted pod's containers within the
+    grace period and removes the pod; one that does not leaves it Terminating until the node comes back or is
+    deleted, so the operator does not wait out a grace period no kubelet will honour. Kubernetes' own answer for
+    such a pod is a forced deletion (`kubectl delete --force --grace-period=0`, or the out-of-service taint whose
+    pod garbage collector does the same): Kubernetes docs, "Force Delete StatefulSet Pods" and "Non-graceful node
+    shutdown". Forcing it out early is safe for the run: a pod of an old attempt can neither publish weights, nor
+    be trained on, nor write a checkpoint (docs/operator.md, the fencing list).
 
     Args:
         pod (Mapping[str, Any]): A pod as watched or listed (`trim`med is enough).
@@ -398,7 +402,7 @@ def released_at(pod: Mapping[str, Any]) -> float | None:
         return None
     if disruption.get("status") != "True" or disruption.get("reason") != TAINT_MANAGER:
         return None
-    return _seconds(str(metadata["deletionTimestamp"]))
+    return _time(metadata["deletionTimestamp"], float(metadata.get("deletionGracePeriodSeconds") or 0))
 
 
 def stranded(pod: Mapping[str, Any], now: float) -> Stranded | None:

@@ -4,7 +4,7 @@ A reconcile first asks whether the trainer gang's attempt has ended with a lost 
 if so it posts a Warning Event, builds the Job of the next attempt (which the plan then recreates: Foreground
 deletion, and no new Job while any trainer pod of another attempt remains) and records the restart in status.
 Once training has ended, the evaluators are scaled to zero unless spec.eval.afterTraining is Serve. Pods the taint
-manager evicted from a node that stopped answering are force-deleted once their grace period is over
+manager evicted from a node that stopped answering are force-deleted at once, no kubelet being there to end them
 (`_planner.plan_force_deletes`), so that they hold neither the next attempt nor the evaluators' replacement.
 
 Synchronous (the kubernetes client blocks); kopf runs it in its thread pool. Reconciles of the same
@@ -561,7 +561,8 @@ class Reconciler:
                         condition["type"] != "Ready":
                     logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
                     self._post_event(body, "Warning", condition["reason"], condition["message"][:1000])
-        # a pod the taint manager deleted is force-deleted once its grace period ends, with no event to announce it
+        # a pod the taint manager deleted is force-deleted from its deletion's time on: a recheck for when the API
+        # server's clock (deletionTimestamp) runs ahead of ours, as no event would announce that time
         now = time.time()
         rechecks = [due - now + 1.0 for due in map(pods.released_at, self._live_pods(namespace, name))
                     if due is not None and due > now]

@@ -46,6 +46,16 @@ class CheckpointConfig(SpecModel):
     )
 
 
+TRAIN_UNREACHABLE_TOLERATION_SECONDS = 30
+"""Default seconds a trainer pod tolerates a silent node: with the node lifecycle controller's 50 s grace period
+(``--node-monitor-grace-period``) a run re-forms within about a minute and a half of the node's last heartbeat,
+where Kubernetes' default toleration (300 s, admission plugin DefaultTolerationSeconds) idles the gang for five
+minutes more. Long enough that a kubelet restart or a short network blip does not restart the gang. Sources:
+Kubernetes docs, "Taints and Tolerations" (taint-based evictions) and the kube-controller-manager reference."""
+
+EVAL_UNREACHABLE_TOLERATION_SECONDS = 60
+"""Default seconds an evaluator pod tolerates a silent node (see :data:`TRAIN_UNREACHABLE_TOLERATION_SECONDS`)."""
+
 class TrainConfig(SpecModel):
     """The trainers: `nodes` pods, each running torchrun with `procs_per_node` DDP ranks."""
 
@@ -111,6 +121,16 @@ class TrainConfig(SpecModel):
         ),
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    unreachable_toleration_seconds: int = Field(
+        default=TRAIN_UNREACHABLE_TOLERATION_SECONDS,
+        ge=0,
+        description=(
+            "Seconds a trainer pod stays bound to a node that stopped answering (tolerationSeconds of the NoExecute "
+            "taints node.kubernetes.io/unreachable and not-ready) before it is evicted; the operator then removes "
+            "it at once, so the next attempt forms on nodes that answer. Kubernetes' default is 300 s, all of which "
+            "a DDP gang would idle. A toleration of either taint in pod.tolerations wins."
+        ),
+    )
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of trainer pods.")
     template: PodTemplate | None = Field(default=None, description=TEMPLATE_DESCRIPTION)
 
@@ -191,6 +211,15 @@ class EvalConfig(SpecModel):
             "With policy.rolloutMode async: env shards an evaluator steps concurrently when it produces training "
             "data, one thread each, every request routed to the least-loaded policy replica. Unset: one per env "
             "copy (env.numEnvs) in async mode, 1 in sync mode. At most env.numEnvs."
+        ),
+    )
+    unreachable_toleration_seconds: int = Field(
+        default=EVAL_UNREACHABLE_TOLERATION_SECONDS,
+        ge=0,
+        description=(
+            "Seconds an evaluator pod stays bound to a node that stopped answering (as "
+            "train.unreachableTolerationSeconds) before it is evicted, removed by the operator and replaced. Longer "
+            "than the trainers': a lost evaluator only slows the fleet, and its replacement starts without weights."
         ),
     )
     pod: PodConfig = Field(default_factory=PodConfig, description="Scheduling of evaluator pods.")

@@ -481,17 +481,24 @@ def named_unreachable(status):
             if c["message"].endswith("; node node-a unreachable since 2026-12-01T09:55:00Z")}
 
 
-def test_an_evicted_evaluator_waits_for_its_grace_period_then_a_recheck_force_deletes_it(api, events, reconciler):
+def test_an_evicted_evaluator_is_force_deleted_at_once_and_rechecked_when_the_servers_clock_is_ahead(
+        api, events, reconciler):
     reconciler.reconcile(group())
     body = group()
     body["status"] = stored_status(api)
-    soon = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    evaluator = evicted({"kind": "Pod", "metadata": {"name": "cartpole-eval-0", "namespace": NS, "labels": {
-        contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}}, "status": {"phase": "Running"}}, "node-b",
-        deleted_at=soon)
-    watch_pod(api, reconciler, evaluator)
+
+    def evicted_evaluator(ordinal, deletion_in_seconds):  # deletionTimestamp: the deletion plus its 30 s grace
+        at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=deletion_in_seconds)
+        return evicted({"kind": "Pod", "metadata": {"name": f"cartpole-eval-{ordinal}", "namespace": NS, "labels": {
+            contract.LABEL_GROUP: "cartpole", contract.LABEL_ROLE: "eval"}}, "status": {"phase": "Running"}}, "node-b",
+            deleted_at=at.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    watch_pod(api, reconciler, evicted_evaluator(0, 20))  # deleted 10 s ago: its grace period is not waited for
+    reconciler.refresh_status(body)
+    assert ("Pod", "cartpole-eval-0", 0) in api.deleted
+    watch_pod(api, reconciler, evicted_evaluator(1, 50))  # deleted "in 20 s" by the API server's clock
     outcome = reconciler.refresh_status(body)
-    assert not api.deleted, "a kubelet may still confirm it within its grace period"
+    assert ("Pod", "cartpole-eval-1", 0) not in api.deleted
     assert outcome.recheck_seconds is not None and 18 <= outcome.recheck_seconds <= 22, outcome.recheck_seconds
 
 

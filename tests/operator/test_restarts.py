@@ -140,29 +140,30 @@ def unix(timestamp, plus=0.0):
 
 
 EVICTED = {"deleted_at": T0, "disruption": "DeletionByTaintManager"}
-AFTER_GRACE, IN_GRACE = unix(T0, 75.0), unix(T0, 74.0)  # the pods' grace period is 75 s
+# deleted at T0 with a grace period of 75 s, which no kubelet of a silent node honours: not waited for
+DELETED, EARLIER = unix(T0), unix(T0, -1.0)
 
 # (name, pods, current attempt, now, expected pod names)
 FORCE_CASES = [
-    ("an evicted evaluator past its grace period", [on_node(pod("g-eval-0", role="eval", **EVICTED))], 0,
-     AFTER_GRACE, ["g-eval-0"]),
-    ("within its grace period a kubelet may still end it", [on_node(pod("g-eval-0", role="eval", **EVICTED))], 0,
-     IN_GRACE, []),
-    ("a trainer of an older attempt", [on_node(pod("g-train-0-a", attempt=1, **EVICTED))], 2, AFTER_GRACE,
+    ("an evicted evaluator, at once", [on_node(pod("g-eval-0", role="eval", **EVICTED))], 0,
+     DELETED, ["g-eval-0"]),
+    ("not before the deletion (the API server's clock ahead)", [on_node(pod("g-eval-0", role="eval", **EVICTED))],
+     0, EARLIER, []),
+    ("a trainer of an older attempt", [on_node(pod("g-train-0-a", attempt=1, **EVICTED))], 2, DELETED,
      ["g-train-0-a"]),
     ("a trainer of the current attempt: its loss restarts the gang first",
-     [on_node(pod("g-train-0-a", attempt=2, **EVICTED))], 2, AFTER_GRACE, []),
+     [on_node(pod("g-train-0-a", attempt=2, **EVICTED))], 2, DELETED, []),
     ("still ready: its node answers", [on_node(pod("g-eval-0", role="eval", **EVICTED), ready="True")], 0,
-     AFTER_GRACE, []),
+     DELETED, []),
     ("evicted by a drain, not the taint manager",
-     [on_node(pod("g-eval-0", role="eval", deleted_at=T0, disruption="EvictionByEvictionAPI"))], 0, AFTER_GRACE, []),
+     [on_node(pod("g-eval-0", role="eval", deleted_at=T0, disruption="EvictionByEvictionAPI"))], 0, DELETED, []),
     ("deleted by a person (no DisruptionTarget)", [on_node(pod("g-eval-0", role="eval", deleted_at=T0))], 0,
-     AFTER_GRACE, []),
-    ("never scheduled", [pod("g-eval-0", role="eval", **EVICTED)], 0, AFTER_GRACE, []),
-    ("a pod of no role", [on_node(pod("other", role="", **EVICTED))], 0, AFTER_GRACE, []),
+     DELETED, []),
+    ("never scheduled", [pod("g-eval-0", role="eval", **EVICTED)], 0, DELETED, []),
+    ("a pod of no role", [on_node(pod("other", role="", **EVICTED))], 0, DELETED, []),
     ("sorted by node, then name", [on_node(pod("g-eval-1", role="eval", **EVICTED), node="node-b"),
                                    on_node(pod("g-eval-2", role="eval", **EVICTED)),
-                                   on_node(pod("g-eval-0", role="eval", **EVICTED), node="node-b")], 0, AFTER_GRACE,
+                                   on_node(pod("g-eval-0", role="eval", **EVICTED), node="node-b")], 0, DELETED,
      ["g-eval-2", "g-eval-0", "g-eval-1"]),
 ]
 
