@@ -221,6 +221,12 @@ def difference(before: HostState, after: HostState) -> list[str]:
     return lines
 
 
+def mounts_under(root: pathlib.Path) -> list[str]:
+    """Return the mount points at or below ``root`` (each once)."""
+    prefix = str(root).rstrip("/") + "/"
+    return sorted({p for p in mount_points() if p.startswith(prefix) or p == str(root)})
+
+
 def unmount_under(root: pathlib.Path) -> list[str]:
     """Lazily unmount every mount point at or below ``root``, deepest first.
 
@@ -230,13 +236,16 @@ def unmount_under(root: pathlib.Path) -> list[str]:
     Returns:
         list[str]: The mount points unmounted.
     """
-    prefix = str(root).rstrip("/") + "/"
-    points = [p for p in mount_points() if p.startswith(prefix) or p == str(root)]
     done = []
-    for point in sorted(set(points), key=lambda p: (p.count("/"), len(p)), reverse=True):
+    for point in sorted(mounts_under(root), key=lambda p: (p.count("/"), len(p)), reverse=True):
         if subprocess.run(["umount", "--lazy", point], capture_output=True, check=False).returncode == 0:
             done.append(point)
     return done
+
+
+def cgroups_named(names: set[str]) -> list[str]:
+    """Return ``hierarchy/name`` of the top-level cgroups of these names that exist, in every hierarchy."""
+    return sorted(f"{top.parent.name}/{top.name}" for name in names for top in CGROUP_ROOT.glob(f"*/{name}"))
 
 
 def _cgroup_tree(top: pathlib.Path) -> list[pathlib.Path]:

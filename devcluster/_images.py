@@ -3,9 +3,10 @@
 Two images, both imported with ``ctr -n k8s.io images import`` so nothing is pulled from a registry:
 
 - the sandbox (pause) image: one static C program that sleeps until SIGTERM/SIGINT and reaps children;
-- the runtime image: a rootfs of empty folders, the merged-/usr symlinks and a minimal /etc; the containers see
-  /usr, the Python install, the repository and its virtualenv through read-only binds of the base runtime spec
-  (``_nodeconfig.base_runtime_spec``), so the multi-GB virtualenv is never copied. Like operator/Dockerfile's
+- the runtime image: a rootfs of empty folders, the merged-/usr symlinks, a minimal /etc and the virtualenv's
+  console scripts (a few KiB, relocated to fixed paths); the containers see /usr, the Python install, the
+  repository and its virtualenv through read-only binds of the base runtime spec (``_nodeconfig.base_runtime_spec``),
+  so the multi-GB virtualenv is never copied. Like operator/Dockerfile's
   image it runs ``rlightning-operator`` unless a pod gives a command, and knows the operator's user (UID 10001),
   so the Helm chart's Deployment runs on it unchanged.
 
@@ -90,8 +91,15 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
-def runtime_layer() -> bytes:
-    """Return the runtime image's single layer: :data:`ROOTFS_DIRS`, ``tmp``, :data:`USR_LINKS`, :data:`ETC_FILES`.
+def runtime_layer(scripts: dict[str, bytes] | None = None, scripts_dir: str = "opt/rlightning/bin") -> bytes:
+    """Return the runtime image's single layer: :data:`ROOTFS_DIRS`, ``tmp``, :data:`USR_LINKS`, :data:`ETC_FILES`
+    and the given scripts.
+
+    Args:
+        scripts (dict[str, bytes] | None, optional): Executables by file name, written to ``scripts_dir`` (mode
+            0755). Defaults to None (none).
+        scripts_dir (str, optional): Their folder, relative to the root. Defaults to ``"opt/rlightning/bin"``
+            (``_nodeconfig.CONTAINER_SCRIPTS``).
 
     Returns:
         bytes: An uncompressed tar.
@@ -105,6 +113,13 @@ def runtime_layer() -> bytes:
             _add_link(tar, name, target)
         for name, text in ETC_FILES.items():
             _add_bytes(tar, name, text.encode())
+        if scripts:
+            parts = scripts_dir.strip("/").split("/")
+            for depth in range(1, len(parts) + 1):
+                if "/".join(parts[:depth]) not in ROOTFS_DIRS:
+                    _add_dir(tar, "/".join(parts[:depth]))
+            for name, data in sorted(scripts.items()):
+                _add_bytes(tar, f"{'/'.join(parts)}/{name}", data, 0o755)
     return buffer.getvalue()
 
 
@@ -207,14 +222,17 @@ def pause_archive(name: str, pause_binary: pathlib.Path) -> bytes:
     return oci_archive(name, pause_layer(pause_binary), {"Entrypoint": ["/pause"], "WorkingDir": "/"})
 
 
-def runtime_archive(name: str, env: list[str]) -> bytes:
+def runtime_archive(name: str, env: list[str], scripts: dict[str, bytes] | None = None) -> bytes:
     """Return the OCI layout tar of the runtime image.
 
     Args:
         name (str): Full image reference.
         env (list[str]): ``NAME=value`` entries (``_nodeconfig.image_env``).
+        scripts (dict[str, bytes] | None, optional): The virtualenv's relocated console scripts by name
+            (``_nodeconfig.container_script``). Defaults to None.
 
     Returns:
         bytes: The archive; its containers run :data:`ENTRYPOINT` unless the pod gives a command.
     """
-    return oci_archive(name, runtime_layer(), {"Env": env, "Entrypoint": list(ENTRYPOINT), "WorkingDir": "/"})
+    layer = runtime_layer(scripts)
+    return oci_archive(name, layer, {"Env": env, "Entrypoint": list(ENTRYPOINT), "WorkingDir": "/"})

@@ -61,6 +61,18 @@ CONTAINERD = pathlib.Path("/usr/bin/containerd")
 CTR = pathlib.Path("/usr/bin/ctr")
 """containerd's client from the Debian package (image import, listing)."""
 
+CONTAINER_SOURCE = pathlib.PurePosixPath("/opt/rlightning/src")
+"""Where every container sees the checkout (read-only), whatever its host path: a clone under ``/tmp`` would be
+hidden by a pod's emptyDir at ``/tmp`` (the chart's Deployment mounts one), and one with a space in its path would
+need quoting in every shebang and ``PATH``."""
+
+CONTAINER_VENV = pathlib.PurePosixPath("/opt/rlightning/venv")
+"""Where every container sees the virtualenv (read-only), for the same reasons as :data:`CONTAINER_SOURCE`."""
+
+CONTAINER_SCRIPTS = pathlib.PurePosixPath("/opt/rlightning/bin")
+"""The virtualenv's console scripts (``rlightning-operator``, ``torchrun`` ...) in the runtime image, with their
+shebangs on :data:`CONTAINER_VENV`'s python: pip writes the interpreter's host path into each script."""
+
 @dataclasses.dataclass(frozen=True)
 class NodeLayout:
     """Folders and files of one real node, all under ``root``.
@@ -246,25 +258,36 @@ def cni_conflist(layout: NodeLayout) -> dict:
     }
 
 
-def base_runtime_spec(default_spec: dict, read_only_binds: list[pathlib.Path]) -> dict:
-    """containerd's default OCI spec plus read-only bind mounts at the same paths inside every container.
+@dataclasses.dataclass(frozen=True)
+class Bind:
+    """A read-only bind mount of a host folder into every container.
+
+    Attributes:
+        source (pathlib.Path): Absolute host folder.
+        destination (pathlib.PurePosixPath): Absolute path inside the container.
+    """
+
+    source: pathlib.Path
+    destination: pathlib.PurePosixPath
+
+
+def base_runtime_spec(default_spec: dict, binds: list[Bind]) -> dict:
+    """containerd's default OCI spec plus read-only bind mounts into every container.
 
     Args:
         default_spec (dict): Output of ``ctr oci spec`` (containerd's defaults for this version).
-        read_only_binds (list[pathlib.Path]): Absolute host folders (``/usr``, the Python install, the repository,
-            its virtualenv).
+        binds (list[Bind]): ``/usr`` and the Python install at their host paths, the repository at
+            :data:`CONTAINER_SOURCE`, its virtualenv at :data:`CONTAINER_VENV`.
 
     Returns:
-        dict: A copy of ``default_spec`` with one ``bind`` mount per folder (``rbind,ro``), after the defaults.
+        dict: A copy of ``default_spec`` with one ``bind`` mount per entry (``rbind,ro``), after the defaults.
     """
     spec = json.loads(json.dumps(default_spec))
-    spec["mounts"] = [
-        *spec.get("mounts", []),
-        *(
-            {"destination": str(path), "type": "bind", "source": str(path), "options": ["rbind", "ro"]}
-            for path in read_only_binds
-        ),
+    mounts = [
+        {"destination": str(bind.destination), "type": "bind", "source": str(bind.source), "options": ["rbind", "ro"]}
+        for bind in binds
     ]
+    spec["mounts"] = [*spec.get("mounts", []), *mounts]
     return spec
 
 
@@ -396,22 +419,61 @@ def api_server_dnat(apiserver_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def image_env(repo: pathlib.Path, venv_bin: pathlib.Path) -> list[str]:
-    """Environment of the runtime image: the virtualenv first on PATH, the checkout's code on PYTHONPATH.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The usual PATH of a Debian image, after the project's folders in :func:`image_env`."""
+
+
+def image_env() -> list[str]:
+    """Environment of the runtime image: its scripts and the virtualenv first on PATH, the checkout on PYTHONPATH.
 
     The shared virtualenv's editable install may point at another checkout; PYTHONPATH puts the repository whose
-    tests run first, so pods run its code.
-
-    Args:
-        repo (pathlib.Path): Repository root.
-        venv_bin (pathlib.Path): The virtualenv's ``bin`` folder (resolved).
+    tests run first, so pods run its code. Every path is a fixed one inside the container (:data:`CONTAINER_SCRIPTS`,
+    :data:`CONTAINER_VENV`, :data:`CONTAINER_SOURCE`), never the host's.
 
     Returns:
         list[str]: ``NAME=value`` entries.
     """
     return [
-        f"PATH={venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        f"PYTHONPATH={repo}:{repo / 'operator'}",
+        f"PATH={CONTAINER_SCRIPTS}:{CONTAINER_VENV / 'bin'}:{SYSTEM_PATH}",
+        f"PYTHONPATH={CONTAINER_SOURCE}:{CONTAINER_SOURCE / 'operator'}",
         "PYTHONUNBUFFERED=1",
         "HOME=/tmp",
     ]
+
+
+_SH_TRAMPOLINE = (b"#!/bin/sh", b"'''exec' ", b"' '''")
+"""distlib's ScriptMaker header for an interpreter path with a space or over 127 bytes: ``#!/bin/sh``, then
+``'''exec' "<python>" "$0" "$@"``, then ``' '''`` (a no-op string to python)."""
+
+
+def container_script(script: bytes, venv: pathlib.Path) -> bytes | None:
+    r"""A virtualenv console script with its interpreter moved to :data:`CONTAINER_VENV`; None for other files.
+
+    pip (distlib's ScriptMaker) writes ``#!<venv>/bin/python`` as the first line, or the ``/bin/sh`` trampoline
+    of :data:`_SH_TRAMPOLINE` when that path holds a space or is long; both become one
+    ``#!/opt/rlightning/venv/bin/<interpreter>`` line.
+
+    Args:
+        script (bytes): The file's content.
+        venv (pathlib.Path): The virtualenv's host folder, as its scripts name it (``sys.prefix``).
+
+    Returns:
+        bytes | None: The relocated script; None when the file does not run the virtualenv's python.
+
+    Examples:
+        >>> container_script(b"#!/w/.venv/bin/python\nimport sys\n", pathlib.Path("/w/.venv"))
+        b'#!/opt/rlightning/venv/bin/python\nimport sys\n'
+    """
+    lines = script.split(b"\n")
+    shell, exec_prefix, closing = _SH_TRAMPOLINE
+    if len(lines) > 3 and lines[0] == shell and lines[1].startswith(exec_prefix) and lines[2] == closing:
+        interpreter, rest = lines[1][len(exec_prefix) :].split(b' "$0"', 1)[0].strip(b'"'), lines[3:]
+    elif lines[0].startswith(b"#!"):
+        interpreter, rest = lines[0][2:].strip(), lines[1:]
+    else:
+        return None
+    prefix = str(venv).encode() + b"/bin/"
+    name = interpreter[len(prefix) :]
+    if not interpreter.startswith(prefix) or not name.startswith(b"python") or b"/" in name:
+        return None
+    return b"\n".join([b"#!" + str(CONTAINER_VENV / "bin").encode() + b"/" + name, *rest])

@@ -26,6 +26,7 @@ import yaml
 
 from devcluster import _cluster
 from devcluster import _hostpackages
+from devcluster import _hostrecord
 from devcluster import _hoststate
 from devcluster import _http
 from devcluster import _images
@@ -49,6 +50,9 @@ STATE_FILE = "realnode.json"
 COMPONENTS = ("containerd", "coredns", "kubelet")
 """Processes of the node, in start order (stopped in reverse)."""
 
+BANDWIDTH_IFB_PREFIX = "bwp"
+"""Name prefix of the ifb devices the CNI bandwidth plugin makes on the host for pods with an egress cap."""
+
 NODE_CGROUPS = {"kubepods", "k8s.io"}
 """Top-level cgroups the kubelet (cgroupfs driver) and containerd create; :meth:`RealNode.start` refuses to run
 where one already exists (a kubelet of the host), so teardown removes only its own."""
@@ -63,22 +67,40 @@ def repository_root() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parent.parent
 
 
-def read_only_binds() -> list[pathlib.Path]:
-    """Return the host folders every container sees: ``/usr``, the Python install, the repository, its virtualenv.
+def read_only_binds() -> list[cfg.Bind]:
+    """Return what every container sees: ``/usr`` and the Python install at their host paths (the virtualenv's
+    ``python`` links to the install by its host path), the repository at ``CONTAINER_SOURCE`` and its virtualenv at
+    ``CONTAINER_VENV``.
 
-    Folders already below another one are left out (runc would bind them twice).
+    A host folder below another one bound at the same path is left out (runc would bind it twice).
     """
-    candidates = [
-        pathlib.Path("/usr"),
-        pathlib.Path(sys.base_prefix).resolve(),
-        repository_root(),
-        pathlib.Path(sys.prefix).resolve(),
+    same_path: list[pathlib.Path] = []
+    for path in (pathlib.Path("/usr"), pathlib.Path(sys.base_prefix).resolve()):
+        if not any(path == other or other in path.parents for other in same_path):
+            same_path.append(path)
+    return [
+        *(cfg.Bind(path, pathlib.PurePosixPath(path)) for path in same_path),
+        cfg.Bind(repository_root(), cfg.CONTAINER_SOURCE),
+        cfg.Bind(pathlib.Path(sys.prefix).resolve(), cfg.CONTAINER_VENV),
     ]
-    binds: list[pathlib.Path] = []
-    for path in candidates:
-        if not any(path == other or other in path.parents for other in binds):
-            binds.append(path)
-    return binds
+
+
+def container_scripts(venv: pathlib.Path = pathlib.Path(sys.prefix)) -> dict[str, bytes]:
+    """Return the virtualenv's console scripts relocated for the runtime image (``_nodeconfig.container_script``).
+
+    Args:
+        venv (pathlib.Path, optional): The virtualenv, as its scripts name it. Defaults to ``sys.prefix``.
+
+    Returns:
+        dict[str, bytes]: Relocated scripts by file name.
+    """
+    scripts = {}
+    for path in sorted((venv / "bin").iterdir()):
+        if path.is_file() and not path.is_symlink():
+            relocated = cfg.container_script(path.read_bytes(), venv)
+            if relocated is not None:
+                scripts[path.name] = relocated
+    return scripts
 
 
 def _run(argv: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -138,10 +160,11 @@ class RealNode(_process.Supervisor):
         if os.geteuid() != 0:
             raise RealNodeError("a real node needs root (kubelet, containerd, bridge, iptables)")
         _hostpackages.ensure(log=self._log)
+        self._remove_dead_node()
         if pathlib.Path(f"/sys/class/net/{cfg.BRIDGE}").exists():
             raise RealNodeError(
-                f"bridge {cfg.BRIDGE} exists: another real node runs on this host (stop it with "
-                "`python -m devcluster down`) or a crashed one left it (`ip link delete " + cfg.BRIDGE + "`)"
+                f"bridge {cfg.BRIDGE} exists and no real node's record ({_hostrecord.HOST_RECORD}) names it: "
+                "something else made it (`ip link delete " + cfg.BRIDGE + "` if it is a node's of an older version)"
             )
         taken = sorted(str(p) for name in NODE_CGROUPS for p in _hoststate.CGROUP_ROOT.glob(f"*/{name}"))
         if taken:
@@ -153,6 +176,23 @@ class RealNode(_process.Supervisor):
         self.start_seconds = self._start_or_stop(self._start, timeout)
         self._log(f"devcluster: real node {self.name} Ready after {self.start_seconds:.1f}s")
         return self
+
+    def _remove_dead_node(self) -> None:
+        """Remove what the real node of a dead run left on this host; refuse while another run's node lives."""
+        record = _hostrecord.read()
+        if record is None:
+            return
+        live = _hostrecord.live(record)
+        if live:
+            raise RealNodeError(
+                f"a real node of another run is live on this host: {', '.join(live)}, work folder "
+                f"{record['workdir']}; stop it (`python -m devcluster down` or end that run) first"
+            )
+        removed = remove_node(record)
+        self._log(
+            f"devcluster: removed what the real node of a dead run (work folder {record['workdir']}) left on this "
+            f"host: {', '.join(removed) or 'its record only'}"
+        )
 
     def _start(self, deadline: float) -> None:
         layout = self.layout
@@ -195,10 +235,9 @@ class RealNode(_process.Supervisor):
     def _import_images(self) -> None:
         layout = self.layout
         pause = _images.build_pause(layout.images)
-        runtime_env = cfg.image_env(repository_root(), pathlib.Path(sys.prefix).resolve() / "bin")
         for name, archive in (
             (cfg.PAUSE_IMAGE, _images.pause_archive(cfg.PAUSE_IMAGE, pause)),
-            (cfg.IMAGE, _images.runtime_archive(cfg.IMAGE, runtime_env)),
+            (cfg.IMAGE, _images.runtime_archive(cfg.IMAGE, cfg.image_env(), container_scripts())),
         ):
             path = layout.images / (name.rsplit("/", 1)[-1].replace(":", "-") + ".tar")
             path.write_bytes(archive)
@@ -276,6 +315,7 @@ class RealNode(_process.Supervisor):
             baseline.sysctls if baseline else None,
         )
         (self.cluster.workdir / STATE_FILE).unlink(missing_ok=True)
+        _hostrecord.remove(self.cluster.workdir)
         if baseline is not None:
             self.leftovers = _hoststate.difference(baseline, _hoststate.snapshot())
             if self.leftovers:
@@ -317,23 +357,36 @@ class RealNode(_process.Supervisor):
     def _write_state(self) -> None:
         state = {
             "root": str(self.layout.root),
+            "workdir": str(self.cluster.workdir),
             "apiserver_port": self.cluster.ports.apiserver,
             "pids": {proc.name: proc.pid for proc in self.processes},
             "paths_before": sorted(self.baseline.paths) if self.baseline else None,
             "sysctls_before": self.baseline.sysctls if self.baseline else None,
+            "links_before": sorted(self.baseline.links) if self.baseline else None,
+            "owner": _hostrecord.process_id(os.getpid()),
+            "detached": self.cluster.detached,
+            "components": {proc.name: _hostrecord.process_id(proc.pid) for proc in self.processes},
         }
         (self.cluster.workdir / STATE_FILE).write_text(json.dumps(state, indent=2))
+        _hostrecord.write(state)
 
 
-def kill_shims(layout: cfg.NodeLayout) -> None:
-    """SIGKILL the runc shims of a node's containerd (they run detached from it; found by its socket path)."""
+def kill_shims(layout: cfg.NodeLayout) -> int:
+    """SIGKILL the runc shims of a node's containerd (they run detached from it; found by its socket path).
+
+    Returns:
+        int: How many were killed.
+    """
     marker = str(layout.containerd_socket)
+    killed = 0
     for pid in _hoststate.processes(("containerd-shim-runc-v2",)):
         try:
             if marker in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                 os.kill(pid, signal.SIGKILL)
+                killed += 1
         except (OSError, ProcessLookupError):
             pass
+    return killed
 
 
 def clean_host(
@@ -355,8 +408,7 @@ def clean_host(
     _hoststate.unmount_under(layout.root)
     _hoststate.remove_cgroups(NODE_CGROUPS)
     rule = cfg.api_server_dnat(apiserver_port)
-    probe = ["iptables", "-w", "5", "-t", "nat", "-C", "PREROUTING", *rule]
-    while _run(probe, "checking", check=False).returncode == 0:
+    while _dnat_present(apiserver_port):
         _run(["iptables", "-w", "5", "-t", "nat", "-D", "PREROUTING", *rule], "removing the API server DNAT rule")
     if pathlib.Path(f"/sys/class/net/{cfg.BRIDGE}").exists():
         _run(["ip", "link", "delete", cfg.BRIDGE], "removing the bridge")
@@ -367,11 +419,77 @@ def clean_host(
     shutil.rmtree(layout.root, ignore_errors=True)
 
 
-def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -> bool:
-    """Stop a real node that ``devcluster up --real-node`` left running and clean the host.
+def remove_node(state: dict, log: Callable[[str], None] | None = None) -> list[str]:
+    """Stop a recorded node's processes and undo its host changes, without its control plane (which may be gone).
 
-    Pods are not drained (the control plane may be gone): the processes are stopped, the leftover containers'
-    processes die with their cgroups, and :func:`clean_host` runs with the default paths and sysctls recorded at start.
+    Pods are not drained: the processes are stopped, the leftover containers' processes die with their cgroups, the
+    bandwidth plugin's devices of its pods are deleted (:func:`remove_pod_links`), and :func:`clean_host` runs with
+    the default paths and sysctls recorded at start. The record is removed last.
+
+    Args:
+        state (dict): The node's record (:data:`STATE_FILE`, :data:`_hostrecord.HOST_RECORD`).
+        log (Callable[[str], None] | None, optional): Progress sink. Defaults to None (quiet).
+
+    Returns:
+        list[str]: What was found and removed, for people (e.g. ``["kubelet (pid 12)", "bridge rlnode0"]``).
+    """
+    workdir = pathlib.Path(state["workdir"])
+    found = []
+    for name, pid in reversed(list(state["pids"].items())):
+        entry = state.get("components", {}).get(name)
+        if not (_hostrecord.runs(entry) if entry else _process.alive(pid)):
+            continue  # gone, or its pid is another process's now
+        found.append(f"{name} (pid {pid})")
+        _process.stop(_process.Managed(name=name, pid=pid, log_path=workdir / "logs" / f"{name}.log"))
+        if log is not None:
+            log(f"devcluster: {name} (pid {pid}) stopped")
+    layout = cfg.NodeLayout(pathlib.Path(state["root"]))
+    shims = kill_shims(layout)
+    mounts = _hoststate.mounts_under(layout.root)
+    found += [f"{shims} containerd shim(s)"] if shims else []
+    found += [f"cgroup {name}" for name in _hoststate.cgroups_named(NODE_CGROUPS)]
+    found += [f"{len(mounts)} mount(s)"] if mounts else []
+    found += [f"bridge {cfg.BRIDGE}"] if pathlib.Path(f"/sys/class/net/{cfg.BRIDGE}").exists() else []
+    found += [f"NAT rule to 127.0.0.1:{state['apiserver_port']}"] if _dnat_present(state["apiserver_port"]) else []
+    before, sysctls = state.get("paths_before"), state.get("sysctls_before")
+    clean_host(
+        layout, state["apiserver_port"], frozenset(before) if before is not None else None,
+        tuple((name, value) for name, value in sysctls) if sysctls is not None else None,
+    )  # fmt: skip
+    if state.get("links_before") is not None:
+        found += [f"link {link}" for link in remove_pod_links(frozenset(state["links_before"]))]
+    (workdir / STATE_FILE).unlink(missing_ok=True)
+    _hostrecord.remove(workdir)
+    return found
+
+
+def remove_pod_links(links_before: frozenset[str]) -> list[str]:
+    """Delete the CNI bandwidth plugin's ifb devices (``bwp*``) that appeared since an observation.
+
+    The plugin makes one in the host's namespace per pod with an egress cap and deletes it only on the pod's CNI
+    DEL, which a killed node never runs; the pods' veths go with their network namespaces. Source: the bandwidth
+    plugin (containernetworking/plugins, plugins/meta/bandwidth: ``getIfbDeviceName``).
+
+    Args:
+        links_before (frozenset[str]): :attr:`_hoststate.HostState.links` before the node started.
+
+    Returns:
+        list[str]: The links deleted.
+    """
+    now = {entry.name for entry in pathlib.Path("/sys/class/net").iterdir()}
+    removed = sorted(link for link in now - links_before if link.startswith(BANDWIDTH_IFB_PREFIX))
+    for link in removed:
+        _run(["ip", "link", "delete", link], "removing a pod's ifb device", check=False)
+    return removed
+
+
+def _dnat_present(apiserver_port: int) -> bool:
+    probe = ["iptables", "-w", "5", "-t", "nat", "-C", "PREROUTING", *cfg.api_server_dnat(apiserver_port)]
+    return _run(probe, "checking", check=False).returncode == 0
+
+
+def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -> bool:
+    """Stop a real node that ``devcluster up --real-node`` left running and clean the host (:func:`remove_node`).
 
     Args:
         workdir (pathlib.Path): The cluster's work folder.
@@ -383,16 +501,5 @@ def stop_from_state(workdir: pathlib.Path, log: Callable[[str], None] = print) -
     state_path = workdir / STATE_FILE
     if not state_path.is_file():
         return False
-    state = json.loads(state_path.read_text())
-    for name, pid in reversed(list(state["pids"].items())):
-        _process.stop(_process.Managed(name=name, pid=pid, log_path=workdir / "logs" / f"{name}.log"))
-        log(f"devcluster: {name} (pid {pid}) stopped")
-    layout = cfg.NodeLayout(pathlib.Path(state["root"]))
-    kill_shims(layout)
-    before, sysctls = state.get("paths_before"), state.get("sysctls_before")
-    clean_host(
-        layout, state["apiserver_port"], frozenset(before) if before is not None else None,
-        tuple((name, value) for name, value in sysctls) if sysctls is not None else None,
-    )
-    state_path.unlink(missing_ok=True)
+    remove_node({"workdir": str(workdir), **json.loads(state_path.read_text())}, log)
     return True

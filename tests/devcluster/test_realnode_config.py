@@ -71,15 +71,20 @@ def test_kubelet_config_fits_a_cgroup_v1_machine_without_systemd():
 
 
 def test_base_runtime_spec_adds_read_only_binds_after_the_defaults():
-    spec = _nodeconfig.base_runtime_spec({"mounts": [{"destination": "/proc"}]}, [pathlib.Path("/usr")])
+    bind = _nodeconfig.Bind(pathlib.Path("/w/repo"), _nodeconfig.CONTAINER_SOURCE)
+    spec = _nodeconfig.base_runtime_spec({"mounts": [{"destination": "/proc"}]}, [bind])
     assert spec["mounts"][0] == {"destination": "/proc"}
-    assert spec["mounts"][1] == {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]}
+    assert spec["mounts"][1] == {
+        "destination": "/opt/rlightning/src", "type": "bind", "source": "/w/repo", "options": ["rbind", "ro"]
+    }
 
 
 def test_read_only_binds_hold_python_and_this_checkout_without_nesting():
     binds = _realnode.read_only_binds()
-    assert pathlib.Path("/usr") in binds and _realnode.repository_root() in binds
-    assert all(not any(a != b and b in a.parents for b in binds) for a in binds)
+    sources = [bind.source for bind in binds]
+    assert pathlib.Path("/usr") in sources and _realnode.repository_root() in sources
+    same_path = [bind.source for bind in binds if str(bind.source) == str(bind.destination)]
+    assert all(not any(a != b and b in a.parents for b in same_path) for a in same_path)
 
 
 def test_host_state_difference_names_what_changed():
