@@ -4,7 +4,7 @@ Both sides use RL Baselines3 Zoo's tuned CartPole-v1 PPO (https://github.com/DLR
 hyperparams/ppo.yml): 256 samples per update (8 envs x 32 steps), one minibatch of 256, 20 epochs, gamma 0.98,
 GAE lambda 0.8, no entropy bonus, learning rate 1e-3 and (SB3) clip range 0.2 both annealed linearly over 1e5 steps,
 64x64 tanh MLPs. The example weighs the value loss as SB3 does, unclipped; it keeps its clip range fixed: annealed
-(`annealClipCoef: true`) it took 1.2x the env steps to solve (README).
+(`annealClipCoef: true`) it took 1.2x the env steps to solve (docs/measurements.md).
 
 "Solved" is the same rule on both sides: the mean of `EPISODES` deterministic evaluation episodes of the current weights
 reaches `TARGET` (rlightning's fleet plays at least `EPISODES` of them together, each evaluator its share); an
@@ -20,7 +20,7 @@ Threads: both sides run with `OMP_NUM_THREADS=1` (`THREADS`), set in the environ
 `rlightning run`. One intra-op thread a process is what `rlightning run` gives its children by default (they
 share the machine's cores), and a 64x64 MLP on 256 samples gains nothing from more; with torch's default (one
 thread per core) SB3's one process ran threads of its own against the other processes on a shared machine (its wall
-went from 9 s to 280 s under load in one sitting, README; not measured apart). Pinning both the same way compares
+went from 9 s to 280 s under load in one sitting; not measured apart). Pinning both the same way compares
 the two codes, not their thread settings.
 
 Cases, seeds interleaved (SB3 then rlightning for each seed):
@@ -328,7 +328,7 @@ def run_workloads(args: argparse.Namespace, cases: list[str]) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per case and system (>= 5 for the README)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per case and system (>= 5 for a recorded figure)")
     parser.add_argument("--cases", default="cartpole,slow", help="comma-separated: cartpole, slow")
     parser.add_argument("--evaluators", default="1,4,8", help="evaluator (and SubprocVecEnv env) counts of `slow`")
     parser.add_argument("--step-latency-ms", type=float, default=5.0, help="added latency per env step (ms)")

@@ -42,7 +42,6 @@ from pydantic.alias_generators import to_camel
 from tensordict import TensorDict
 from torch import nn
 
-from rlightning import weights
 from rlightning.config import PolicyConfig
 from rlightning.policy import _ddp, _experience, _normalize, base_policy
 from rlightning.policy._env_meta import EnvMeta
@@ -450,7 +449,3 @@ class PPOPolicy(base_policy.BasePolicy):
             "approx_kl": float(approx_kl),
             "clip_fraction": float(clip_fraction),
         }
-
-    def get_trainable_parameters(self) -> dict[str, dict[str, torch.Tensor]]:
-        """`{"agent": state dict}` with clean keys (no DDP/compile prefixes)."""
-        return {name: dict(weights.named_state(module)) for name, module in self.model_list}
