@@ -4,7 +4,7 @@ Algorithm: the value targets and advantages are V-trace's (Espeholt et al. 2018,
 and section 4.2; `_vtrace.vtrace`), computed once per update, before the epochs, with the log-probabilities of the
 weights the update starts from against the behaviour log-probabilities each batch carries (`log_prob`, recorded
 when the action was taken); the surrogate is PPO's, clipped, over `pi/mu` with those same behaviour
-log-probabilities, as asynchronous PPO in Sample Factory (Petrenko et al. 2020, arXiv:2006.11751) and RLlib's APPO.
+log-probabilities, as asynchronous PPO in Sample Factory (Petrenko et al. 2020, arXiv:2006.11751).
 The advantages are not weighted by the clipped importance weight as IMPALA's actor-critic loss does: the surrogate's
 ratio already weighs each sample by `pi/mu`. Everything else (networks, normalisation, minibatches, learning-rate
 and clip annealing, target KL) is `PPOPolicy`'s; on-policy data (lag 0) gives `rho = 1`, the targets are the
