@@ -15,8 +15,12 @@ Per run: wall seconds from the process launch to `--env-steps` trained on (rligh
 `learn` returns), env steps/s trained on (env steps / wall), the training return (the mean undiscounted return of the
 last training episodes: rlightning, the last 5 iterations' means in metrics.jsonl, about 10 episodes; SB3, its last 10
 `ep_info_buffer` entries) and the deterministic evaluation return of the final weights (rlightning: summary.json
-`final_eval_return`, `eval.episodesPerReport` episodes per evaluator; SB3: 10 episodes, statistics frozen). Seeds
-interleave, SB3 first.
+`final_eval_return`, `eval.episodesPerReport` episodes per evaluator; SB3: 10 episodes, statistics frozen), and the
+CPU seconds (user and system) of the run's whole process tree. Seeds interleave, SB3 first.
+
+On a busy machine the wall ratio flatters the side with more processes (the scheduler shares the cores by process,
+so rlightning's trainer and evaluators get more of them than SB3's one process); the CPU seconds do not depend on
+the load, and on an otherwise idle machine the wall is what a user sees.
 
 The plain-process baseline of the per-evaluator rate (`plain`) steps the same env copies with the same policy's
 rollout path (`RolloutCollector`, no trainer, no transport) for `PLAIN_SECONDS`, in a process of its own, in the
@@ -28,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -66,6 +71,13 @@ class WorkloadOutcome:
     train_return: float | None
     eval_return: float | None
     steps_per_evaluator_per_second: float | None = None
+    cpu_seconds: float | None = None
+
+
+def children_cpu_seconds() -> float:
+    """User and system CPU seconds of this process's waited-for descendants so far (`getrusage(RUSAGE_CHILDREN)`)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def manifest(case: str, evaluators: int, seed: int, env_steps: int, ports: dict[str, int]) -> dict[str, Any]:
@@ -90,7 +102,7 @@ def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) ->
         path.write_text(yaml.safe_dump(doc))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                "OMP_NUM_THREADS": THREADS}  # fmt: skip
-        launched = time.time()  # wall clock, to compare with the summary's modification time
+        launched, cpu = time.time(), children_cpu_seconds()  # wall clock, as the summary's modification time
         proc = subprocess.run(
             [sys.executable, "-m", "rlightning", "run", str(path), "--run-dir", str(run_dir), "--plain"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
@@ -98,7 +110,7 @@ def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) ->
         summary_path = run_dir / "summary.json"
         if proc.returncode != 0 or not summary_path.exists():
             raise SystemExit(f"rlightning run failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
-        wall = summary_path.stat().st_mtime - launched
+        wall, cpu = summary_path.stat().st_mtime - launched, children_cpu_seconds() - cpu
         summary = json.loads(summary_path.read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     returns = [row["train_return"] for row in rows if row.get("train_return") is not None][-TRAIN_RETURN_ROWS:]
@@ -106,7 +118,7 @@ def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) ->
     per_evaluator = statistics.fmean(summary["env_steps_by_evaluator"].values()) / max(wall - first_batch, 1e-9)
     return WorkloadOutcome(
         "rlightning", case, evaluators, seed, wall, summary["env_steps"],
-        statistics.fmean(returns) if returns else None, summary.get("final_eval_return"), per_evaluator,
+        statistics.fmean(returns) if returns else None, summary.get("final_eval_return"), per_evaluator, cpu,
     )  # fmt: skip
 
 
@@ -114,7 +126,7 @@ def run_sb3(case: str, seed: int, env_steps: int, timeout: float) -> WorkloadOut
     """Run the SB3 worker (`sb3_worker`); wall until it prints that `learn` returned."""
     env_id = yaml.safe_load(EXAMPLES[case].read_text())["spec"]["env"]["id"]
     config = {"env_id": env_id, "seed": seed, "env_steps": env_steps}
-    started = time.monotonic()
+    started, cpu = time.monotonic(), children_cpu_seconds()
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "benchmarks" / "peers.py"), "--sb3-workload-worker", json.dumps(config)],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": THREADS}, stdout=subprocess.PIPE, text=True,
@@ -132,7 +144,8 @@ def run_sb3(case: str, seed: int, env_steps: int, timeout: float) -> WorkloadOut
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    return WorkloadOutcome("sb3", case, 1, seed, wall, steps, train_return, eval_return)
+    cpu = children_cpu_seconds() - cpu  # the evaluation after `learn` included: a few seconds
+    return WorkloadOutcome("sb3", case, 1, seed, wall, steps, train_return, eval_return, None, cpu)
 
 
 def sb3_worker(config: dict[str, Any]) -> int:
@@ -209,13 +222,14 @@ def print_table(outcomes: list[WorkloadOutcome], plain: dict[str, float]) -> lis
         base = [o.wall_seconds for o in outcomes if o.case == case and o.system == "sb3" and o.wall_seconds]
         walls = [o.wall_seconds for o in runs if o.wall_seconds is not None]
         rates = [o.env_steps / o.wall_seconds for o in runs if o.env_steps and o.wall_seconds]
+        cpus = [o.cpu_seconds for o in runs if o.cpu_seconds is not None]
         per_eval = [o.steps_per_evaluator_per_second for o in runs if o.steps_per_evaluator_per_second]
         plain_x = statistics.median(per_eval) / plain[case] if per_eval and case in plain else None
         row = {
             "case": case, "system": system, "evaluators": evaluators if system == "rlightning" else "-",
             "runs": len(runs), "wall_seconds": spread(walls, ".0f"),
             "wall_x_sb3": statistics.median(walls) / statistics.median(base) if walls and base else None,
-            "env_steps_per_second": spread(rates, ".0f"),
+            "env_steps_per_second": spread(rates, ".0f"), "cpu_seconds": spread(cpus, ".0f"),
             "train_return": spread([o.train_return for o in runs if o.train_return is not None], ".0f"),
             "eval_return": spread([o.eval_return for o in runs if o.eval_return is not None], ".0f"),
             "per_evaluator_x_plain": plain_x,
@@ -223,13 +237,26 @@ def print_table(outcomes: list[WorkloadOutcome], plain: dict[str, float]) -> lis
         rows.append(row)
     print(f"{'case':<12} {'system':<11} {'evals':>5} {'runs':>4} {'wall s (min-max)':>20} {'x SB3':>6} "
           f"{'steps/s (min-max)':>20} {'train return (min-max)':>26} {'eval return (min-max)':>26} "
-          f"{'per eval x plain':>16}")  # fmt: skip
+          f"{'per eval x plain':>16} {'CPU s (min-max)':>20}")  # fmt: skip
     for r in rows:
         wall_x = "-" if r["wall_x_sb3"] is None else f"{r['wall_x_sb3']:.2f}"
         x_plain = "-" if r["per_evaluator_x_plain"] is None else f"{r['per_evaluator_x_plain']:.2f}"
         print(f"{r['case']:<12} {r['system']:<11} {r['evaluators']:>5} {r['runs']:>4} {r['wall_seconds']:>20} "
               f"{wall_x:>6} {r['env_steps_per_second']:>20} {r['train_return']:>26} {r['eval_return']:>26} "
-              f"{x_plain:>16}")  # fmt: skip
+              f"{x_plain:>16} {r['cpu_seconds']:>20}")  # fmt: skip
     for case, rate in plain.items():
         print(f"plain process, {case}: {rate:.0f} env steps/s ({NUM_ENVS} env copies, the policy's rollout path)")
     return rows
+
+
+def figures_line(rows: list[dict[str, Any]], plain: dict[str, float]) -> str:
+    """The rows of `print_table` as one line for `benchmarks/_record.append_row`."""
+    parts = []
+    for r in rows:
+        who = "SB3" if r["system"] == "sb3" else f"rlightning {r['evaluators']} evaluators"
+        ratio = "" if r["wall_x_sb3"] is None or r["system"] == "sb3" else f" ({r['wall_x_sb3']:.2f}x SB3)"
+        parts.append(f"{r['case']}, {who}, {r['runs']} seeds: wall {r['wall_seconds']} s{ratio}, "
+                     f"{r['env_steps_per_second']} env steps/s, CPU {r['cpu_seconds']} s, "
+                     f"train return {r['train_return']}, eval return {r['eval_return']}")  # fmt: skip
+    parts += [f"plain process {case}: {rate:.0f} env steps/s" for case, rate in plain.items()]
+    return "; ".join(parts)

@@ -67,7 +67,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # the repository root, for tests._ports and benchmarks.slow_env
-from benchmarks import _workload_peers  # noqa: E402
+from benchmarks import _record, _workload_peers  # noqa: E402
 from tests._ports import BENCH_PEERS  # noqa: E402
 
 TARGET = 475.0
@@ -320,6 +320,8 @@ def run_workloads(args: argparse.Namespace, cases: list[str]) -> int:
                 outcomes.append(outcome)
                 print(json.dumps(dataclasses.asdict(outcome)), file=sys.stderr, flush=True)
     rows = _workload_peers.print_table(outcomes, plain)
+    if args.record:
+        _record.append_row(_workload_peers.figures_line(rows, plain))
     if args.json is not None:
         args.json.write_text(json.dumps({"rows": rows, "plain": plain,
                                          "runs": [dataclasses.asdict(o) for o in outcomes]}, indent=2))  # fmt: skip
@@ -342,6 +344,7 @@ def main() -> int:
     parser.add_argument("--workload-evaluators", default="2", help="evaluator counts of halfcheetah and hopper")
     parser.add_argument("--env-steps", type=int, default=1_000_000, help="env steps of halfcheetah and hopper runs")
     parser.add_argument("--no-sb3", action="store_true", help="halfcheetah and hopper: rlightning and plain only")
+    parser.add_argument("--record", action="store_true", help=_record.RECORD_HELP + " (halfcheetah and hopper)")
     parser.add_argument("--sb3-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--sb3-workload-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
