@@ -154,7 +154,8 @@ class RealNode(_process.Supervisor):
             RealNode: ``self``.
 
         Raises:
-            RealNodeError: When not root, a stale node is present, a component exits or readiness times out.
+            RealNodeError: When not root, another run's node is live on this host (or a bridge no record names
+                exists), a component exits or readiness times out. What a dead run's node left is removed first.
             _hostpackages.PackageError: When a Debian package is missing and cannot be installed.
         """
         if os.geteuid() != 0:
