@@ -4,6 +4,12 @@ Both sources give every rank a `[T, N']` TensorDict of the same shape each itera
 same number of minibatch steps): `[rolloutSteps, env.numEnvs]` collected by the rank itself, or
 `train.batchesPerUpdate` evaluator batches of `[rolloutSteps, env.numEnvs]` joined along the env dimension.
 
+Each source owns what differs between the two modes, so the trainer loop never asks which one it has: whether
+rank 0 publishes after every update (`publishes_every_update`), the fleet's totals at the end (`totals`), pulling an
+evaluator's weights for a restart without a checkpoint (`pull_weights`) and asking for an evaluation
+(`ask_evaluation`). `open_source` picks the source from `ENV_FLEET_DATA` (`ProcessSettings.fleet_data`), the one
+place the runtime reads it on the trainer's side.
+
 With the fleet, the ranks wait for their batches together: each rank fills its own intake for at most
 `FLEET_POLL_SECONDS`, then one MAX all-reduce tells every rank whether any is still short, whether any was asked to
 stop, and the newest weight version (rank 0 may publish again while the ranks wait, for evaluators that joined after
@@ -14,6 +20,7 @@ evaluator pauses training without a hang, and SIGTERM is honoured within one pol
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,9 +35,33 @@ from rlightning.policy._experience import check_batch
 from rlightning.runtime import collector as collector_mod
 from rlightning.runtime._collective import all_reduce
 from rlightning.runtime._signals import StopRequest
+from rlightning.runtime.settings import ProcessSettings
+
+log = logging.getLogger("rlightning.train")
 
 FLEET_POLL_SECONDS = 1.0
 """Longest a rank fills its intake before the ranks compare notes (and a stop request is seen)."""
+
+
+@dataclass(frozen=True)
+class FleetTotals:
+    """What the ranks' intakes took from the fleet over the run, summed over ranks.
+
+    Attributes:
+        by_evaluator (dict[int, int]): Env steps trained on per evaluator ordinal.
+        by_rank (list[int]): Env steps trained on per rank.
+        accepted (int): Batches trained on.
+        stale (int): Batches dropped as older than `train.maxPolicyLag`.
+        invalid (int): Batches dropped as malformed or not of the policy's layout.
+        older_attempt (int): Batches dropped as acted with an older trainer attempt's weights. Defaults to 0.
+    """
+
+    by_evaluator: dict[int, int]
+    by_rank: list[int]
+    accepted: int
+    stale: int
+    invalid: int
+    older_attempt: int = 0
 
 
 @dataclass
@@ -61,6 +92,9 @@ class OwnExperience:
         seed (int): Seeds the env copies.
     """
 
+    publishes_every_update = False
+    """Rank 0 publishes every `weightSync.intervalIterations` updates: the evaluators only play the weights."""
+
     def __init__(self, spec: PolicyGroupSpec, policy: BasePolicy, seed: int) -> None:
         self.steps = spec.train.rollout_steps
         self.collector = collector_mod.RolloutCollector(spec.env, policy, seed=seed)
@@ -78,6 +112,21 @@ class OwnExperience:
 
     def ask_evaluation(self, version: int, episodes: int) -> None:
         """Nothing to ask: evaluators that produce no data play evaluation episodes without pause."""
+
+    def pull_weights(self, version: int, timeout: float) -> trajectories.HeldWeights | None:
+        """Nothing to pull over: the evaluators send no trajectories (logged as a warning).
+
+        Returns:
+            None: Training starts from fresh weights, versions continuing above `version`.
+        """
+        log.warning("no checkpoint to resume and the evaluators hold weight version %d, but they send no trajectories "
+                    "(spec.train.dataSource: trainers), so their weights cannot be pulled: training starts from fresh "
+                    "weights, versions continuing above %d", version, version)
+        return None
+
+    def totals(self) -> FleetTotals | None:
+        """None: the rank collected its own data."""
+        return None
 
     def close(self) -> None:
         """Close the env copies."""
@@ -99,6 +148,9 @@ class FleetExperience:
     Raises:
         OSError: The port cannot be bound (naming it).
     """
+
+    publishes_every_update = True
+    """Rank 0 publishes after every update: the evaluators collect the next batches with the newest weights."""
 
     def __init__(
         self, spec: PolicyGroupSpec, policy: BasePolicy, port: int, bind_host: str | None = None, epoch: int = 0
@@ -144,7 +196,8 @@ class FleetExperience:
         return Dataset(joined, returns, lags, time.monotonic() - started, version)
 
     def pull_weights(self, version: int, timeout: float) -> trajectories.HeldWeights | None:
-        """Ask the evaluators connected to this rank's intake for their weights (`TrajectoryIntake.pull_weights`).
+        """Ask the evaluators connected to this rank's intake for their weights (`TrajectoryIntake.pull_weights`);
+        none answering is logged as a warning.
 
         Args:
             version (int): The fleet's newest weight version; the first evaluator holding it ends the pull.
@@ -154,7 +207,13 @@ class FleetExperience:
             trajectories.HeldWeights | None: The weights of an evaluator holding `version` (else the newest any
             evaluator answered with), or None when none answered with weights.
         """
-        return self.intake.pull_weights(version, timeout)
+        log.info("no checkpoint to resume: pulling weight version %d from the evaluators (at most %.0f s)",
+                 version, timeout)
+        held = self.intake.pull_weights(version, timeout)
+        if held is None:
+            log.warning("no evaluator answered the pull of weight version %d within %.0f s: training starts from fresh "
+                        "weights, versions continuing above %d", version, timeout, version)
+        return held
 
     def ask_evaluation(self, version: int, episodes: int) -> None:
         """Ask the evaluators this rank's intake knows to play `episodes` episodes each of `version` now
@@ -173,6 +232,53 @@ class FleetExperience:
         """Env steps of accepted batches per evaluator ordinal, on this rank, since start."""
         return dict(collections.Counter(self.intake.stats.env_steps))
 
+    def totals(self) -> FleetTotals:
+        """The fleet's totals gathered from every rank; every rank must call this at the same time."""
+        stats = self.intake.stats
+        gathered: list[tuple[dict[int, int], int, int, int, int] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(
+            gathered, (self.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid, stats.older_attempt)
+        )
+        ranks = [rank for rank in gathered if rank is not None]
+        by_evaluator: dict[int, int] = {}
+        for steps, *_ in ranks:
+            for ordinal, count in steps.items():
+                by_evaluator[ordinal] = by_evaluator.get(ordinal, 0) + count
+        return FleetTotals(
+            by_evaluator=dict(sorted(by_evaluator.items())),
+            by_rank=[sum(steps.values()) for steps, *_ in ranks],
+            accepted=sum(rank[1] for rank in ranks),
+            stale=sum(rank[2] for rank in ranks),
+            invalid=sum(rank[3] for rank in ranks),
+            older_attempt=sum(rank[4] for rank in ranks),
+        )
+
     def close(self) -> None:
         """Close the intake."""
         self.intake.close()
+
+
+Source = OwnExperience | FleetExperience
+
+
+def open_source(spec: PolicyGroupSpec, policy: BasePolicy, settings: ProcessSettings, seed: int) -> Source:
+    """This rank's data source: the fleet's batches when the evaluators produce the data (`ENV_FLEET_DATA`), else
+    the rank's own env copies.
+
+    Args:
+        spec (PolicyGroupSpec): The validated spec.
+        policy (BasePolicy): The rank's initialised policy (resumed: its iteration seeds its own env copies).
+        settings (ProcessSettings): The process environment (`fleet_data`, the local rank, the bind address,
+            the epoch).
+        seed (int): This rank's seed (`train.seed` + rank).
+
+    Returns:
+        Source: The source.
+
+    Raises:
+        OSError: The rank's intake port (`ports.trajectories` + local rank) cannot be bound.
+    """
+    if settings.fleet_data:
+        return FleetExperience(spec, policy, spec.ports.trajectories + settings.torchrun.local_rank,
+                               settings.bind_host, epoch=settings.epoch)  # fmt: skip
+    return OwnExperience(spec, policy, seed=seed + dist.get_world_size() * policy.iteration)

@@ -25,28 +25,6 @@ from rlightning.runtime.settings import ProcessSettings
 
 log = logging.getLogger("rlightning.train")
 
-Source = _datasets.OwnExperience | _datasets.FleetExperience
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetTotals:
-    """What the ranks' intakes took from the fleet over the run, summed over ranks.
-
-    Attributes:
-        by_evaluator (dict[int, int]): Env steps trained on per evaluator ordinal.
-        by_rank (list[int]): Env steps trained on per rank.
-        accepted (int): Batches trained on.
-        stale (int): Batches dropped as older than `train.maxPolicyLag`.
-        invalid (int): Batches dropped as malformed or not of the policy's layout.
-        older_attempt (int): Batches dropped as acted with an older trainer attempt's weights. Defaults to 0.
-    """
-
-    by_evaluator: dict[int, int]
-    by_rank: list[int]
-    accepted: int
-    stale: int
-    invalid: int
-    older_attempt: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +55,13 @@ class Ending:
     Attributes:
         reason (_stop.StopReason): Why the ranks stopped.
         resumed_from (str | None): The checkpoint the run resumed from.
-        fleet_totals (FleetTotals | None): What the intakes took and dropped; None when the trainers collected
+        fleet_totals (_datasets.FleetTotals | None): What the intakes took and dropped; None when the trainers collected
             their own data.
     """
 
     reason: _stop.StopReason
     resumed_from: str | None
-    fleet_totals: FleetTotals | None
+    fleet_totals: _datasets.FleetTotals | None
 
 
 def final_evaluation_seconds(spec: PolicyGroupSpec) -> float:
@@ -117,11 +95,11 @@ def save_checkpoint(policy: BasePolicy, run_dir: RunDir, spec: PolicyGroupSpec, 
     log.info("checkpoint %s (weight version %d)", path, policy.weight_version)
 
 
-def dropped_summary(totals: FleetTotals, reports: dict[int, weights.ReceiverReport]) -> dict[str, Any]:
+def dropped_summary(totals: _datasets.FleetTotals, reports: dict[int, weights.ReceiverReport]) -> dict[str, Any]:
     """Why fleet batches were not trained on, and their share of the batches the evaluators completed.
 
     Args:
-        totals (FleetTotals): The intakes' totals.
+        totals (_datasets.FleetTotals): The intakes' totals.
         reports (dict[int, weights.ReceiverReport]): The evaluators' last reports (their `cut_batches`).
 
     Returns:
@@ -178,8 +156,8 @@ class RankZero(TrainerHooks):
         run_dir (RunDir): The run directory (created).
         sender (weights.WeightSender): The sender, continuing from the policy's weight version.
         startup (_startup.StartupClock): The start-up phases (marked here, written into summary.json).
-        source (Source): This rank's data source (the fleet's batches: its intake asks the evaluators to confirm the
-            target).
+        source (_datasets.Source): This rank's data source (the fleet's batches: its intake asks the evaluators to
+            confirm the target).
     """
 
     def __init__(
@@ -190,7 +168,7 @@ class RankZero(TrainerHooks):
         run_dir: RunDir,
         sender: weights.WeightSender,
         startup: _startup.StartupClock,
-        source: Source,
+        source: _datasets.Source,
     ) -> None:
         self.spec, self.settings, self.policy, self.run_dir = spec, settings, policy, run_dir
         self.sender, self.startup, self.source = sender, startup, source
@@ -207,7 +185,7 @@ class RankZero(TrainerHooks):
         policy: BasePolicy,
         run_dir: RunDir,
         startup: _startup.StartupClock,
-        source: Source,
+        source: _datasets.Source,
     ) -> RankZero:
         """Host the weight-sync store; the sender continues from the policy's (the checkpoint's) version, its epoch
         the gang's attempt (evaluators that have seen a newer attempt's publish refuse this one's).
@@ -242,7 +220,7 @@ class RankZero(TrainerHooks):
             log.info("weight versions up to %d were issued in this run, above the %d this trainer holds; publishing "
                      "above them", issued, held)
             self.sender.continue_from(issued)
-        if self.settings.fleet_data:  # the evaluators need weights before they can produce the first data
+        if self.source.publishes_every_update:  # the evaluators need weights before they produce the first data
             self._publish()
             self.startup.mark("first_publish")
 
@@ -262,7 +240,7 @@ class RankZero(TrainerHooks):
             _stop.StopReason | None: This rank's stop reason (None to go on).
         """
         iteration = self.policy.iteration
-        if self.settings.fleet_data or iteration % self.spec.weight_sync.interval_iterations == 0:
+        if self.source.publishes_every_update or iteration % self.spec.weight_sync.interval_iterations == 0:
             self._publish()
         reports = self.fleet.live_reports()
         inputs = _stop.StopInputs(
@@ -398,7 +376,9 @@ class RankZero(TrainerHooks):
         self.fleet.close()
 
 
-def pull_from_fleet(fleet: _fleet.Fleet, source: Source, policy: BasePolicy) -> trajectories.HeldWeights | None:
+def pull_from_fleet(
+    fleet: _fleet.Fleet, source: _datasets.Source, policy: BasePolicy
+) -> trajectories.HeldWeights | None:
     """Rank 0 with no checkpoint: the newest weights an evaluator holds, when the fleet holds a newer version.
 
     Returns:
@@ -409,18 +389,7 @@ def pull_from_fleet(fleet: _fleet.Fleet, source: Source, policy: BasePolicy) -> 
     version = fleet.sender.fleet_version
     if version <= policy.weight_version:
         return None
-    if not isinstance(source, _datasets.FleetExperience):
-        log.warning("no checkpoint to resume and the evaluators hold weight version %d, but they send no trajectories "
-                    "(spec.train.dataSource: trainers), so their weights cannot be pulled: training starts from fresh "
-                    "weights, versions continuing above %d", version, version)
-        return None
-    log.info("no checkpoint to resume: pulling weight version %d from the evaluators (at most %.0f s)",
-             version, _resume.FLEET_PULL_SECONDS)
-    held = source.pull_weights(version, _resume.FLEET_PULL_SECONDS)
-    if held is None:
-        log.warning("no evaluator answered the pull of weight version %d within %.0f s: training starts from fresh "
-                    "weights, versions continuing above %d", version, _resume.FLEET_PULL_SECONDS, version)
-    return held
+    return source.pull_weights(version, _resume.FLEET_PULL_SECONDS)
 
 
 def open_hooks(
@@ -429,7 +398,7 @@ def open_hooks(
     policy: BasePolicy,
     run_dir: RunDir,
     startup: _startup.StartupClock,
-    source: Source,
+    source: _datasets.Source,
 ) -> TrainerHooks | None:
     """This rank's hooks: `RankZero` on rank 0 (None, logged, when it cannot host the weight-sync store), else the
     base hooks.

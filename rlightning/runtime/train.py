@@ -103,18 +103,11 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
                  settings.attempt, f"resumed from {resumed_from}" if resumed_from
                  else "no checkpoint to resume from", policy.weight_version)
     startup.mark("policy")
-    source: _rank_zero.Source
-    if settings.fleet_data:
-        try:
-            source = _datasets.FleetExperience(
-                spec, policy, spec.ports.trajectories + settings.torchrun.local_rank, settings.bind_host,
-                epoch=settings.epoch,
-            )
-        except OSError as error:
-            log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
-            return 1
-    else:
-        source = _datasets.OwnExperience(spec, policy, seed=seed + dist.get_world_size() * policy.iteration)
+    try:
+        source = _datasets.open_source(spec, policy, settings, seed)
+    except OSError as error:
+        log.error("cannot receive the fleet's batches (spec.ports.trajectories): %s", error)
+        return 1
     hooks = _rank_zero.open_hooks(spec, settings, policy, run_dir, startup, source)
     if hooks is None:
         source.close()
@@ -127,7 +120,7 @@ def train(settings: ProcessSettings, spec: PolicyGroupSpec, startup: _startup.St
         # In a pod, local rank 0 keeps the file of the pod's liveness probe fresh while the loop moves.
         heartbeat = settings.health_file if settings.torchrun.local_rank == 0 else None
         reason = TrainingLoop(spec, policy, source, hooks, stop, heartbeat).run()
-        hooks.finish(_rank_zero.Ending(reason, resumed_from, _fleet_totals(source)))
+        hooks.finish(_rank_zero.Ending(reason, resumed_from, source.totals()))
     finally:
         hooks.close()
         source.close()
@@ -142,7 +135,7 @@ class TrainingLoop:
     Args:
         spec (PolicyGroupSpec): The validated spec.
         policy (BasePolicy): The initialised train policy.
-        source (_rank_zero.Source): Where the datasets come from.
+        source (_datasets.Source): Where the datasets come from.
         hooks (_rank_zero.TrainerHooks): This rank's hooks (`_rank_zero.RankZero` on rank 0).
         stop (_signals.StopRequest): The signals that ask this rank to stop.
         heartbeat (Path | None): The liveness probe's file this rank keeps fresh; None for none.
@@ -152,7 +145,7 @@ class TrainingLoop:
         self,
         spec: PolicyGroupSpec,
         policy: BasePolicy,
-        source: _rank_zero.Source,
+        source: _datasets.Source,
         hooks: _rank_zero.TrainerHooks,
         stop: _signals.StopRequest,
         heartbeat: Path | None,
@@ -234,30 +227,6 @@ class TrainingLoop:
             data=data,
             interrupted=self.stop.requested,
         )
-
-
-def _fleet_totals(source: _rank_zero.Source) -> _rank_zero.FleetTotals | None:
-    """The fleet's totals gathered from every rank (each calls it); None when the trainers collected their own data."""
-    if not isinstance(source, _datasets.FleetExperience):
-        return None
-    stats = source.intake.stats
-    gathered: list[tuple[dict[int, int], int, int, int, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(
-        gathered, (source.env_steps_by_evaluator(), stats.accepted, stats.stale, stats.invalid, stats.older_attempt)
-    )
-    ranks = [rank for rank in gathered if rank is not None]
-    by_evaluator: dict[int, int] = {}
-    for steps, *_ in ranks:
-        for ordinal, count in steps.items():
-            by_evaluator[ordinal] = by_evaluator.get(ordinal, 0) + count
-    return _rank_zero.FleetTotals(
-        by_evaluator=dict(sorted(by_evaluator.items())),
-        by_rank=[sum(steps.values()) for steps, *_ in ranks],
-        accepted=sum(rank[1] for rank in ranks),
-        stale=sum(rank[2] for rank in ranks),
-        invalid=sum(rank[3] for rank in ranks),
-        older_attempt=sum(rank[4] for rank in ranks),
-    )
 
 
 def _log_to_stderr(rank: str) -> None:

@@ -14,7 +14,8 @@ from traj_helpers import SENDER, WorkerProcess, fill_until_done, is_whole
 
 from rlightning.trajectories import BatchStamp, TrajectoryIntake, encode_batch
 from rlightning.trajectories import _messages as messages
-from rlightning.runtime._rank_zero import FleetTotals, dropped_summary
+from rlightning.runtime._datasets import FleetTotals
+from rlightning.runtime._rank_zero import dropped_summary
 from tests._ports import TRAJECTORIES
 
 ROWS = 4
