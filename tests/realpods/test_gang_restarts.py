@@ -15,6 +15,7 @@ then, so no pod of one attempt ever meets the next one's rendezvous.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import statistics
@@ -76,7 +77,7 @@ class Observer:
             try:
                 with urllib.request.urlopen(f"http://{ip}:{contract.METRICS_PORT}/metrics", timeout=2.0) as reply:
                     match = METRIC_VERSION.search(reply.read().decode())
-            except OSError:
+            except (OSError, http.client.HTTPException):  # a pod killed while it answers cuts the reply short
                 continue
             if match:
                 self.exported.append(int(float(match.group(1))))
