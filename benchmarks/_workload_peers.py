@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -169,7 +169,8 @@ def sb3_worker(config: dict[str, Any]) -> int:
     eval_env.obs_rms = env.obs_rms
     returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=SB3_EPISODES, deterministic=True,
                                  return_episode_rewards=True)  # fmt: skip
-    print(f"{EVALUATED} {statistics.fmean(returns)}", flush=True)  # type: ignore[arg-type]
+    # return_episode_rewards=True makes `returns` a list of floats; the stubs type it as a union.
+    print(f"{EVALUATED} {statistics.fmean(cast(list[float], returns))}", flush=True)
     return 0
 
 

@@ -255,13 +255,6 @@ def sb3_worker(config: dict[str, Any]) -> int:
 
 
 # -- the table --------------------------------------------------------------------------------------------------
-def spread(values: list[float], fmt: str) -> str:
-    """`median (min-max)` of `values`, formatted; `-` when empty."""
-    if not values:
-        return "-"
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
-
-
 def table(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One row per case and system: medians with min and max over the seeds, and ratios to SB3's medians."""
     rows: list[dict[str, Any]] = []
@@ -274,6 +267,7 @@ def table(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             firsts = [o.first_iteration_seconds for o in runs if o.first_iteration_seconds is not None]
             drops = [o.dropped_share for o in runs if o.dropped_share is not None]
             medians[system] = (statistics.median(walls) if walls else None, statistics.median(steps) if steps else None)
+            spread = _workload_peers.spread
             rows.append({
                 "case": case, "system": system, "solved": f"{len(walls)}/{len(runs)}",
                 "wall_seconds": spread(walls, ".1f"), "env_steps": spread(steps, ".0f"),
