@@ -1,13 +1,15 @@
 """Pure builders: a validated PolicyGroup manifest -> the manifests of its children (plain dicts).
 
-Builders never call the API, read the environment or the clock; the same input gives the same output.
-Owner references are not set here: the reconciler adds them (`with_owner`). Every child carries the spec-hash
+Builders never call the API, read the environment or the clock; the same input gives the same output. Beside the
+manifest they take what the operator decided about the run (`RunState`: the trainers' attempt, the creation time,
+whether the evaluators are stopped) and return the whole desired state. Owner references are not set here: the
+reconciler adds them (`with_owner`). Every child carries the spec-hash
 annotation (contract.ANNOTATION_SPEC_HASH) that the planner compares; the pod templates of the Job and the
 StatefulSet carry a hash that ignores `spec.eval.replicas`, `minReplicas` and `maxReplicas`, so scaling never
 looks like a template change, and `disruptionBudget`, which only the evaluators' PodDisruptionBudget reads. A
 pod's command, environment and grace period come from the launch plan (`rlightning.launch`) that `rlightning run`
 starts its processes from too. Trainer pods carry the node autoscalers' do-not-disrupt annotations; a PolicyGroup
-labelled with a Kueue queue gets a suspended trainer Job (`queued`).
+labelled with a Kueue queue gets a suspended trainer Job (`_queue`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,26 @@ TRAINER_POD_ANNOTATIONS = {
 }
 """Node autoscalers leave a trainer's node alone: a DDP gang loses all its ranks' progress since the last
 checkpoint when one of them goes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    """What the operator decided about a PolicyGroup's run, which the builders take beside its spec: the children
+    they return are the whole desired state, nothing is stamped on afterwards (JobSet's `constructJob` builds each
+    Job with its restart attempt the same way).
+
+    Attributes:
+        attempt (int, optional): The trainer gang's attempt, 0 first (the planner's `Restarts.attempt`): a label of
+            the Job and its pods, `contract.ENV_TRAIN_ATTEMPT` and part of the Job's hash. Defaults to 0.
+        created_seconds (int, optional): The PolicyGroup's `metadata.creationTimestamp`, Unix seconds
+            (`created_seconds`; 0 when unknown): with the attempt, the trainers' fencing epoch. Defaults to 0.
+        evaluators_stopped (bool, optional): Training has ended and spec.eval.afterTraining is Stop: the
+            StatefulSet gets 0 replicas. Defaults to False.
+    """
+
+    attempt: int = 0
+    created_seconds: int = 0
+    evaluators_stopped: bool = False
 
 
 def digest(value: Any) -> str:
@@ -427,15 +449,18 @@ def _workload(
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
 
 
-def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
-    """The trainers: a headless Service (rendezvous DNS, resolvable before readiness) and an Indexed Job.
+def build_train(
+    manifest: PolicyGroupManifest, namespace: str, state: RunState = RunState()
+) -> list[dict[str, Any]]:
+    """The trainers: a headless Service (rendezvous DNS, resolvable before readiness) and an Indexed Job for one
+    attempt of the gang (`state.attempt`), suspended for Kueue when the PolicyGroup names a queue (`_queue`).
 
     Each Job pod runs the trainer's launch plan: `python -m torch.distributed.run --nnodes=N --nproc-per-node=P
     --node-rank=$(JOB_COMPLETION_INDEX) --master-addr=<pod 0 DNS> --master-port=<ports.torchrun> ...
     -m rlightning.runtime.train`. The pod failure
     policy fails the Job at once on exit code 2 (a manifest the runtime rejects; retrying cannot help) and
     does not count disruptions (preemption, eviction, node drain) as failures; `backoffLimit` 0 fails the Job on
-    the first other failure, and the operator restarts the gang as a new attempt (`with_attempt`). An init container
+    the first other failure, and the operator restarts the gang as a new attempt (`_attempt`). An init container
     (`contract.VALIDATE_CONTAINER`) runs `rlightning validate` on the mounted spec first, so that a spec only the
     runtime can reject fails the Job that way too (torchrun itself exits 1 on any failed worker). The train
     container's termination message is the first failing rank's own exception (`contract.TERMINATION_LOG_IN_POD`,
@@ -444,9 +469,11 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
         namespace (str): Its namespace.
+        state (RunState, optional): The attempt and the creation time. Defaults to attempt 0, created at 0.
 
     Returns:
-        list[dict[str, Any]]: [Service, Job]. The Job and its pod template carry the spec hash of the train view.
+        list[dict[str, Any]]: [Service, Job]. The Job and its pod template carry the spec hash of the train view,
+            the queue and the attempt.
     """
     spec, group = manifest.spec, manifest.metadata.name
     name = contract.train_name(group)
@@ -458,7 +485,7 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         "completions": spec.train.nodes,
         "parallelism": spec.train.nodes,
         # No retry of one index inside an attempt: a replaced pod would join the old attempt's rendezvous. The
-        # operator restarts the whole gang instead (`with_attempt`, spec.train.maxRestarts).
+        # operator restarts the whole gang instead (`_attempt`, spec.train.maxRestarts).
         "backoffLimit": 0,
         "podReplacementPolicy": "Failed",
         "podFailurePolicy": {
@@ -470,6 +497,8 @@ def build_train(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str,
         },
     }
     job = _workload("batch/v1", "Job", manifest, namespace, job_spec, pod_spec)
+    _queue(manifest, job)
+    _attempt(job, state, len(pod_spec["containers"][0]["env"]))
     return [_service(manifest, namespace, contract.PolicyRole.TRAIN), job]
 
 
@@ -486,37 +515,34 @@ def attempt_of(child: Mapping[str, Any] | None) -> int:
     return int(value) if str(value).isdigit() else 0
 
 
-def with_attempt(job: dict[str, Any], attempt: int, created_seconds: int = 0) -> dict[str, Any]:
-    """A copy of the trainers' Job (from `build_train`) for one attempt of the gang.
+def _rehash(job: dict[str, Any], part: Any) -> None:
+    """Fold `part` into the spec hash of `job` and of its pod template."""
+    value = digest([job["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH], part])
+    for metadata in (job["metadata"], job["spec"]["template"]["metadata"]):
+        metadata["annotations"][contract.ANNOTATION_SPEC_HASH] = value
+
+
+def _attempt(job: dict[str, Any], state: RunState, operator_env: int) -> None:
+    """Make the trainers' Job being built (`build_train`) one attempt of the gang; its first `operator_env`
+    environment variables are the launch plan's (sorted), the rest the pod template's, which stay last so that
+    their `$(VAR)` references see ours (Kubernetes expands only variables defined before).
 
     The attempt is a label of the Job and its pods, `contract.ENV_TRAIN_ATTEMPT` in the trainer container, and
     part of the spec hash, so the planner replaces the Job of another attempt (JobSet's restart attempts, done by
     this operator: the whole gang goes before the next attempt starts). The container also gets the attempt's
     fencing epoch (`contract.ENV_TRAIN_EPOCH`, `contract.train_epoch`), which the hash leaves out: it follows from
     the attempt and the PolicyGroup's creation time.
-
-    Args:
-        job (dict[str, Any]): The Job built by `build_train`.
-        attempt (int): The attempt, 0 first.
-        created_seconds (int, optional): The PolicyGroup's creation time, Unix seconds (`created_seconds`).
-
-    Returns:
-        dict[str, Any]: The Job with the attempt stamped on.
     """
-    result = copy.deepcopy(job)
-    template = result["spec"]["template"]
-    for metadata in (result["metadata"], template["metadata"]):
-        metadata["labels"] = dict(sorted({**metadata["labels"], contract.LABEL_ATTEMPT: str(attempt)}.items()))
+    template = job["spec"]["template"]
+    for metadata in (job["metadata"], template["metadata"]):
+        metadata["labels"] = dict(sorted({**metadata["labels"], contract.LABEL_ATTEMPT: str(state.attempt)}.items()))
     container = next(c for c in template["spec"]["containers"] if c["name"] == str(contract.PolicyRole.TRAIN))
-    epoch = contract.train_epoch(created_seconds, attempt)
-    stamped = {contract.ENV_TRAIN_ATTEMPT: attempt, contract.ENV_TRAIN_EPOCH: epoch}
-    env = [e for e in container["env"] if e["name"] not in stamped]
-    container["env"] = sorted([*env, *({"name": k, "value": str(v)} for k, v in stamped.items())],
-                              key=lambda e: e["name"])
-    value = digest([result["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH], attempt])
-    result["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = value
-    template["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] = value
-    return result
+    epoch = contract.train_epoch(state.created_seconds, state.attempt)
+    stamped = {contract.ENV_TRAIN_ATTEMPT: state.attempt, contract.ENV_TRAIN_EPOCH: epoch}
+    ours = [e for e in container["env"][:operator_env] if e["name"] not in stamped]
+    ours = sorted([*ours, *({"name": k, "value": str(v)} for k, v in stamped.items())], key=lambda e: e["name"])
+    container["env"] = [*ours, *container["env"][operator_env:]]
+    _rehash(job, state.attempt)
 
 
 def created_seconds(body: Mapping[str, Any]) -> int:
@@ -530,16 +556,19 @@ def created_seconds(body: Mapping[str, Any]) -> int:
         return 0
 
 
-def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
+def build_eval(
+    manifest: PolicyGroupManifest, namespace: str, state: RunState = RunState()
+) -> list[dict[str, Any]]:
     """The evaluators: a headless Service and a StatefulSet (Parallel pod management, stable ordinals).
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
         namespace (str): Its namespace.
+        state (RunState, optional): Whether the evaluators are stopped. Defaults to running.
 
     Returns:
-        list[dict[str, Any]]: [Service, StatefulSet]. `spec.replicas` is `spec.eval.replicas`; the hash on the
-            StatefulSet and its pod template ignores it.
+        list[dict[str, Any]]: [Service, StatefulSet]. `spec.replicas` is `spec.eval.replicas`, 0 once
+            `state.evaluators_stopped`; the hash on the StatefulSet and its pod template ignores it.
     """
     spec, group = manifest.spec, manifest.metadata.name
     name = contract.eval_name(group)
@@ -551,7 +580,8 @@ def build_eval(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, 
         "updateStrategy": {"type": "RollingUpdate"},
     }
     sts = _workload("apps/v1", "StatefulSet", manifest, namespace, sts_spec, pod_spec)
-    sts["spec"] = {"replicas": spec.eval.replicas, **sts["spec"]}  # after hashing: scaling is no template change
+    replicas = 0 if state.evaluators_stopped else spec.eval.replicas
+    sts["spec"] = {"replicas": replicas, **sts["spec"]}  # after hashing: scaling is no template change
     return [_service(manifest, namespace, contract.PolicyRole.EVAL), sts]
 
 
@@ -647,51 +677,46 @@ def build_network_policy(
     return _stamp(policy, spec)
 
 
-def queued(manifest: PolicyGroupManifest, job: dict[str, Any]) -> dict[str, Any]:
-    """The trainer Job as Kueue admits it when the PolicyGroup carries `contract.LABEL_KUEUE_QUEUE`: with that
-    label and created suspended, so that no trainer pod exists until Kueue admits the whole gang (its quota for
-    all `parallelism` pods at once) and un-suspends it. Without the label, `job` unchanged.
+def _queue(manifest: PolicyGroupManifest, job: dict[str, Any]) -> None:
+    """Make the trainers' Job being built (`build_train`) the one Kueue admits when the PolicyGroup carries
+    `contract.LABEL_KUEUE_QUEUE`: with that label and created suspended, so that no trainer pod exists until Kueue
+    admits the whole gang (its quota for all `parallelism` pods at once) and un-suspends it. Without the label,
+    nothing changes.
 
     The queue name enters the Job's hash: moving a PolicyGroup to another queue (or out of queueing) recreates the
     Job, which Kueue requires (it refuses a queue change of an admitted Job). The operator never patches
     `spec.suspend` afterwards: Kueue owns it (it suspends the Job again when it preempts the workload).
-
-    Args:
-        manifest (PolicyGroupManifest): The validated PolicyGroup.
-        job (dict[str, Any]): The Job from `build_train`.
-
-    Returns:
-        dict[str, Any]: A new Job manifest, or `job` itself when the PolicyGroup names no queue.
     """
     queue = manifest.metadata.labels.get(contract.LABEL_KUEUE_QUEUE)
     if not queue:
-        return job
-    result = copy.deepcopy(job)
-    result["metadata"]["labels"] = dict(sorted({**result["metadata"]["labels"], contract.LABEL_KUEUE_QUEUE: queue}
-                                               .items()))
-    result["spec"]["suspend"] = True
-    value = digest([job["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH], queue])
-    for metadata in (result["metadata"], result["spec"]["template"]["metadata"]):
-        metadata["annotations"][contract.ANNOTATION_SPEC_HASH] = value
-    return result
+        return
+    job["metadata"]["labels"] = dict(sorted({**job["metadata"]["labels"], contract.LABEL_KUEUE_QUEUE: queue}.items()))
+    job["spec"]["suspend"] = True
+    _rehash(job, queue)
 
 
-def build_workloads(manifest: PolicyGroupManifest, namespace: str) -> list[dict[str, Any]]:
-    """The two children whose status the PolicyGroup's follows: the trainer Job (`queued`) and the evaluator
-    StatefulSet, built alone (no ConfigMap rendering, RBAC or policies) for a status pass that compares only them.
+def build_workloads(
+    manifest: PolicyGroupManifest, namespace: str, state: RunState = RunState()
+) -> list[dict[str, Any]]:
+    """The two children whose status the PolicyGroup's follows: the trainer Job and the evaluator StatefulSet,
+    built alone (no ConfigMap rendering, RBAC or policies) for a status pass that compares only them.
 
     Args:
         manifest (PolicyGroupManifest): The validated PolicyGroup.
         namespace (str): Its namespace.
+        state (RunState, optional): The run as the operator decided it. Defaults to `RunState()`.
 
     Returns:
         list[dict[str, Any]]: [Job, StatefulSet], as in `build_children`.
     """
-    return [queued(manifest, build_train(manifest, namespace)[1]), build_eval(manifest, namespace)[1]]
+    return [build_train(manifest, namespace, state)[1], build_eval(manifest, namespace, state)[1]]
 
 
 def build_children(
-    manifest: PolicyGroupManifest, namespace: str, network_policy: NetworkPolicyOptions | None = None
+    manifest: PolicyGroupManifest,
+    namespace: str,
+    network_policy: NetworkPolicyOptions | None = None,
+    state: RunState = RunState(),
 ) -> list[dict[str, Any]]:
     """Every child of a PolicyGroup, in creation order: what pods mount and use first, then workloads.
 
@@ -700,13 +725,14 @@ def build_children(
         namespace (str): Its namespace.
         network_policy (NetworkPolicyOptions | None, optional): Build the trainers' NetworkPolicy with these
             options; None builds none (a cluster without NetworkPolicy support). Defaults to None.
+        state (RunState, optional): The run as the operator decided it. Defaults to `RunState()`.
 
     Returns:
         list[dict[str, Any]]: ConfigMap, ServiceAccount, Role, RoleBinding, trainer and evaluator
             PodDisruptionBudgets and the trainers' NetworkPolicy (before any pod, so that no pod is ever
-            unprotected), trainer Service, Job (`queued`), evaluator Service, StatefulSet.
+            unprotected), trainer Service, Job, evaluator Service, StatefulSet.
     """
-    service, job = build_train(manifest, namespace)
+    service, job = build_train(manifest, namespace, state)
     policies = [] if network_policy is None else [build_network_policy(manifest, namespace, network_policy)]
     return [
         build_config_map(manifest, namespace),
@@ -714,8 +740,8 @@ def build_children(
         *build_disruption_budgets(manifest, namespace),
         *policies,
         service,
-        queued(manifest, job),
-        *build_eval(manifest, namespace),
+        job,
+        *build_eval(manifest, namespace, state),
     ]
 
 

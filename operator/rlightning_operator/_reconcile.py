@@ -698,20 +698,15 @@ class Reconciler:
         self, body: Mapping[str, Any], manifest: PolicyGroupManifest, namespace: str, job: Mapping[str, Any] | None,
         current: planner.Restarts, workloads_only: bool = False,
     ) -> list[dict[str, Any]]:
-        """The children as they should be: built, the Job under the current attempt, the evaluators scaled to zero
-        once training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup; with
-        `workloads_only`, the Job and the StatefulSet alone (what a status pass compares).
+        """The children as they should be: built for the current attempt, the evaluators scaled to zero once
+        training has ended (when spec.eval.afterTraining is Stop), owned by the PolicyGroup; with `workloads_only`,
+        the Job and the StatefulSet alone (what a status pass compares).
         """
-        built = builders.build_workloads(manifest, namespace) if workloads_only else \
-            builders.build_children(manifest, namespace, self._network_policy)
-        desired = []
-        for child in built:
-            if child["kind"] == "Job":
-                child = builders.with_attempt(child, current.attempt, builders.created_seconds(body))
-            elif child["kind"] == "StatefulSet" and _stop_evaluators(manifest, job, current):
-                child["spec"]["replicas"] = 0
-            desired.append(builders.with_owner(child, dict(body)))
-        return desired
+        state = builders.RunState(current.attempt, builders.created_seconds(body),
+                                  _stop_evaluators(manifest, job, current))
+        built = builders.build_workloads(manifest, namespace, state) if workloads_only else \
+            builders.build_children(manifest, namespace, self._network_policy, state)
+        return [builders.with_owner(child, dict(body)) for child in built]
 
     def _force_delete_stranded(
         self, body: Mapping[str, Any], namespace: str, name: str, current: planner.Restarts,

@@ -421,32 +421,54 @@ def test_a_queue_label_makes_a_suspended_trainer_job_for_kueue():
     other = edited(example_document(), **{"metadata.labels": {contract.LABEL_KUEUE_QUEUE: "team-b"}})
     moved = _by_kind(build_children(parse_manifest(other), NS))["Job"]
     assert moved["metadata"]["annotations"] != job["metadata"]["annotations"], "another queue: a new Job"
+
+
+def _job(manifest, state=None):
+    return _by_kind(build_children(manifest, NS, state=state or builders.RunState()))["Job"]
+
+
 def test_an_attempt_is_a_label_an_env_var_and_part_of_the_hash(example):
-    job = _by_kind(build_children(example, NS))["Job"]
-    first, second = builders.with_attempt(job, 0), builders.with_attempt(job, 1)
-    for attempt, built in ((0, first), (1, second)):
+    jobs = {attempt: _job(example, builders.RunState(attempt=attempt)) for attempt in (0, 1)}
+    for attempt, built in jobs.items():
         assert built["metadata"]["labels"][contract.LABEL_ATTEMPT] == str(attempt)
         assert built["spec"]["template"]["metadata"]["labels"][contract.LABEL_ATTEMPT] == str(attempt)
         assert _env(built)[contract.ENV_TRAIN_ATTEMPT] == str(attempt)
         assert builders.attempt_of(built) == attempt
         pod_annotations = built["spec"]["template"]["metadata"]["annotations"]
         assert built["metadata"]["annotations"].items() <= pod_annotations.items()  # the Job's hash is its pods' one
-    hashes = {b["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] for b in (job, first, second)}
-    assert len(hashes) == 3  # the planner replaces a Job of another attempt
-    assert contract.LABEL_ATTEMPT not in job["metadata"]["labels"]  # the input is left alone
+    assert _job(example) == jobs[0]  # attempt 0 unless told
+    hashes = {b["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] for b in jobs.values()}
+    assert len(hashes) == 2  # the planner replaces a Job of another attempt
+    queued = parse_manifest(edited(example_document(), **{"metadata.labels": {contract.LABEL_KUEUE_QUEUE: "a"}}))
+    queued_jobs = [_job(queued, builders.RunState(attempt=attempt)) for attempt in (0, 1)]
+    assert [builders.attempt_of(job) for job in queued_jobs] == [0, 1]
+    assert all(job["spec"]["suspend"] for job in queued_jobs)
+    assert len({j["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH] for j in queued_jobs} | hashes) == 4
     assert builders.attempt_of(None) == 0 and builders.attempt_of({"metadata": {"labels": {}}}) == 0
 
 
 def test_an_attempts_epoch_rises_across_attempts_and_across_a_group_applied_again(example):
-    job = _by_kind(build_children(example, NS))["Job"]
     created = builders.created_seconds({"metadata": {"creationTimestamp": "2026-12-03T04:10:00Z"}})
     applied_again = builders.created_seconds({"metadata": {"creationTimestamp": "2026-12-03T04:10:01Z"}})
-    epochs = [int(_env(builders.with_attempt(job, attempt, at))[contract.ENV_TRAIN_EPOCH])
+    epochs = [int(_env(_job(example, builders.RunState(attempt, at)))[contract.ENV_TRAIN_EPOCH])
               for at, attempt in ((created, 0), (created, 5), (applied_again, 0))]
 
     assert epochs == sorted(epochs) and len(set(epochs)) == 3  # a group applied again fences its predecessor
     assert epochs[1] - epochs[0] == 5
-    hashes = {builders.with_attempt(job, 1, at)["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
+    hashes = {_job(example, builders.RunState(1, at))["metadata"]["annotations"][contract.ANNOTATION_SPEC_HASH]
               for at in (created, applied_again)}
     assert len(hashes) == 1  # the epoch follows from the attempt: no Job is replaced for it
     assert builders.created_seconds({}) == 0 and builders.created_seconds({"metadata": {"creationTimestamp": "x"}}) == 0
+
+
+def test_stopped_evaluators_are_a_statefulset_of_zero_replicas_and_no_template_change(example):
+    running = build_children(example, NS, state=builders.RunState(attempt=2))
+    stopped = build_children(example, NS, state=builders.RunState(attempt=2, evaluators_stopped=True))
+    differ = [(a["kind"], a["metadata"]["name"]) for a, b in zip(running, stopped, strict=True) if a != b]
+    assert differ == [("StatefulSet", "cartpole-eval")]  # nothing else: the trainers' Job stays the same
+    sts_running, sts_stopped = _by_kind(running)["StatefulSet"], _by_kind(stopped)["StatefulSet"]
+    assert (sts_running["spec"]["replicas"], sts_stopped["spec"]["replicas"]) == (example.spec.eval.replicas, 0)
+    assert {**sts_stopped["spec"], "replicas": example.spec.eval.replicas} == sts_running["spec"]
+    assert sts_stopped["metadata"] == sts_running["metadata"]  # same hash: the planner scales, never replaces
+    workloads = builders.build_workloads(example, NS, builders.RunState(attempt=2, evaluators_stopped=True))
+    assert workloads == [_by_kind(stopped)["Job"], sts_stopped]
