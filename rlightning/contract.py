@@ -89,6 +89,11 @@ ANNOTATION_KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 ANNOTATION_CLUSTER_AUTOSCALER_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 """Pod annotation: `"false"` keeps the Cluster Autoscaler from removing the pod's node (its FAQ, "What types of
 pods can prevent CA from removing a node?"). Trainer pods carry it."""
+ANNOTATION_CHECKPOINT_REQUEST = f"{LABEL_PREFIX}/checkpoint-request"
+"""PolicyGroup annotation: a request for one checkpoint now, its value naming the request (a time and why; a new value
+is a new request). The operator sets it when a node that trainers run on is marked for disruption; a user may set
+it too (`kubectl annotate --overwrite`). Trainer rank 0 reads it from the answers to its status reports and
+writes the checkpoint after the iteration it sees it in (docs/operator.md, "Preemption")."""
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 """Kueue's LocalQueue label: on a PolicyGroup, the operator passes it to the trainer Job, created suspended so that
 Kueue admits the trainers as one unit (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/)."""

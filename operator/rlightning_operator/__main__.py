@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     # kopf's handler threads and the refresher's threads share the client: one connection for each.
     client = kube.KubeClient(kube.load_api_client(pool_size=2 * settings.workers), settings.api_timeout_seconds)
     reconciler = reconcile.Reconciler(client, handlers.post_event, settings.network_policy_options)
-    context = handlers.Context(settings=settings, reconciler=reconciler)
+    context = handlers.Context(settings=settings, reconciler=reconciler, client=client)
     elector = None
     if settings.leader_election:
         identity = f"{os.environ.get('POD_ID') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"

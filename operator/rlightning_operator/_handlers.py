@@ -35,17 +35,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import kopf
+from kopf._cogs.structs import references  # the watches' resource type (`_watches`)
 
 from rlightning import contract
+from rlightning_operator import _checkpoint_ask as checkpoint_ask
 from rlightning_operator import _kube as kube
 from rlightning_operator import _metrics as metrics
 from rlightning_operator import _pods as pods
@@ -54,6 +58,7 @@ from rlightning_operator import _refresher as refresher
 from rlightning_operator import _settings
 from rlightning_operator import _status as status
 from rlightning_operator import _watches as watches
+from rlightning_operator import _watchlog as watchlog
 
 logger = logging.getLogger(__name__)
 REGISTRY = kopf.OperatorRegistry()
@@ -67,9 +72,16 @@ its last event (`settings.queueing.idle_timeout`, kopf's default 5 s): with 5 s,
 minute kept hundreds of pod bodies alive at once (peak RSS of `benchmarks/operator_scale.py --scenario wide` 119 MiB;
 82 MiB with 0.5 s). A worker that exited is started again by the object's next event (kopf 1.45 handles every event
 in turn: it has no batch window that a longer wait would fill)."""
+API_RETRY_BACKOFFS_SECONDS = (1.0, *(2.0,) * 26)
+"""Delays between kopf's attempts of a failed API request (`settings.networking.error_backoffs`), its watch and list
+requests included: about as long in all (53 s) as kopf's default (1, 1, 2, 3, 5, 8, 13, 21: 54 s) before a request
+gives up, but never more than 2 s apart. With the default, an API server down 35 s was asked again 54 s after it
+went, so each watch came back up to 21 s after the API server did; now within 2 s."""
 WATCHED_KINDS = 4
 """Kinds watched on kopf's session (PolicyGroups by kopf; Jobs, StatefulSets and pods by `_watches`): one long-lived
-watch connection each per served namespace (one each when cluster-wide)."""
+watch connection each per served namespace (one each when cluster-wide); Nodes add one cluster-wide watch."""
+NODES = references.Resource(group="", version="v1", plural="nodes", kind="Node", namespaced=False)
+"""Watched cluster-wide (nodes have no namespace); `node_changed` keeps only those that trainer pods run on."""
 
 
 def kopf_connection_limit(settings: _settings.OperatorSettings) -> int:
@@ -89,7 +101,7 @@ def kopf_connection_limit(settings: _settings.OperatorSettings) -> int:
         int: The limit, at least one more than the watches, so a short request never waits for a watch to end.
     """
     namespaces = 1 if settings.all_namespaces else len(settings.served_namespaces)
-    return WATCHED_KINDS * namespaces + settings.workers
+    return WATCHED_KINDS * namespaces + 1 + settings.workers
 
 
 @dataclasses.dataclass
@@ -107,6 +119,9 @@ class Context:
             started by the first PolicyGroup event (`group_changed`; so only by a leader), cancelled at cleanup. A
             list, made before kopf starts: kopf gives each object's handlers a shallow copy of the memo, and this
             must be shared.
+        client (kube.KubeClient | None): The API, for the checkpoint requests of `node_changed`; None: none are made.
+        watch_log (watchlog.StreamLog): Logs each watch stream's losses, reconnects and listings (every session
+            kopf makes in `login` traces its requests to it).
     """
 
     settings: _settings.OperatorSettings
@@ -114,6 +129,8 @@ class Context:
     refresher: refresher.Refresher | None = None
     kopf_settings: kopf.OperatorSettings | None = None
     watches: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    client: kube.KubeClient | None = None
+    watch_log: watchlog.StreamLog = dataclasses.field(default_factory=watchlog.StreamLog)
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -147,6 +164,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
     settings.watching.chunk_size = LIST_CHUNK_SIZE
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     settings.networking.request_timeout = memo.settings.api_timeout_seconds
+    settings.networking.error_backoffs = API_RETRY_BACKOFFS_SECONDS
     settings.watching.label_selectors["batch", "jobs"] = MANAGED_SELECTOR
     settings.watching.label_selectors["apps", "statefulsets"] = MANAGED_SELECTOR
     settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
@@ -163,7 +181,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Context, **_: Any) ->
 async def login(memo: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
     """kopf's credentials: the in-cluster service account, else $KUBECONFIG read now (a custom registry gets
     no default login handler), in a session of kopf's own making but with at most `kopf_connection_limit`
-    connections (kopf closes it when the credentials are replaced).
+    connections (kopf closes it when the credentials are replaced), its requests traced by `Context.watch_log`.
     """
     info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
     if info is None:
@@ -171,6 +189,7 @@ async def login(memo: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=kopf_connection_limit(memo.settings), ssl=info.as_ssl_context()),
         headers=info.as_http_headers(), proxy=info.proxy_url, trust_env=info.trust_env,
+        trace_configs=[memo.watch_log.trace_config()],
     )
     return kopf.AiohttpSession(aiohttp_session=session, server=info.server, priority=info.priority,
                                default_namespace=info.default_namespace, expiration=info.expiration)
@@ -274,6 +293,7 @@ def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
     group, namespace = (metadata.get("labels") or {}).get(contract.LABEL_GROUP), metadata.get("namespace")
     if group and memo.refresher is not None and namespace:
         memo.reconciler.note_pod(pod, deleted=deleted)  # what the status reads: no pass lists pods
+        memo.reconciler.node_notices.note_pod(pod, deleted, time.time())
         scheduled = memo.refresher.notify(namespace, group, metadata.get("uid") or "", status.pod_fingerprint(pod),
                                           deleted=deleted, child=False, unseen=status.QUIET_POD)
         metrics.WATCH_EVENTS.labels(kind="Pod", outcome="pass" if scheduled else "ignored").inc()
@@ -312,6 +332,22 @@ def pods_relisted(memo: Context, namespace: str | None, listed: set[tuple[str, s
         pod_changed(memo, pod, deleted=True)
 
 
+def node_changed(memo: Context, node: dict[str, Any], deleted: bool) -> None:
+    """A node changed: when one that trainer pods run on is newly marked for disruption (`_notices`), ask each of
+    their PolicyGroups for a checkpoint now (`_checkpoint_ask`, in a thread: it writes to the API).
+
+    Args:
+        memo (Context): The operator's shared state.
+        node (dict[str, Any]): The Node as its watch hands it.
+        deleted (bool): It is gone.
+    """
+    for ask in memo.reconciler.node_notices.note_node(node, deleted, time.time()):
+        if memo.client is not None:
+            call = functools.partial(contextvars.copy_context().run, checkpoint_ask.request_checkpoint, memo.client,
+                                     post_event, ask, time.time())
+            asyncio.get_running_loop().run_in_executor(None, call)
+
+
 def _start_watches(memo: Context) -> None:
     """Start the watches of pods, Jobs and StatefulSets in the context of a kopf event handler, which their tasks copy:
     kopf's credentials (the watches run on kopf's session) and kopf's Event queue, which `kopf.event` needs in the
@@ -328,6 +364,9 @@ def _start_watches(memo: Context) -> None:
         handle = functools.partial(child_changed, memo, kind)
         listed = functools.partial(children_relisted, memo, kind)
         memo.watches.append(asyncio.create_task(watches.watch(settings, resource, namespaces, handle, listed)))
+    memo.watches.append(asyncio.create_task(watches.watch(
+        # a node deleted while the watch was down needs nothing: its notice is kept (`_notices.KEEP_SECONDS`)
+        settings, NODES, None, functools.partial(node_changed, memo), lambda namespace, listed: None)))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

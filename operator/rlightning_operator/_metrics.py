@@ -37,3 +37,13 @@ ACTIONS = prometheus_client.Counter(
     "Actions applied to children, by type (create, patch, scale, recreate, force-delete of a pod) and kind.",
     ["type", "kind"],
 )
+GANG_RESTARTS = prometheus_client.Counter(
+    "rlightning_operator_gang_restarts_total",
+    "Restarts of a trainer gang, by reason (Preempted, NodeLost, Evicted, Failed, PodDeleted; "
+    "`_disruption.RESTART_REASONS`).",
+    ["reason"],
+)
+CHECKPOINT_ASKS = prometheus_client.Counter(
+    "rlightning_operator_checkpoint_requests_total",
+    "Checkpoints asked of a trainer gang because a node its trainers run on was marked for disruption.",
+)

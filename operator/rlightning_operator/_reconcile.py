@@ -27,8 +27,10 @@ from typing import Any
 from rlightning import contract, launch
 from rlightning.config import ManifestError, PolicyGroupManifest, parse_manifest
 from rlightning_operator import _builders as builders
+from rlightning_operator import _disruption as disruption
 from rlightning_operator import _kube as kube
 from rlightning_operator import _metrics as metrics
+from rlightning_operator import _notices as notices
 from rlightning_operator import _planner as planner
 from rlightning_operator import _pods as pods
 from rlightning_operator import _status as status
@@ -154,15 +156,19 @@ class Reconciler:
         network_policy (builders.NetworkPolicyOptions | None, optional): Give each PolicyGroup's trainers a
             NetworkPolicy with these options (`builders.build_network_policy`); None: none (a cluster without
             NetworkPolicy support). Defaults to None.
+        node_notices (notices.NodeNotices | None, optional): The disruption notices of the trainers' nodes, which
+            name a restart `Preempted` (`_disruption.restart_reason`). Defaults to None: a new, empty one.
     """
 
     def __init__(
         self, client: kube.KubeClient, post_event: EventPoster,
         network_policy: builders.NetworkPolicyOptions | None = None,
+        node_notices: notices.NodeNotices | None = None,
     ) -> None:
         self._client = client
         self._post_event = post_event
         self._network_policy = network_policy
+        self.node_notices = node_notices or notices.NodeNotices()
         # Weak values: a lock lives while a reconcile holds it or a thread waits for it, and goes after, so
         # memory stays bounded without ever dropping a lock in use (a PolicyGroup deleted and created again
         # under the same name while a reconcile runs still gets the same lock).
@@ -606,12 +612,18 @@ class Reconciler:
         self, body: Mapping[str, Any], manifest: PolicyGroupManifest, decision: planner.RestartDecision,
         before: planner.Restarts,
     ) -> dict[str, Any]:
-        """Announce a restart of the trainer gang; returns status.restarts after it."""
+        """Announce a restart of the trainer gang (Event, metric); returns status.restarts after it."""
         after, loss = decision.after, decision.loss
         metadata = body["metadata"]
+        node_notice = self.node_notices.notice_for(self._node_of(metadata["namespace"], metadata["name"], loss.pod))
+        reason = disruption.restart_reason(loss, node_notice)
+        metrics.GANG_RESTARTS.labels(reason=reason).inc()
+        by_reason = dict(((body.get("status") or {}).get("restarts") or {}).get("byReason") or {})
+        by_reason[reason] = int(by_reason.get(reason) or 0) + 1
+        detail = loss.message + (f"; {node_notice.detail}" if reason == disruption.PREEMPTED and node_notice else "")
         counted = (f"failure {after.failures} of spec.train.maxRestarts {manifest.spec.train.max_restarts}"
                    if loss.cause == "failure" else "a disruption, not counted against spec.train.maxRestarts")
-        message = f"attempt {after.attempt} replaces attempt {before.attempt}: {loss.message} ({counted})"
+        message = f"{reason}: attempt {after.attempt} replaces attempt {before.attempt}: {detail} ({counted})"
         logger.warning("%s/%s: restarting the trainer gang: %s", metadata["namespace"], metadata["name"], message)
         self._post_event(body, "Warning", "TrainerRestarting", message[:1000])
         if not manifest.spec.train.checkpoint.persistent_volume_claim:
@@ -623,10 +635,17 @@ class Reconciler:
             "total": after.failures + after.disruptions,
             "failures": after.failures,
             "disruptions": after.disruptions,
-            "reason": loss.reason,
+            "reason": reason,
             "pod": loss.pod,
-            "message": loss.message,
+            "message": detail,
+            "byReason": by_reason,
         }
+
+    def _node_of(self, namespace: str, name: str, pod: str) -> str:
+        """The node of a trainer pod as the pod watch last delivered it ("" when unknown)."""
+        with self._pods_guard:
+            seen = self._pods_seen.get((namespace, name), {}).get(pod)
+        return str((seen.pod.get("spec") or {}).get("nodeName") or "") if seen is not None else ""
 
     def _reconcile_locked(self, body: Mapping[str, Any], namespace: str, name: str) -> Outcome:
         manifest = self._validate(body, namespace, name)

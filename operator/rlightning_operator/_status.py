@@ -65,8 +65,8 @@ NOT_STARTED = "NotStarted"
 STALLED = "Stalled"
 WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA, NOT_STARTED, STALLED)
 """Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
-RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message")
-"""Keys of status.restarts (`rlightning.config.RestartStatus`)."""
+RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message", "byReason")
+"""Keys of status.restarts (`rlightning.config.RestartStatus`); `reason` is one of `_disruption.RESTART_REASONS`."""
 Stranded = pods.Stranded  # in `Observation`'s annotations its field `pods` hides the module
 
 
@@ -645,7 +645,8 @@ def _seconds_between(start: str, end: str) -> float | None:
 
 
 def _restarts(obs: Observation) -> dict[str, Any]:
-    return {field: obs.restarts.get(field, 0 if field in RESTART_FIELDS[:3] else "") for field in RESTART_FIELDS}
+    defaults: dict[str, Any] = {"total": 0, "failures": 0, "disruptions": 0, "byReason": {}}
+    return {field: obs.restarts.get(field, defaults.get(field, "")) for field in RESTART_FIELDS}
 
 
 def _checkpoints_condition(obs: Observation) -> dict[str, Any]:
@@ -661,6 +662,8 @@ def _checkpoints_condition(obs: Observation) -> dict[str, Any]:
 def _restarting_condition(obs: Observation, state: TrainerState) -> dict[str, Any]:
     restarts = _restarts(obs)
     counts = f"{restarts['total']} restarts ({restarts['failures']} failures, {restarts['disruptions']} disruptions)"
+    if restarts["byReason"]:
+        counts += " by reason: " + ", ".join(f"{n} {r}" for r, n in sorted(restarts["byReason"].items()))
     if state is TrainerState.RESTARTING:
         return _condition("TrainerRestarting", True, restarts["reason"] or RESTARTING,
                           f"attempt {obs.attempt} forming after {restarts['message']}; {counts}", obs)

@@ -47,7 +47,13 @@ class RestartStatus(StrictModel):
         ge=0,
         description="Restarts caused by a trainer pod deleted, evicted, preempted or lost with its node.",
     )
-    reason: str = Field(default="", description="CamelCase cause of the last restart (PodFailed, PodDeleted, ...).")
+    reason: str = Field(
+        default="",
+        description="Why the gang last restarted: Preempted, NodeLost, Evicted, Failed or PodDeleted.",
+    )
+    by_reason: dict[str, int] = Field(
+        default_factory=dict, description="Restarts so far by reason (the keys of reason), e.g. {Preempted: 2}."
+    )
     pod: str = Field(default="", description="The trainer pod whose failure or loss caused the last restart.")
     message: str = Field(default="", description="What happened to that pod.")
 

@@ -90,6 +90,6 @@ def test_a_node_whose_heartbeat_stops_costs_the_run_under_three_minutes(crd, nam
     node = get_json(crd, "node", SILENT)
     assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["Unknown"], \
         "the node stayed silent: its pods went by force, not by a kubelet"
-    assert group["status"]["restarts"]["reason"] == "DeletionByTaintManager", group["status"]["restarts"]
+    assert group["status"]["restarts"]["reason"] == "NodeLost", group["status"]["restarts"]
     trainer = [p for p in pods(crd, namespace, "train") if p["metadata"]["labels"].get(contract.LABEL_ATTEMPT) == "1"]
     assert [p["spec"]["nodeName"] for p in trainer] == [OTHER]

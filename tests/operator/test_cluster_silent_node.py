@@ -171,4 +171,4 @@ def test_pods_of_a_silent_node_are_force_deleted_and_the_run_goes_on(crd, namesp
     assert named == set(lost_trainers + lost_evaluators), messages
     group = get_json(crd, "pg", "cartpole", "-n", namespace)
     assert group["status"]["train"]["attempt"] == 1 and group["status"]["restarts"]["disruptions"] == 1
-    assert group["status"]["restarts"]["reason"] == "DeletionByTaintManager", group["status"]["restarts"]
+    assert group["status"]["restarts"]["reason"] == "NodeLost", group["status"]["restarts"]

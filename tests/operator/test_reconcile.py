@@ -403,7 +403,7 @@ def test_a_failed_trainer_pod_restarts_the_gang_under_the_next_attempt(api, even
     status = stored_status(api)
     assert status["phase"] == "Restarting" and status["train"]["attempt"] == 1
     assert {k: status["restarts"][k] for k in ("total", "failures", "disruptions", "reason", "pod")} == {
-        "total": 1, "failures": 1, "disruptions": 0, "reason": "PodFailed", "pod": "cartpole-train-0-abcde"}
+        "total": 1, "failures": 1, "disruptions": 0, "reason": "Failed", "pod": "cartpole-train-0-abcde"}
     restarting = next(c for c in status["conditions"] if c["type"] == "TrainerRestarting")
     assert restarting["status"] == "True" and "cartpole-train-0-abcde" in restarting["message"]
     warnings = [(e[1], e[2]) for e in events if e[0] == "Warning"]

@@ -112,5 +112,5 @@ def test_kopf_holds_at_most_its_watches_and_the_workers_connections(tmp_path, mo
         finally:
             await context.aiohttp_session.close()
 
-    # 4 watched kinds in each of 2 namespaces, and one connection per worker for patches and Events
-    assert asyncio.run(log_in()) == (4 * 2 + 3, "https://127.0.0.1:6443", "a")
+    # 4 watched kinds in each of 2 namespaces, the nodes, and one connection per worker for patches and Events
+    assert asyncio.run(log_in()) == (4 * 2 + 1 + 3, "https://127.0.0.1:6443", "a")

@@ -141,7 +141,7 @@ def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reache
     watch = Observer(cluster, real_namespace)
     evaluators: dict[str, str] = {}
     # One run, both ways of losing rank 1 (a failure, then a disruption): each restart is a whole training run less.
-    for attempt, (how, reason, counts) in enumerate([("kill -9", "PodFailed", (1, 0, 1)),
+    for attempt, (how, reason, counts) in enumerate([("kill -9", "Failed", (1, 0, 1)),
                                                     ("delete", "PodDeleted", (2, 1, 1))]):
         victim = _lose_rank_1_once_checkpointed(cluster, real_namespace, watch, run_dir, attempt, how)
         evaluators = evaluators or {p["metadata"]["name"]: p["metadata"]["uid"] for p in watch.pods("eval")}
