@@ -246,6 +246,47 @@ class Cluster(_process.Supervisor):
             shutil.rmtree(self.workdir / sub, ignore_errors=True)
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
 
+    def restart_api_server(self, timeout: float = START_TIMEOUT_SECONDS) -> float:
+        """SIGKILL the API server (a crash: connections reset, no graceful shutdown), start it again with the same
+        command line and wait until ``/readyz`` answers; then restart the controller-manager and the scheduler.
+
+        Those two are restarted as a control-plane node's kubelet restarts them once the API server was gone past
+        their leader election's renew deadline: kept running, their client-go reflectors retry a lost watch after a
+        backoff that doubles from 0.8 s to 30 s, with up to as much again of jitter, and resets only after 2 min
+        without a failure (k8s.io/client-go tools/cache/reflector.go), so after a few restarts in a row their Jobs,
+        StatefulSets and pods moved up to a minute late, and a drill measured them instead of what it drills. kwok keeps
+        running: a new one would hold none of the nodes' Leases, and run their pods only once those expired.
+
+        Args:
+            timeout (float, optional): Seconds for the API server to be ready. Defaults to
+                :data:`START_TIMEOUT_SECONDS`.
+
+        Returns:
+            float: ``time.monotonic()`` when ``/readyz`` answered 200 again.
+
+        Raises:
+            ClusterError: When a component was not started here, exits early, or the API server is not ready in time.
+        """
+        assert self._pki is not None, "set by start"
+        self._respawn("kube-apiserver")
+        api = _http.ApiServer(self.server, self._pki.ca_cert, self._pki.admin_token)
+        self._wait("kube-apiserver /readyz", time.monotonic() + timeout,
+                   lambda: api.request("GET", "/readyz")[0] == 200)
+        answered = time.monotonic()
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            self._respawn(name)
+        return answered
+
+    def _respawn(self, name: str) -> None:
+        """SIGKILL a component started here and start it again with the same command line and environment."""
+        old = next((proc for proc in self.processes if proc.name == name and proc.popen is not None), None)
+        if old is None:
+            raise ClusterError(f"no component {name!r} was started here")
+        _process.kill(old)
+        new = _process.start(name, old.argv, old.log_path, detach=self._detach, env=old.env)
+        self.processes[self.processes.index(old)] = new
+        self._write_state()
+
     def __enter__(self) -> Cluster:
         return self.start()
 

@@ -36,12 +36,16 @@ class Managed:
         log_path (pathlib.Path): File receiving its stdout and stderr.
         popen (subprocess.Popen | None): Handle when started by this Python process (None when loaded from a
             pid file by ``devcluster down``).
+        argv (list[str]): Its command line (empty when loaded from a pid file).
+        env (dict[str, str] | None): The environment it was started with (None: this process's).
     """
 
     name: str
     pid: int
     log_path: pathlib.Path
     popen: subprocess.Popen | None = None
+    argv: list[str] = dataclasses.field(default_factory=list)
+    env: dict[str, str] | None = None
 
     def exit_code(self) -> int | None:
         """Return the exit status, or None while it runs (always None for processes not started here)."""
@@ -81,7 +85,7 @@ def start(
             env=env,
             preexec_fn=None if detach else _die_with_parent,
         )
-    return Managed(name=name, pid=popen.pid, log_path=log_path, popen=popen)
+    return Managed(name=name, pid=popen.pid, log_path=log_path, popen=popen, argv=argv, env=env)
 
 
 def alive(pid: int) -> bool:
@@ -129,6 +133,24 @@ def stop(proc: Managed, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
         deadline = time.monotonic() + timeout
         while alive(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def kill(proc: Managed, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+    """SIGKILL a process started here and its process group (a crash: no graceful shutdown) and reap it.
+
+    Args:
+        proc (Managed): A process started by :func:`start` in this Python process.
+        timeout (float, optional): Seconds to wait for it to be gone. Defaults to :data:`STOP_TIMEOUT_SECONDS`.
+
+    Raises:
+        ValueError: When it was not started here (known only by pid).
+        subprocess.TimeoutExpired: When it is not gone within ``timeout``.
+    """
+    if proc.popen is None:
+        raise ValueError(f"{proc.name} (pid {proc.pid}) was not started here")
+    if proc.popen.poll() is None:
+        _signal_group(proc.pid, signal.SIGKILL)
+    proc.popen.wait(timeout)
 
 
 def _leads_group(pid: int) -> bool:

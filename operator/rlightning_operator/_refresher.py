@@ -51,6 +51,7 @@ class Refresher:
         self._last_start: dict[tuple[str, str], float] = {}  # loop time each group's last pass started
         self._executor = executor
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._due: dict[tuple[str, str], tuple[float, int]] = {}  # each pending pass's loop time to start, attempt
         self._full: set[tuple[str, str]] = set()
         self._seen: dict[str, tuple[Hashable, Hashable]] = {}
         self._rechecks: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -98,7 +99,8 @@ class Refresher:
     def schedule(
         self, namespace: str, name: str, delay: float | None = None, attempt: int = 0, full: bool = True
     ) -> None:
-        """Refresh PolicyGroup `namespace/name` soon, unless a pass is already pending (which `full` upgrades).
+        """Refresh PolicyGroup `namespace/name` soon, unless a pass is already pending (which `full` upgrades, and
+        which is brought forward when it is a retry waiting out its backoff and this call has no `delay` of its own).
 
         Must be called from the operator's event loop (kopf's async handlers run there).
 
@@ -112,12 +114,20 @@ class Refresher:
         key = (namespace, name)
         if full:
             self._full.add(key)
-        if key in self._pending:
-            return
         wait = self._delay if delay is None else delay
         last = self._last_start.get(key)
         if last is not None:
             wait = max(wait, last + self._interval - self._loop.time())
+        due = self._loop.time() + wait
+        if key in self._pending:
+            pending_due, pending_attempt = self._due[key]
+            if delay is not None or pending_due <= due:
+                return
+            # An event while a retry waits out its backoff (an API server that was down): the watch that delivered
+            # it answers again, so the retry runs now, not up to a minute later with this event's pass held behind it.
+            self._pending.pop(key).cancel()
+            attempt = pending_attempt
+        self._due[key] = (due, attempt)
         self._pending[key] = asyncio.get_running_loop().create_task(self._run(key, wait, attempt))
 
     def recheck(self, namespace: str, name: str, delay: float) -> None:
@@ -145,7 +155,7 @@ class Refresher:
 
     async def _run(self, key: tuple[str, str], delay: float, attempt: int) -> None:
         await asyncio.sleep(delay)
-        del self._pending[key]  # events from now on schedule another pass
+        del self._pending[key], self._due[key]  # events from now on schedule another pass
         started = self._last_start[key] = self._loop.time()
         self._loop.call_later(self._interval, self._forget_start, key, started)
         full = key in self._full
@@ -199,5 +209,6 @@ class Refresher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pending.clear()
+        self._due.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

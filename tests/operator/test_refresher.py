@@ -154,6 +154,25 @@ def test_failed_and_blocked_passes_are_retried(monkeypatch, reconciler, why):
     assert _one_pass(reconciler, "a") == ["a", "a", "a"], why
 
 
+def test_an_event_brings_forward_a_retry_that_waits_out_its_backoff(monkeypatch):
+    # An API server down long enough leaves a group's retry a minute away; the first event after it answers again
+    # runs the pass at once, instead of being held behind that retry.
+    monkeypatch.setattr("rlightning_operator._settings.RETRY_DELAYS_SECONDS", (60.0,))
+    reconciler = FakeReconciler(failures=1)
+
+    async def scenario():
+        refresher = Refresher(reconciler, delay=0.01)
+        refresher.schedule("ns", "a")
+        while reconciler.calls != ["a"] or ("ns", "a") not in refresher._pending:  # failed; its retry waits
+            await asyncio.sleep(0.01)
+        refresher.schedule("ns", "a")  # an event
+        await _settled()
+        await refresher.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert reconciler.calls == ["a", "a"]
+
+
 def test_a_deleted_group_is_left_alone():
     reconciler = FakeReconciler(exists=False)
     assert _one_pass(reconciler, "gone") == []
