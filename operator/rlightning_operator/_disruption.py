@@ -136,3 +136,35 @@ def restart_reason(loss: pods.TrainerLoss, node_notice: Notice | None) -> str:
     if node_notice is not None and (not loss.since or node_notice.since <= loss.since + NOTICE_SLACK_SECONDS):
         return PREEMPTED
     return _DISRUPTION_REASONS.get(loss.reason, POD_DELETED if loss.reason == pods.POD_DELETED else EVICTED)
+
+
+CHECKPOINT_GRACE = "CheckpointWithinGracePeriod"
+"""Condition type: whether the trainers' last checkpoint took less than their pods' grace period."""
+CHECKPOINT_SLOWER_THAN_GRACE = "CheckpointSlowerThanGracePeriod"
+"""Its reason when not: a SIGTERM (a drain, a preemption) kills the trainer before its final checkpoint is written."""
+
+
+def checkpoint_grace(training: Mapping[str, Any], grace_seconds: int) -> tuple[bool, str, str] | None:
+    """Whether the last checkpoint trainer rank 0 reported (status.training.lastCheckpoint) fits the trainer pods'
+    `terminationGracePeriodSeconds`: on SIGTERM a trainer finishes its iteration, then checkpoints, within it.
+
+    Args:
+        training (Mapping[str, Any]): status.training as rank 0 wrote it.
+        grace_seconds (int): The trainer pods' terminationGracePeriodSeconds (`rlightning.launch.grace_seconds`).
+
+    Returns:
+        tuple[bool, str, str] | None: (fits, reason, message) of condition `CHECKPOINT_GRACE`; None before a
+            checkpoint was reported.
+    """
+    last = training.get("lastCheckpoint") or {}
+    seconds = last.get("seconds")
+    if not isinstance(seconds, (int, float)):
+        return None
+    took = f"the last checkpoint (iteration {last.get('iteration', 0)}) took {seconds:.1f} s"
+    if seconds < grace_seconds:
+        return True, "WithinGracePeriod", f"{took}, within the trainer pods' grace period of {grace_seconds} s"
+    return False, CHECKPOINT_SLOWER_THAN_GRACE, (
+        f"{took}, not less than the trainer pods' grace period of {grace_seconds} s: a trainer stopped by SIGTERM (a "
+        "drain, a preemption) is killed before its final checkpoint is written and its run goes back to the one "
+        "before; raise spec.weightSync.timeoutSeconds (the grace period is its drain time plus a margin) or make "
+        "checkpoints faster")

@@ -546,6 +546,7 @@ class Reconciler:
             training=current_status.get("training") or {},
             stall_seconds=launch.stall_seconds(manifest.spec),
             unreachable=unreachable,
+            grace_seconds=launch.grace_seconds(manifest.spec),
         )
         computed = status.compute_status(observation)
         left = status.unreachable_left(unreachable, computed)

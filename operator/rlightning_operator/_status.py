@@ -6,7 +6,8 @@ patch without that key). Condition types: Valid, TrainersReady, EvaluatorsReady,
 Job names a Kueue queue), CheckpointsPersistent, TrainerRestarting (once the gang restarted), DataFlowing (while
 training runs and rank 0 has reported), TrainingProgressing (while every trainer pod is ready: whether rank 0 of the
 current attempt reports, within `Observation.stall_seconds`; reasons Starting, Iterating, NotStarted, Stalled),
-Ready (Valid, TrainersReady and EvaluatorsReady).
+Ready (Valid, TrainersReady and EvaluatorsReady), CheckpointWithinGracePeriod (once rank 0 reported a checkpoint:
+whether it took less than the trainer pods' grace period, `_disruption.checkpoint_grace`).
 DataFlowing is read from what the trainer reports (status.training `waitingForDataSeconds`): False, reason
 WaitingForData, once the trainers have waited `DATA_WAIT_SECONDS` for the evaluators' batches (training paused);
 it is not part of Ready (every pod is ready; the data is not there). A suspended trainer Job (waiting for Kueue's
@@ -48,6 +49,7 @@ from typing import Any
 
 from rlightning import contract, launch
 from rlightning_operator import _builders as builders
+from rlightning_operator import _disruption as disruption
 from rlightning_operator import _pods as pods
 
 OWNED_FIELDS = ("phase", "observedGeneration", "conditions", "train", "eval", "restarts", "replicas", "selector")
@@ -63,7 +65,9 @@ weight version being applied)."""
 PROGRESSING = "TrainingProgressing"
 NOT_STARTED = "NotStarted"
 STALLED = "Stalled"
-WARNING_REASONS = (MAX_RESTARTS_REACHED, WAITING_FOR_DATA, NOT_STARTED, STALLED)
+WARNING_REASONS = (
+    MAX_RESTARTS_REACHED, WAITING_FOR_DATA, NOT_STARTED, STALLED, disruption.CHECKPOINT_SLOWER_THAN_GRACE,
+)
 """Reasons of this module whose appearance is posted as a Warning Event (beside `_pods.REASONS`)."""
 RESTART_FIELDS = ("total", "failures", "disruptions", "reason", "pod", "message", "byReason")
 """Keys of status.restarts (`rlightning.config.RestartStatus`); `reason` is one of `_disruption.RESTART_REASONS`."""
@@ -97,6 +101,8 @@ class Observation:
             (`launch.stall_seconds`); 0 leaves condition TrainingProgressing out.
         unreachable (Sequence[Stranded]): Pods force-deleted from nodes that stopped answering, until their
             role is ready again (`unreachable_left`): TrainersReady or EvaluatorsReady names the nodes meanwhile.
+        grace_seconds (int): The trainer pods' terminationGracePeriodSeconds; 0 leaves condition
+            CheckpointWithinGracePeriod out (`_disruption.checkpoint_grace`).
     """
 
     name: str
@@ -119,6 +125,7 @@ class Observation:
     training: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stall_seconds: float = 0.0
     unreachable: Sequence[Stranded] = ()
+    grace_seconds: int = 0
 
 
 def _job_condition(job: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
@@ -366,6 +373,9 @@ def compute_status(observation: Observation) -> dict[str, Any]:
         extra.append(_data_condition(obs))
     if gang.state is TrainerState.RUNNING and obs.stall_seconds:
         extra.append(_progress(obs, trainers_ready["lastTransitionTime"])[0])
+    grace = disruption.checkpoint_grace(obs.training, obs.grace_seconds) if obs.grace_seconds else None
+    if grace is not None:
+        extra.append(_condition(disruption.CHECKPOINT_GRACE, *grace, obs))
     conditions += [*extra, ready]
     eval_desired = 0 if after_training == "Stopped" else obs.replicas
     eval_ready = _eval_ready(obs)

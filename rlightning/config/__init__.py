@@ -13,6 +13,7 @@ from rlightning.config._spec import ObjectMeta, PolicyGroupManifest, PolicyGroup
 from rlightning.config._template import PodTemplate
 from rlightning.config._timings import SyncTimings
 from rlightning.config._status import (
+    CheckpointReport,
     Condition,
     EvalStatus,
     PolicyGroupStatus,
@@ -23,6 +24,7 @@ from rlightning.config._status import (
 
 __all__ = [
     "CheckpointConfig",
+    "CheckpointReport",
     "Condition",
     "EnvConfig",
     "EvalConfig",

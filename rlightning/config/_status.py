@@ -76,6 +76,22 @@ class EvalStatus(StrictModel):
     )
 
 
+class CheckpointReport(StrictModel):
+    """The last checkpoint trainer rank 0 wrote."""
+
+    iteration: int = Field(default=0, ge=0, description="The iteration it holds (this attempt's own count).")
+    seconds: float = Field(
+        default=0.0, ge=0,
+        description="How long writing it took, in seconds: what a pod's grace period must cover after SIGTERM.",
+    )
+    request: str | None = Field(
+        default=None,
+        description="The checkpoint request it answered (the PolicyGroup's annotation "
+        "rlightning.io/checkpoint-request); null for a periodic or final one.",
+    )
+    written_at: str | None = Field(default=None, description="RFC 3339 time it was committed.")
+
+
 class TrainingStatus(StrictModel):
     """Progress reported by trainer rank 0."""
 
@@ -119,6 +135,10 @@ class TrainingStatus(StrictModel):
         description=(
             "Seconds the trainers have been waiting for the evaluators' batches (training paused); null when not."
         ),
+    )
+    last_checkpoint: CheckpointReport | None = Field(
+        default=None,
+        description="The last checkpoint the trainers wrote (an earlier attempt's until this one writes one).",
     )
     updated_at: str | None = Field(default=None, description="RFC 3339 time of this report.")
 

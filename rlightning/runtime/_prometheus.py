@@ -81,6 +81,9 @@ class TrainerMetrics(_Metrics):
         self.waiting_for_data = self._gauge(
             "rlightning_train_waiting_for_data_seconds", "Seconds the trainers have waited for the fleet's data now."
         )
+        self.checkpoint_seconds = self._gauge(
+            "rlightning_checkpoint_seconds", "Seconds the last checkpoint took to write (a grace period must cover it)."
+        )
         self.attempt = self._gauge(
             "rlightning_train_attempt", "The trainer gang's attempt: 0, then 1 more at each restart of the gang."
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -273,9 +274,18 @@ class RankZero(TrainerHooks):
         self.recorder.iteration(self.last_row)
         self.startup.mark("first_iteration")
         reason = _stop.decide(inputs)
-        if reason is None and iteration % self.spec.train.checkpoint.interval_iterations == 0:
-            save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.epoch)
+        asked = self.recorder.checkpoint_asked()  # the operator's, when a trainer's node is about to go
+        if asked is not None:
+            log.info("a checkpoint is asked for: %s", asked)
+        if reason is None and (asked is not None or iteration % self.spec.train.checkpoint.interval_iterations == 0):
+            self._checkpoint(asked)
         return reason
+
+    def _checkpoint(self, request: str | None = None) -> None:
+        """`save_checkpoint`, timed and exported (`_records.Recorder.checkpoint`)."""
+        started = time.monotonic()
+        save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.epoch)
+        self.recorder.checkpoint(self.policy.iteration, time.monotonic() - started, request)
 
     def _confirm_target(self, inputs: _stop.StopInputs, recent_return: float | None) -> _stop.StopInputs:
         """Hold training until every live evaluator reports a batch on the newest weights; `inputs` with that
@@ -302,7 +312,7 @@ class RankZero(TrainerHooks):
         reports = self.fleet.live_reports()
         consistency = self.fleet.check(reports, exact=True)
         consistent, consistent_reason = _fleet.final_consistency(consistency, self.fleet.expected_count())
-        save_checkpoint(self.policy, self.run_dir, self.spec, self.settings.epoch)
+        self._checkpoint()
         target, totals = self.spec.train.target_eval_return, ending.fleet_totals
         self.recorder.summary(
             stop_reason=ending.reason.label,

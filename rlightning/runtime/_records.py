@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rlightning import weights
-from rlightning.config import TrainingStatus
+from rlightning.config import CheckpointReport, TrainingStatus
 from rlightning.policy import _vtrace
 from rlightning.runtime._prometheus import TrainerMetrics
 from rlightning.runtime._status_reporter import StatusReporter
@@ -167,6 +167,8 @@ class Recorder:
         self._last_waiting_log = 0.0
         self._last_row: dict[str, Any] | None = None
         self._tensorboard: TensorBoardWriter | None = None
+        self._honoured: str | None = None  # the checkpoint request last answered (or found at the start)
+        self._last_checkpoint: CheckpointReport | None = None
 
     def begin(self, iteration: int, env_steps: int, weight_version: int) -> int:
         """The attempt starts, resumed: carry the run's progress over from the previous attempt's report, export the
@@ -186,6 +188,8 @@ class Recorder:
                 the next publish must go above it.
         """
         previous = self.status.previous() if self.status is not None else {}
+        # a request made before this attempt started is no request of it: it resumed from the newest checkpoint
+        self._honoured = self.status.checkpoint_request if self.status is not None else None
         self.carried = Carried.from_report(previous, self.attempt, iteration, env_steps)
         if previous and int(previous.get("attempt") or 0) < self.attempt:
             weight_version = max(weight_version, int(previous.get("weightVersion") or 0))
@@ -294,6 +298,35 @@ class Recorder:
         if self._last_row is not None and seconds >= 1.0:
             self._export({**self._last_row, "waiting_for_data_seconds": round(seconds, 1)}, force=False)
 
+    def checkpoint_asked(self) -> str | None:
+        """A checkpoint request (`contract.ANNOTATION_CHECKPOINT_REQUEST`) seen in the answers to the status reports and
+        not answered yet; once returned it counts as answered.
+
+        Returns:
+            str | None: The request's value; None when there is none new (or no status is reported).
+        """
+        request = self.status.checkpoint_request if self.status is not None else None
+        if request is None or request == self._honoured:
+            return None
+        self._honoured = request
+        return request
+
+    def checkpoint(self, iteration: int, seconds: float, request: str | None) -> None:
+        """Export a checkpoint just written: the gauge `rlightning_checkpoint_seconds` and
+        status.training.lastCheckpoint (reported now, whatever the interval: the operator compares it with the pods'
+        grace period).
+
+        Args:
+            iteration (int): The iteration it holds.
+            seconds (float): How long writing it took.
+            request (str | None): The checkpoint request it answered; None for a periodic or final one.
+        """
+        self.metrics.checkpoint_seconds.set(seconds)
+        self._last_checkpoint = CheckpointReport(iteration=iteration, seconds=round(seconds, 3), request=request,
+                                                 written_at=_now())
+        if self._last_row is not None:
+            self._export(self._last_row, force=True)
+
     def _export(self, row: dict[str, Any], force: bool) -> None:
         m = self.metrics
         iteration, env_steps = row["iteration"] + self.carried.iterations, row["env_steps"] + self.carried.env_steps
@@ -336,6 +369,7 @@ class Recorder:
                     policy_lag_max=row.get("policy_lag_max"),
                     dropped_batches=row.get("dropped_batches", 0),
                     waiting_for_data_seconds=row.get("waiting_for_data_seconds"),
+                    last_checkpoint=self._last_checkpoint,
                     updated_at=_now(),  # the report's own time: a report while waiting for data is fresh
                 ),
                 force=force,

@@ -3,6 +3,10 @@
 A JSON merge patch (RFC 7386) of the status subresource touches only `status.training`, so the operator's
 fields (phase, conditions, replicas) are left alone. Reports are rate-limited and an API error is logged,
 never raised: training must not die because the API server is slow or the Role is wrong.
+
+Each answer is the whole PolicyGroup: its annotation `contract.ANNOTATION_CHECKPOINT_REQUEST` (set by the operator
+when a trainer's node is marked for disruption, or by a user) is kept as `checkpoint_request`, so a request reaches
+rank 0 within one report interval at no extra request.
 """
 
 from __future__ import annotations
@@ -38,14 +42,24 @@ class StatusReporter:
         self.min_interval = min_interval
         self._api = api
         self._last = float("-inf")
+        self.checkpoint_request: str | None = None
+        """The PolicyGroup's checkpoint request as of the last answer (None: none, or no answer yet)."""
 
     def _client(self) -> Any:
         if self._api is None:
             from kubernetes import client, config
 
-            config.load_incluster_config()
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:  # a trainer outside the cluster: $KUBECONFIG names it
+                config.load_kube_config()
             self._api = client.CustomObjectsApi()
         return self._api
+
+    def _answered(self, group: Any) -> None:
+        """Keep the checkpoint request of the PolicyGroup an answer holds."""
+        metadata = (group.get("metadata") if isinstance(group, dict) else None) or {}
+        self.checkpoint_request = (metadata.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_REQUEST)
 
     def previous(self) -> dict[str, Any]:
         """status.training as it is now: what the gang's previous attempt reported last, read at the start.
@@ -60,6 +74,7 @@ class StatusReporter:
         except Exception as error:  # noqa: BLE001 - any API or config error must not stop training
             log.warning("could not read status.training of %s/%s: %s", self.namespace, self.name, error)
             return {}
+        self._answered(group)
         return dict(((group or {}).get("status") or {}).get("training") or {})
 
     def report(self, status: TrainingStatus, force: bool = False) -> bool:
@@ -82,9 +97,11 @@ class StatusReporter:
         training["waitingForDataSeconds"] = status.waiting_for_data_seconds
         training["consistent"] = status.consistent
         training["consistentReason"] = status.consistent_reason
+        if status.last_checkpoint is not None:  # whole, its null request included: a merge patch would keep the last
+            training["lastCheckpoint"] = status.last_checkpoint.model_dump(by_alias=True, mode="json")
         body = {"status": {"training": training}}
         try:
-            self._client().patch_namespaced_custom_object_status(
+            answer = self._client().patch_namespaced_custom_object_status(
                 contract.API_GROUP,
                 contract.API_VERSION,
                 self.namespace,
@@ -96,4 +113,5 @@ class StatusReporter:
         except Exception as error:  # noqa: BLE001 - any API or config error must not stop training
             log.warning("could not patch status.training of %s/%s: %s", self.namespace, self.name, error)
             return False
+        self._answered(answer)
         return True

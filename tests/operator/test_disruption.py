@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlightning import contract
+from rlightning_operator import Observation, compute_status
 from rlightning_operator import _disruption as disruption
 from rlightning_operator import _notices
 from rlightning_operator._notices import NodeNotices
@@ -123,3 +124,35 @@ def test_notices_of_nodes_without_trainers_go_after_keep_seconds():
     assert notices.notice_for("n1") is not None
     notices.note_node(node("n9"), False, T + 2 + _notices.KEEP_SECONDS)
     assert notices.notice_for("n1") is None
+
+
+# (name, status.training, grace seconds, expected (fits, reason) or None)
+GRACE = [
+    ("no checkpoint reported", {}, 45, None),
+    ("well within", {"lastCheckpoint": {"iteration": 3, "seconds": 0.4}}, 45, (True, "WithinGracePeriod")),
+    ("as long as the grace period", {"lastCheckpoint": {"iteration": 3, "seconds": 45.0}}, 45,
+     (False, disruption.CHECKPOINT_SLOWER_THAN_GRACE)),
+    ("longer", {"lastCheckpoint": {"iteration": 3, "seconds": 80.2}}, 45,
+     (False, disruption.CHECKPOINT_SLOWER_THAN_GRACE)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "training", "grace", "expected"), GRACE, ids=[c[0] for c in GRACE])
+def test_checkpoint_grace_table(name, training, grace, expected):
+    found = disruption.checkpoint_grace(training, grace)
+    assert (None if found is None else found[:2]) == expected
+    if found is not None:
+        assert f"{grace} s" in found[2] and "iteration 3" in found[2]
+
+
+def test_the_status_warns_of_a_checkpoint_slower_than_the_grace_period():
+    job = {"kind": "Job", "metadata": {"name": "g-train", "labels": {contract.LABEL_ATTEMPT: "0"}},
+           "status": {"ready": 1}}
+    base = {"nodes": 1, "job": job, "now": "2026-12-01T10:00:00Z", "grace_seconds": 45}
+    slow = {"lastCheckpoint": {"iteration": 7, "seconds": 50.0}}
+    conditions = {c["type"]: c for c in compute_status(Observation("g", 1, training=slow, **base))["conditions"]}
+    assert conditions[disruption.CHECKPOINT_GRACE]["status"] == "False"
+    assert conditions[disruption.CHECKPOINT_GRACE]["reason"] == disruption.CHECKPOINT_SLOWER_THAN_GRACE
+    assert conditions["Ready"]["reason"] != disruption.CHECKPOINT_SLOWER_THAN_GRACE, "a warning, not part of Ready"
+    quiet = compute_status(Observation("g", 1, training={}, **base))["conditions"]
+    assert disruption.CHECKPOINT_GRACE not in {c["type"] for c in quiet}
