@@ -80,10 +80,22 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def manifest(case: str, evaluators: int, seed: int, env_steps: int, ports: dict[str, int]) -> dict[str, Any]:
-    """The example of `case` with `evaluators` evaluators, each sending one `[2048 / (4 E), 4]` batch per update."""
+APPO_CLASS = "rlightning.policy.appo:APPOPolicy"
+
+
+def manifest(case: str, evaluators: int, seed: int, env_steps: int, ports: dict[str, int],
+             appo_lag: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The example of `case` with `evaluators` evaluators, each sending one `[2048 / (4 E), 4]` batch per update.
+
+    With `appo_lag`, the same settings under APPO (V-trace targets, rho-bar and c-bar 1.0, free-running evaluators,
+    docs/vtrace.md) at `train.maxPolicyLag` `appo_lag`; GAE's lambda is V-trace's.
+    """
     doc = yaml.safe_load(EXAMPLES[case].read_text())
     spec = doc["spec"]
+    if appo_lag is not None:
+        spec["policy"]["policyClass"] = APPO_CLASS
+        spec["policy"]["policyKwargs"].update(rhoBar=1.0, cBar=1.0)
+        spec["train"]["maxPolicyLag"] = appo_lag
     if SAMPLES_PER_UPDATE % (NUM_ENVS * evaluators):
         raise SystemExit(f"--evaluators: {evaluators} does not divide {SAMPLES_PER_UPDATE // NUM_ENVS}")
     spec["env"]["numEnvs"] = NUM_ENVS
@@ -97,6 +109,7 @@ def manifest(case: str, evaluators: int, seed: int, env_steps: int, ports: dict[
 def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) -> WorkloadOutcome:
     """`rlightning run` the manifest to its env steps; wall until summary.json appears."""
     evaluators = doc["spec"]["eval"]["replicas"]
+    system = "rlightning-appo" if doc["spec"]["policy"]["policyClass"] == APPO_CLASS else "rlightning"
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
         path, run_dir = Path(tmp) / "manifest.yaml", Path(tmp) / "run"
         path.write_text(yaml.safe_dump(doc))
@@ -117,7 +130,7 @@ def run_rlightning(case: str, doc: dict[str, Any], seed: int, timeout: float) ->
     first_batch = summary["startup_seconds"].get("first_batch") or 0.0
     per_evaluator = statistics.fmean(summary["env_steps_by_evaluator"].values()) / max(wall - first_batch, 1e-9)
     return WorkloadOutcome(
-        "rlightning", case, evaluators, seed, wall, summary["env_steps"],
+        system, case, evaluators, seed, wall, summary["env_steps"],
         statistics.fmean(returns) if returns else None, summary.get("final_eval_return"), per_evaluator, cpu,
     )  # fmt: skip
 
@@ -227,7 +240,7 @@ def print_table(outcomes: list[WorkloadOutcome], plain: dict[str, float]) -> lis
         per_eval = [o.steps_per_evaluator_per_second for o in runs if o.steps_per_evaluator_per_second]
         plain_x = statistics.median(per_eval) / plain[case] if per_eval and case in plain else None
         row = {
-            "case": case, "system": system, "evaluators": evaluators if system == "rlightning" else "-",
+            "case": case, "system": system, "evaluators": "-" if system == "sb3" else evaluators,
             "runs": len(runs), "wall_seconds": spread(walls, ".0f"),
             "wall_x_sb3": statistics.median(walls) / statistics.median(base) if walls and base else None,
             "env_steps_per_second": spread(rates, ".0f"), "cpu_seconds": spread(cpus, ".0f"),
@@ -236,13 +249,13 @@ def print_table(outcomes: list[WorkloadOutcome], plain: dict[str, float]) -> lis
             "per_evaluator_x_plain": plain_x,
         }  # fmt: skip
         rows.append(row)
-    print(f"{'case':<12} {'system':<11} {'evals':>5} {'runs':>4} {'wall s (min-max)':>20} {'x SB3':>6} "
+    print(f"{'case':<12} {'system':<15} {'evals':>5} {'runs':>4} {'wall s (min-max)':>20} {'x SB3':>6} "
           f"{'steps/s (min-max)':>20} {'train return (min-max)':>26} {'eval return (min-max)':>26} "
           f"{'per eval x plain':>16} {'CPU s (min-max)':>20}")  # fmt: skip
     for r in rows:
         wall_x = "-" if r["wall_x_sb3"] is None else f"{r['wall_x_sb3']:.2f}"
         x_plain = "-" if r["per_evaluator_x_plain"] is None else f"{r['per_evaluator_x_plain']:.2f}"
-        print(f"{r['case']:<12} {r['system']:<11} {r['evaluators']:>5} {r['runs']:>4} {r['wall_seconds']:>20} "
+        print(f"{r['case']:<12} {r['system']:<15} {r['evaluators']:>5} {r['runs']:>4} {r['wall_seconds']:>20} "
               f"{wall_x:>6} {r['env_steps_per_second']:>20} {r['train_return']:>26} {r['eval_return']:>26} "
               f"{x_plain:>16} {r['cpu_seconds']:>20}")  # fmt: skip
     for case, rate in plain.items():
@@ -254,7 +267,7 @@ def figures_line(rows: list[dict[str, Any]], plain: dict[str, float]) -> str:
     """The rows of `print_table` as one line for `benchmarks/_record.append_row`."""
     parts = []
     for r in rows:
-        who = "SB3" if r["system"] == "sb3" else f"rlightning {r['evaluators']} evaluators"
+        who = "SB3" if r["system"] == "sb3" else f"{r['system']} {r['evaluators']} evaluators"
         ratio = "" if r["wall_x_sb3"] is None or r["system"] == "sb3" else f" ({r['wall_x_sb3']:.2f}x SB3)"
         parts.append(f"{r['case']}, {who}, {r['runs']} seeds: wall {r['wall_seconds']} s{ratio}, "
                      f"{r['env_steps_per_second']} env steps/s, CPU {r['cpu_seconds']} s, "

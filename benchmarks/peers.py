@@ -37,6 +37,7 @@ Cases, seeds interleaved (SB3 then rlightning for each seed):
 - `halfcheetah`, `hopper`: MuJoCo locomotion to `--env-steps` (default 1M) with `--workload-evaluators` evaluators
   (default 2; a list runs each count) against SB3's PPO with CleanRL's settings in one process, and a plain process
   stepping the env with the same policy (`benchmarks/_workload_peers.py`; the extra `mujoco` too).
+  `--workload-policies ppo,appo` adds the same runs under APPO (`rlightning-appo`, lag `--appo-lag`).
 
 Needs the optional extra `peers` (`pip install -e '.[peers]'`: stable-baselines3); the runtime never imports it.
 
@@ -46,6 +47,8 @@ Usage:
     python benchmarks/peers.py --cases cartpole --seeds 3
     python benchmarks/peers.py --cases halfcheetah --seeds 3 --workload-evaluators 2
     python benchmarks/peers.py --cases halfcheetah --seeds 1 --workload-evaluators 1,2,4 --env-steps 200000 --no-sb3
+    python benchmarks/peers.py --cases halfcheetah --seeds 1 --workload-evaluators 4 --workload-policies ppo,appo \
+        --no-sb3
 """
 
 from __future__ import annotations
@@ -300,15 +303,21 @@ def run_workloads(args: argparse.Namespace, cases: list[str]) -> int:
     """The MuJoCo cases (`benchmarks/_workload_peers.py`): the plain process, then seeds interleaved, SB3 first."""
     plain = {case: _workload_peers.run_plain(case) for case in cases}
     counts = [int(c) for c in args.workload_evaluators.split(",")]
+    policies = args.workload_policies.split(",")
+    if not set(policies) <= {"ppo", "appo"}:
+        raise SystemExit(f"--workload-policies: {args.workload_policies!r}: each one of ppo, appo")
     outcomes: list[_workload_peers.WorkloadOutcome] = []
     index = 0
     for case in cases:
         for seed in range(args.seeds):
-            for count in ([] if args.no_sb3 else [0]) + counts:  # 0: SB3
-                if count == 0:
+            runs = [(0, "sb3")] if not args.no_sb3 else []
+            runs += [(count, policy) for count in counts for policy in policies]
+            for count, policy in runs:
+                if policy == "sb3":
                     outcome = _workload_peers.run_sb3(case, seed, args.env_steps, args.timeout)
                 else:
-                    doc = _workload_peers.manifest(case, count, seed, args.env_steps, run_ports(index))
+                    appo_lag = args.appo_lag if policy == "appo" else None
+                    doc = _workload_peers.manifest(case, count, seed, args.env_steps, run_ports(index), appo_lag)
                     outcome = _workload_peers.run_rlightning(case, doc, seed, args.timeout)
                     index += 1
                 outcomes.append(outcome)
@@ -330,12 +339,14 @@ def main() -> int:
     parser.add_argument("--step-latency-ms", type=float, default=5.0, help="added latency per env step (ms)")
     parser.add_argument("--slow-lag", type=int, default=1, help="train.maxPolicyLag of the slow-env runs")
     parser.add_argument("--slow-policies", default="ppo", help="comma-separated: ppo (slow-N), appo (appo-N)")
-    parser.add_argument("--appo-lag", type=int, default=4, help="train.maxPolicyLag of the appo-N runs")
+    parser.add_argument("--appo-lag", type=int, default=4, help="train.maxPolicyLag of the APPO runs")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take at most")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and every run to this file")
     parser.add_argument("--manifest", type=Path, default=EXAMPLE,
                         help="the PolicyGroup of the `cartpole` case (a variant of the example to compare)")
     parser.add_argument("--workload-evaluators", default="2", help="evaluator counts of halfcheetah and hopper")
+    parser.add_argument("--workload-policies", default="ppo",
+                        help="comma-separated, halfcheetah and hopper: ppo (the example), appo (APPO at --appo-lag)")
     parser.add_argument("--env-steps", type=int, default=1_000_000, help="env steps of halfcheetah and hopper runs")
     parser.add_argument("--no-sb3", action="store_true", help="halfcheetah and hopper: rlightning and plain only")
     parser.add_argument("--record", action="store_true", help=_record.RECORD_HELP + " (halfcheetah and hopper)")
