@@ -8,7 +8,7 @@
   worker per object, and the queues held every status event's whole body while the workers fell behind): a
   debounced reconcile of their PolicyGroup, so that status follows the pods and a deleted child comes back; events
   that change nothing the status or the plan reads (`_status.child_fingerprint`) are dropped. The reconciler keeps
-  each child as last watched (`Reconciler.note_child`), so a status refresh reads none.
+  each child as last watched (`WatchCache.note_child`), so a status refresh reads none.
 - events of their pods (same selector; read-only), from the same kind of watch: a debounced
   status refresh, so that status says when pods crash-loop, cannot be scheduled or hold a rollout
   (`_status.pod_fingerprint` drops the rest: a pod that only starts, a label or annotation); a refresh that
@@ -16,7 +16,7 @@
   the pods the status reads (`_pods.trim`: every trainer pod, a gone one as the evidence of its loss, and the
   evaluators not ready), so no pass lists pods.
 - events of the PolicyGroups themselves (their status included): kept by the reconciler as the body a pass
-  starts from (`Reconciler.note_group`), and a status refresh only when the trainer's report
+  starts from (`WatchCache.note_group`), and a status refresh only when the trainer's report
   of waiting for data and the DataFlowing condition disagree (`_status.data_condition_stale`), or the trainer
   reported after TrainingProgressing turned False (`_status.progress_condition_stale`); nothing else in a
   PolicyGroup's status changes without a child changing, except with time: a pass that leaves TrainingProgressing
@@ -256,7 +256,7 @@ def child_changed(memo: Context, kind: str, child: dict[str, Any], deleted: bool
     metadata = child.get("metadata") or {}
     group, namespace = (metadata.get("labels") or {}).get(contract.LABEL_GROUP), metadata.get("namespace")
     if group and memo.refresher is not None and namespace:
-        memo.reconciler.note_child(child, deleted=deleted)  # a status refresh reads no child
+        memo.reconciler.cache.note_child(child, deleted=deleted)  # a status refresh reads no child
         scheduled = memo.refresher.notify(namespace, group, metadata.get("uid") or "", status.child_fingerprint(child),
                                           deleted=deleted)
         metrics.WATCH_EVENTS.labels(kind=kind, outcome="pass" if scheduled else "ignored").inc()
@@ -272,7 +272,7 @@ def children_relisted(memo: Context, kind: str, namespace: str | None, listed: s
         namespace (str | None): The namespace listed; None for every namespace.
         listed (set[tuple[str, str]]): (namespace, name) of every child listed.
     """
-    for child in memo.reconciler.children_not_listed(kind, namespace, listed):
+    for child in memo.reconciler.cache.children_not_listed(kind, namespace, listed):
         logger.info("%s %s/%s was deleted while its watch was down", kind, child["metadata"].get("namespace"),
                     child["metadata"].get("name"))
         child_changed(memo, kind, child, deleted=True)
@@ -292,7 +292,7 @@ def pod_changed(memo: Context, pod: dict[str, Any], deleted: bool) -> None:
     metadata = pod["metadata"]
     group, namespace = (metadata.get("labels") or {}).get(contract.LABEL_GROUP), metadata.get("namespace")
     if group and memo.refresher is not None and namespace:
-        memo.reconciler.note_pod(pod, deleted=deleted)  # what the status reads: no pass lists pods
+        memo.reconciler.cache.note_pod(pod, deleted=deleted)  # what the status reads: no pass lists pods
         memo.reconciler.node_notices.note_pod(pod, deleted, time.time())
         scheduled = memo.refresher.notify(namespace, group, metadata.get("uid") or "", status.pod_fingerprint(pod),
                                           deleted=deleted, child=False, unseen=status.QUIET_POD)
@@ -309,7 +309,7 @@ async def group_changed(body: kopf.Body, type: str | None, memo: Context, **_: A
     if not memo.watches:
         _start_watches(memo)
     namespace, name, group = body.metadata.namespace, body.metadata.name, _plain(body)
-    memo.reconciler.note_group(group, deleted=type == "DELETED")  # a refresh reads no PolicyGroup
+    memo.reconciler.cache.note_group(group, deleted=type == "DELETED")  # a refresh reads no PolicyGroup
     stale = memo.refresher is not None and namespace and name and not body.metadata.get("deletionTimestamp") and \
         (status.data_condition_stale(group) or status.progress_condition_stale(group))
     if stale and memo.refresher is not None and namespace and name:
@@ -326,7 +326,7 @@ def pods_relisted(memo: Context, namespace: str | None, listed: set[tuple[str, s
         namespace (str | None): The namespace listed; None for every namespace.
         listed (set[tuple[str, str]]): (namespace, name) of every pod listed.
     """
-    for pod in memo.reconciler.pods_not_listed(namespace, listed):
+    for pod in memo.reconciler.cache.pods_not_listed(namespace, listed):
         logger.info("pod %s/%s was deleted while the pod watch was down", pod["metadata"].get("namespace"),
                     pod["metadata"].get("name"))
         pod_changed(memo, pod, deleted=True)

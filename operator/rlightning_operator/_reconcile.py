@@ -7,6 +7,10 @@ Once training has ended, the evaluators are scaled to zero unless spec.eval.afte
 manager evicted from a node that stopped answering are force-deleted at once, no kubelet being there to end them
 (`_planner.plan_force_deletes`), so that they hold neither the next attempt nor the evaluators' replacement.
 
+A pass reads the PolicyGroup, its Job and StatefulSet and its pods as their watches last delivered them
+(`_watchcache.WatchCache`, `Reconciler.cache`), and computes the status from a pure observation of what it saw and
+did (`observe`).
+
 Synchronous (the kubernetes client blocks); kopf runs it in its thread pool. Reconciles of the same
 PolicyGroup are serialised by a per-object lock, so a handler and a child-triggered refresh never act at once.
 """
@@ -16,12 +20,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rlightning import contract, launch
@@ -34,47 +37,12 @@ from rlightning_operator import _notices as notices
 from rlightning_operator import _planner as planner
 from rlightning_operator import _pods as pods
 from rlightning_operator import _status as status
+from rlightning_operator import _watchcache as watchcache
 
 logger = logging.getLogger(__name__)
 
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 """(object, type Normal|Warning, reason, message) -> None; posts a Kubernetes Event about the object."""
-
-
-STATUS_ECHO_SECONDS = 10.0
-"""How long the PolicyGroup watch may take to deliver the operator's own status write; past it, passes read the
-PolicyGroup from the API server until the watch delivers it again."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _SeenGroup:
-    """A PolicyGroup as last watched, or as the operator's own status write returned it.
-
-    Attributes:
-        body (str | None): The object (`_packed`); None while unknown: an event other than the write's came before
-            the write's own (it may be older or newer than the write: passes read the PolicyGroup until the write's
-            event comes).
-        awaiting (str | None): resourceVersion of that write until the watch delivers it; None when `body` came
-            from the watch.
-        since (float): `time.monotonic()` of the write.
-    """
-
-    body: str | None
-    awaiting: str | None = None
-    since: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class _SeenPod:
-    """A pod as the pod watch last delivered it (`_pods.trim`med, `_packed`); `gone` after its DELETED event."""
-
-    packed: str
-    gone: bool = False
-
-    @property
-    def pod(self) -> dict[str, Any]:
-        """The pod (a copy of its own)."""
-        return json.loads(self.packed)
 
 
 class InvalidSpecError(Exception):
@@ -141,9 +109,6 @@ _MANIFEST_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _EVENT_REASONS = {"create": "Created", "patch": "Patched", "scale": "Scaled", "recreate": "Recreating"}
 NODE_UNREACHABLE = "NodeUnreachable"
 """Reason of the Warning Event naming a node that stopped answering and the pods force-deleted from it."""
-_GROUP_METADATA_DROPPED = ("managedFields", "annotations")
-"""What is not kept of a PolicyGroup's metadata: nothing reads its annotations (kopf's diff base there is a copy of
-the spec, kubectl's last-applied configuration one of the whole object)."""
 _EVENT_VERBS = {"patch": "patched", "scale": "scaled", "recreate": "recreating"}
 
 
@@ -158,6 +123,9 @@ class Reconciler:
             NetworkPolicy support). Defaults to None.
         node_notices (notices.NodeNotices | None, optional): The disruption notices of the trainers' nodes, which
             name a restart `Preempted` (`_disruption.restart_reason`). Defaults to None: a new, empty one.
+
+    Attributes:
+        cache (watchcache.WatchCache): The PolicyGroups, children and pods as watched; the watches note into it.
     """
 
     def __init__(
@@ -175,148 +143,12 @@ class Reconciler:
         # Re-entrant: `refresh` reads the PolicyGroup under the lock, then runs a pass that takes it again.
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.RLock] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
-        # The pods the status reads, per PolicyGroup, as the pod watch last delivered them (trimmed), so that no
-        # pass lists pods: every trainer pod (one deleted stays, marked gone: the evidence of a loss once it is
-        # gone and the Job failed because of it) and the evaluator pods not settled (`_pods.settled`).
-        self._pods_seen: dict[tuple[str, str], dict[str, _SeenPod]] = {}
-        # Pods force-deleted from nodes that stopped answering, until their role is ready again: the status names
-        # the nodes meanwhile (`status.unreachable_left`). An operator that restarts meanwhile forgets them.
-        self._unreachable: dict[tuple[str, str], list[pods.Stranded]] = {}
-        self._pods_guard = threading.Lock()
-        # Each PolicyGroup as the watch (or the operator's own status write) last gave it, so that a pass reads none.
-        self._groups_seen: dict[tuple[str, str], _SeenGroup] = {}
-        # Each PolicyGroup's status as the operator last wrote it (`_packed`): a pass never starts from an earlier
-        # attempt (`_not_before_own_restart`).
-        self._status_written: dict[tuple[str, str], str] = {}
-        self._groups_guard = threading.Lock()
-        # Each Job and StatefulSet as the child watch last delivered it (no pod template; `_packed`), (kind,
-        # namespace, name) -> child, so that a status refresh reads neither (a whole reconcile reads them fresh).
-        self._children_seen: dict[tuple[str, str, str], str] = {}
-
-    def note_child(self, child: Mapping[str, Any], deleted: bool = False) -> None:
-        """Remember a Job or StatefulSet as the child watch delivered it, without its pod template and managed
-        fields (forget it after its DELETED event).
-
-        Args:
-            child (Mapping[str, Any]): The Job or StatefulSet.
-            deleted (bool, optional): It is gone. Defaults to False.
-        """
-        metadata = child.get("metadata") or {}
-        key = (str(child.get("kind") or ""), metadata.get("namespace", ""), metadata.get("name", ""))
-        with self._groups_guard:
-            if deleted:
-                self._children_seen.pop(key, None)
-                return
-            self._children_seen[key] = _packed({
-                **_without_metadata({k: v for k, v in child.items() if k != "spec"}, ("managedFields",)),
-                "spec": {k: v for k, v in (child.get("spec") or {}).items() if k != "template"},
-            })
-
-    def children_not_listed(
-        self, kind: str, namespace: str | None, listed: Set[tuple[str, str]]
-    ) -> list[dict[str, Any]]:
-        """The `kind` children kept in `namespace` that a complete listing of them did not hold: deleted while their
-        watch was down.
-
-        Args:
-            kind (str): `Job` or `StatefulSet`.
-            namespace (str | None): The namespace listed; None for every namespace.
-            listed (Set[tuple[str, str]]): (namespace, name) of every child of that kind the listing held.
-
-        Returns:
-            list[dict[str, Any]]: Those children as last watched (without their pod templates).
-        """
-        with self._groups_guard:
-            return [json.loads(packed) for (child_kind, child_namespace, name), packed in self._children_seen.items()
-                    if child_kind == kind and namespace in (None, child_namespace)
-                    and (child_namespace, name) not in listed]
+        self.cache = watchcache.WatchCache()
 
     def _watched_child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job or StatefulSet as last watched, else as read now (None when it does not exist)."""
-        with self._groups_guard:
-            seen = self._children_seen.get((kind, namespace, name))
-        return json.loads(seen) if seen is not None else self._client.read(kind, namespace, name)
-
-    def note_group(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        """Remember a PolicyGroup as the watch delivered it (forget it after its DELETED event).
-
-        Until the operator's own status write comes back through the watch, an event of another write may be older
-        than it (delivered late) or newer (another writer): the body is unknown then, and passes read it. An event
-        whose status is the one written is not older: it is the write's, or a later one that left status alone
-        (kopf's own annotation patch right after the write; kopf releases that batch events deliver only the last
-        of a batch window, which may hide the write's event).
-
-        Args:
-            body (Mapping[str, Any]): The PolicyGroup.
-            deleted (bool, optional): It is gone. Defaults to False.
-        """
-        metadata = body.get("metadata") or {}
-        key = (metadata.get("namespace", ""), metadata.get("name", ""))
-        with self._groups_guard:
-            seen = self._groups_seen.get(key)
-            if deleted:
-                self._groups_seen.pop(key, None)
-            elif seen is None or seen.awaiting in (None, metadata.get("resourceVersion")) or \
-                    body.get("status") == self._written_status(key):
-                self._groups_seen[key] = _SeenGroup(_packed(_without_metadata(body, _GROUP_METADATA_DROPPED)))
-            else:
-                self._groups_seen[key] = _SeenGroup(None, seen.awaiting, seen.since)
-
-    def note_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
-        """Remember the state of a pod as the pod watch delivered it, or forget it when the status cannot need it.
-
-        Args:
-            pod (Mapping[str, Any]): A pod of a managed workload; pods of no role or group are ignored.
-            deleted (bool, optional): The pod is gone (a DELETED event). Defaults to False.
-        """
-        metadata = pod.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        role, group = labels.get(contract.LABEL_ROLE), labels.get(contract.LABEL_GROUP)
-        if role not in (contract.PolicyRole.TRAIN, contract.PolicyRole.EVAL) or not group:
-            return
-        key, name = (metadata.get("namespace", ""), group), metadata.get("name", "")
-        with self._pods_guard:
-            seen = self._pods_seen.setdefault(key, {})
-            if role == contract.PolicyRole.TRAIN:
-                seen[name] = _SeenPod(_packed(pods.trim(pod)), gone=deleted)
-            elif deleted or pods.settled(pod):
-                seen.pop(name, None)
-            else:
-                seen[name] = _SeenPod(_packed(pods.trim(pod)))
-            if not seen:
-                del self._pods_seen[key]
-
-    def pods_not_listed(self, namespace: str | None, listed: Set[tuple[str, str]]) -> list[dict[str, Any]]:
-        """The pods kept (and not known gone) in `namespace` that a complete listing of it did not hold: deleted while
-        the pod watch was down.
-
-        Args:
-            namespace (str | None): The namespace listed; None for every namespace.
-            listed (Set[tuple[str, str]]): (namespace, name) of every pod the listing held.
-
-        Returns:
-            list[dict[str, Any]]: Those pods as last watched (`_pods.trim`med).
-        """
-        with self._pods_guard:
-            return [seen.pod for (pod_namespace, _), kept in self._pods_seen.items()
-                    if namespace in (None, pod_namespace)
-                    for name, seen in kept.items() if not seen.gone and (pod_namespace, name) not in listed]
-
-    def forget(self, namespace: str, name: str) -> None:
-        """Drop what the pod watch remembered of a PolicyGroup's pods (call once the PolicyGroup is gone)."""
-        with self._pods_guard:
-            self._pods_seen.pop((namespace, name), None)
-            self._unreachable.pop((namespace, name), None)
-        with self._groups_guard:
-            self._groups_seen.pop((namespace, name), None)
-            self._status_written.pop((namespace, name), None)
-            self._children_seen.pop(("Job", namespace, contract.train_name(name)), None)
-            self._children_seen.pop(("StatefulSet", namespace, contract.eval_name(name)), None)
-
-    def _live_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        """The pods of a PolicyGroup the status may read (trainers, evaluators not settled), as last watched."""
-        with self._pods_guard:
-            return [seen.pod for seen in self._pods_seen.get((namespace, name), {}).values() if not seen.gone]
+        watched = self.cache.child(kind, namespace, name)
+        return watched if watched is not None else self._client.read(kind, namespace, name)
 
     def _lock(self, namespace: str, name: str) -> threading.RLock:
         with self._locks_guard:
@@ -328,7 +160,7 @@ class Reconciler:
     def read_group(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The PolicyGroup as the watch last delivered it (or as the operator's own status write returned it); read
         from the API server when the watch has not delivered it, or delivered another write before the operator's
-        own (`note_group`), or not the operator's own within `STATUS_ECHO_SECONDS`.
+        own, or not the operator's own in time (`watchcache.WatchCache.group`).
 
         Returns:
             dict[str, Any] | None: The PolicyGroup, or None when it is gone.
@@ -337,33 +169,13 @@ class Reconciler:
             kube.TransientApiError: The read failed in a way worth retrying.
             kube.PermanentApiError: The read was refused.
         """
-        with self._groups_guard:
-            seen = self._groups_seen.get((namespace, name))
-            if seen is not None and seen.awaiting is not None and time.monotonic() - seen.since > STATUS_ECHO_SECONDS:
-                del self._groups_seen[(namespace, name)]  # the watch may have relisted past the write: start over
-            elif seen is not None and seen.body is not None:
-                return json.loads(seen.body)
-        return self._client.read(contract.KIND, namespace, name)
+        watched = self.cache.group(namespace, name)
+        return watched if watched is not None else self._client.read(contract.KIND, namespace, name)
 
     def _patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Patch a PolicyGroup's status and remember the object it returned until the watch delivers it (unless the
-        watch already did: its event can come before the response is handled in this thread).
-        """
-        stored = _without_metadata(
-            self._client.patch(contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"),
-            _GROUP_METADATA_DROPPED)
-        key, written = (namespace, name), stored.get("status") or {}
-        with self._groups_guard:
-            seen = self._groups_seen.get(key)
-            self._status_written[key] = _packed(written)
-            if seen is None or seen.body is None or json.loads(seen.body).get("status") != written:
-                self._groups_seen[key] = _SeenGroup(_packed(stored), stored["metadata"].get("resourceVersion"),
-                                                    time.monotonic())
-
-    def _written_status(self, key: tuple[str, str]) -> dict[str, Any] | None:
-        """The status this operator last wrote for PolicyGroup `key`, None if none (hold `_groups_guard`)."""
-        written = self._status_written.get(key)
-        return None if written is None else json.loads(written)
+        """Patch a PolicyGroup's status; the cache keeps the object it returned until the watch delivers it."""
+        self.cache.note_status_written(namespace, name, self._client.patch(
+            contract.KIND, namespace, name, {"status": dict(patch)}, subresource="status"))
 
     def refresh(self, namespace: str, name: str, full: bool) -> Outcome | None:
         """A pass for a PolicyGroup named by an event of its children or pods: `reconcile` (``full``) or
@@ -385,7 +197,7 @@ class Reconciler:
         with self._lock(namespace, name):
             body = self.read_group(namespace, name)
             if body is None:  # deleted: its pods' last events brought it here, and nothing will need them
-                self.forget(namespace, name)
+                self.cache.forget(namespace, name)
                 return None
             if body["metadata"].get("deletionTimestamp"):
                 return None
@@ -455,8 +267,7 @@ class Reconciler:
         it would rebuild the attempt before and report no restart.
         """
         metadata = body["metadata"]
-        with self._groups_guard:
-            written = self._written_status((metadata["namespace"], metadata["name"]))
+        written = self.cache.written_status(metadata["namespace"], metadata["name"])
         if written is None or _attempt(written) <= _attempt(body.get("status") or {}):
             return body
         return {**body, "status": written}
@@ -514,65 +325,21 @@ class Reconciler:
         """Compute the status from the observed Job, StatefulSet and (while some are not ready) pods, write it
         when it changed, and post a Warning Event when a pod problem appears (once per change of reason).
         """
-        job, stateful_set, current, conflicts = done.job, done.stateful_set, done.current, done.conflicts
-        restarts = done.restarts
         current_status = body.get("status") or {}
-        nodes, replicas = manifest.spec.train.nodes, manifest.spec.eval.replicas
-        if _stop_evaluators(manifest, job, current):
-            replicas = 0
-        group_pods: list[dict[str, Any]] = []
-        if status.pods_matter(nodes, replicas, job, stateful_set):
-            group_pods = self._live_pods(namespace, name)
-        previous = current_status.get("conditions") or []
-        with self._pods_guard:
-            unreachable = list(self._unreachable.get((namespace, name), ()))
-        observation = status.Observation(
-            name,
-            int(body["metadata"].get("generation") or 0),
-            nodes=nodes,
-            replicas=replicas,
-            job=job,
-            stateful_set=stateful_set,
-            pods=group_pods,
-            conflicts=conflicts,
-            previous=previous,
-            now=_now(),
-            attempt=current.attempt,
-            restarts=current_status.get("restarts") or {} if restarts is None else restarts,
-            max_restarts=manifest.spec.train.max_restarts,
-            after_training=manifest.spec.eval.after_training,
-            checkpoints_persistent=bool(manifest.spec.train.checkpoint.persistent_volume_claim),
-            fleet_data=launch.fleet_collects(manifest.spec),
-            training=current_status.get("training") or {},
-            stall_seconds=launch.stall_seconds(manifest.spec),
-            unreachable=unreachable,
-            grace_seconds=launch.grace_seconds(manifest.spec),
-        )
+        live = self.cache.live_pods(namespace, name)
+        unreachable = self.cache.unreachable(namespace, name)
+        observation = observe(body, manifest, done, live, unreachable, _now())
         computed = status.compute_status(observation)
         left = status.unreachable_left(unreachable, computed)
         if len(left) < len(unreachable):  # a role ready again: its pods are replaced
-            with self._pods_guard:
-                if left:
-                    self._unreachable[(namespace, name)] = left
-                else:
-                    self._unreachable.pop((namespace, name), None)
+            self.cache.keep_unreachable(namespace, name, left)
         written = self._write_status(namespace, name, current_status, computed)
-        if written and conflicts:  # once per transition, not once per retry
-            logger.warning("%s/%s: children controlled by another owner: %s", namespace, name, "; ".join(conflicts))
-            self._post_event(body, "Warning", "Conflict", "; ".join(conflicts)[:1000])
-        if written:
-            before = {c.get("type"): c.get("reason") for c in previous}
-            for condition in computed["conditions"]:
-                warned = (*pods.REASONS, *status.WARNING_REASONS)
-                if condition["reason"] in warned and before.get(condition["type"]) != condition["reason"] and \
-                        condition["type"] != "Ready":
-                    logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
-                    self._post_event(body, "Warning", condition["reason"], condition["message"][:1000])
+        if written:  # once per transition, not once per retry
+            _warn_of_new_problems(self._post_event, body, observation, computed)
         # a pod the taint manager deleted is force-deleted from its deletion's time on: a recheck for when the API
         # server's clock (deletionTimestamp) runs ahead of ours, as no event would announce that time
         now = time.time()
-        rechecks = [due - now + 1.0 for due in map(pods.released_at, self._live_pods(namespace, name))
-                    if due is not None and due > now]
+        rechecks = [due - now + 1.0 for due in map(pods.released_at, live) if due is not None and due > now]
         rechecks.append(status.recheck_seconds(observation, computed) or float("inf"))
         recheck = min(rechecks)
         return Outcome(actions=done.actions, status=computed, status_written=written, blocked=done.blocked,
@@ -585,27 +352,12 @@ class Reconciler:
         as listed too when the Job is failing (the watch may not have delivered the failed pod yet; a gang that
         runs or starts costs no pod list). Pods of other attempts are forgotten.
         """
-        with self._pods_guard:
-            seen = self._pods_seen.get((namespace, name), {})
-            suspended = bool((job or {}).get("spec", {}).get("suspend"))
-            remembered = {}
-            for pod_name, kept in list(seen.items()):
-                pod = kept.pod
-                if _role(pod) != contract.PolicyRole.TRAIN:
-                    continue
-                if suspended or builders.attempt_of(pod) != current.attempt:
-                    # pods a suspension removed are no evidence of a loss once the Job runs again
-                    del seen[pod_name]
-                else:
-                    remembered[pod_name] = pod
-        if job is None or builders.attempt_of(job) != current.attempt:
+        suspended = bool((job or {}).get("spec", {}).get("suspend"))
+        remembered = self.cache.trainer_pods(namespace, name, current.attempt, suspended)
+        gang = _gang_state(job, current.attempt)
+        if gang == "none":
             return []
-        job_status = job.get("status") or {}
-        conditions = {c.get("type") for c in job_status.get("conditions") or [] if c.get("status") == "True"}
-        if "Complete" in conditions:
-            return []
-        failing = conditions & {"FailureTarget", "Failed"} or job_status.get("failed") or job_status.get("terminating")
-        listed = self._client.list("Pod", namespace, _trainer_selector(name)) if failing else []
+        listed = self._client.list("Pod", namespace, _trainer_selector(name)) if gang == "failing" else []
         names = {(p.get("metadata") or {}).get("name") for p in listed}
         return listed + [pod for pod_name, pod in sorted(remembered.items()) if pod_name not in names]
 
@@ -616,7 +368,8 @@ class Reconciler:
         """Announce a restart of the trainer gang (Event, metric); returns status.restarts after it."""
         after, loss = decision.after, decision.loss
         metadata = body["metadata"]
-        node_notice = self.node_notices.notice_for(self._node_of(metadata["namespace"], metadata["name"], loss.pod))
+        node_notice = self.node_notices.notice_for(
+            self.cache.node_of(metadata["namespace"], metadata["name"], loss.pod))
         reason = disruption.restart_reason(loss, node_notice)
         metrics.GANG_RESTARTS.labels(reason=reason).inc()
         by_reason = dict(((body.get("status") or {}).get("restarts") or {}).get("byReason") or {})
@@ -642,20 +395,13 @@ class Reconciler:
             "byReason": by_reason,
         }
 
-    def _node_of(self, namespace: str, name: str, pod: str) -> str:
-        """The node of a trainer pod as the pod watch last delivered it ("" when unknown)."""
-        with self._pods_guard:
-            seen = self._pods_seen.get((namespace, name), {}).get(pod)
-        return str((seen.pod.get("spec") or {}).get("nodeName") or "") if seen is not None else ""
-
     def _reconcile_locked(self, body: Mapping[str, Any], namespace: str, name: str) -> Outcome:
         manifest = self._validate(body, namespace, name)
         job_name = contract.train_name(name)
         # A PolicyGroup with no status that this operator never wrote one for was never reconciled: its children
         # are created without reading them first (a child that exists after all, from a pass whose status write was
         # lost, answers 409 and is read then).
-        with self._groups_guard:
-            fresh = not body.get("status") and (namespace, name) not in self._status_written
+        fresh = not body.get("status") and self.cache.written_status(namespace, name) is None
         job = None if fresh else self._client.read("Job", namespace, job_name)
         current = _current_restarts(body, job)
         decision = planner.plan_restart(job, self._trainer_pods(namespace, name, job, current), current,
@@ -677,38 +423,7 @@ class Reconciler:
                    if builders.attempt_of(p) != current.attempt]
         self._force_delete_stranded(body, namespace, name, current, old)
         actions = [_old_attempt_gone(action, old) for action in actions]
-        conflicts: list[str] = []
-        blocked: list[str] = []
-        created: list[str] = []
-        applied: list[planner.Action] = []
-        try:
-            for action in actions:
-                try:
-                    result = self._apply(action, namespace, body)
-                except kube.Conflict:  # created meanwhile (a restart, a stale read, a fresh group's leftover)
-                    result = self._client.read(action.kind, namespace, action.name)
-                    follow_up = planner.plan_child(action.body or {}, result)
-                    if follow_up is None:
-                        observed[(action.kind, action.name)] = result
-                        continue
-                    action = follow_up
-                    result = self._apply(action, namespace, body)
-                applied.append(action)
-                if action.type == "create":  # one Event a pass names them all (below)
-                    attempt = f" (attempt {builders.attempt_of(action.body)})" if action.kind == "Job" else ""
-                    created.append(f"{action.kind} {action.name}{attempt}")
-                if action.type in ("conflict", "wait"):
-                    blocked.append(f"{action.kind}/{action.name}")
-                    if action.type == "conflict":
-                        conflicts.append(f"{action.kind}/{action.name}: {action.reason}")
-                elif action.type == "recreate" and action.body is not None and result is None:
-                    blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
-                elif result is not None or action.type == "recreate":
-                    observed[(action.kind, action.name)] = result
-        finally:  # what was created is announced also when a later request failed; a group's first pass creates
-            # about 11 children, and an Event each was a third of the writes a group cost the API server
-            if created:
-                self._post_event(body, "Normal", _EVENT_REASONS["create"], f"created {', '.join(created)}"[:1000])
+        applied, conflicts, blocked = _act(self._client, self._post_event, body, actions, observed)
         job = observed.get(("Job", job_name))
         stateful_set = observed.get(("StatefulSet", contract.eval_name(name)))
         return self._report(body, namespace, name, manifest,
@@ -737,7 +452,7 @@ class Reconciler:
         them for the status until their role is ready again.
         """
         candidates = {(p.get("metadata") or {}).get("name", ""): p
-                      for p in [*self._live_pods(namespace, name), *(listed or [])]}
+                      for p in [*self.cache.live_pods(namespace, name), *(listed or [])]}
         by_node: dict[str, list[pods.Stranded]] = {}
         for left in planner.plan_force_deletes(list(candidates.values()), current.attempt, time.time()):
             metrics.ACTIONS.labels(type="force-delete", kind="Pod").inc()
@@ -748,36 +463,7 @@ class Reconciler:
             logger.warning("%s/%s: %s", namespace, name, message)
             self._post_event(body, "Warning", NODE_UNREACHABLE, message[:1000])
         if by_node:
-            with self._pods_guard:
-                self._unreachable.setdefault((namespace, name), []).extend(g for gone in by_node.values() for g in gone)
-
-    def _apply(self, action: planner.Action, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict);
-        raises kube.Conflict when a child to create exists. Every action but a creation posts its own Event (the
-        caller names a pass's creations in one).
-        """
-        if action.type in ("wait", "conflict"):  # reported through Outcome.blocked and the status
-            return None
-        metrics.ACTIONS.labels(type=action.type, kind=action.kind).inc()
-        logger.info("%s/%s: %s %s %s (%s)", namespace, body["metadata"]["name"], action.type, action.kind,
-                    action.name, action.reason)
-        if action.type == "recreate" and action.body is None:  # a Job: created again once its pods are gone
-            self._client.delete(action.kind, namespace, action.name, propagation="Foreground")
-            result = None
-        elif action.type == "recreate":  # nothing depends on it: delete and create at once
-            self._client.delete(action.kind, namespace, action.name, propagation="Background")
-            try:
-                result = self._client.create(action.body or {})
-            except kube.Conflict:  # a finalizer keeps the old one a while: created on a later pass
-                result = None
-        elif action.type == "create":  # kube.Conflict when it exists: the caller reads it and plans again
-            result = self._client.create(action.body or {})
-        else:
-            result = self._client.patch(action.kind, namespace, action.name, action.body or {})
-        if action.type != "create":
-            message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}: {action.reason}"
-            self._post_event(body, "Normal", _EVENT_REASONS[action.type], message)
-        return result
+            self.cache.note_unreachable(namespace, name, [g for gone in by_node.values() for g in gone])
 
     def _write_status(
         self, namespace: str, name: str, current: Mapping[str, Any], computed: Mapping[str, Any]
@@ -793,25 +479,167 @@ class Reconciler:
         return True
 
 
-def _without_metadata(obj: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
-    """A shallow copy of `obj` without the metadata fields `drop` names (`managedFields`: server-side apply's
-    bookkeeping, several KB an object that nothing here reads).
+def observe(
+    body: Mapping[str, Any], manifest: PolicyGroupManifest, done: _Pass, live_pods: list[dict[str, Any]],
+    unreachable: list[pods.Stranded], now: str,
+) -> status.Observation:
+    """What the status is computed from, after one pass: a pure function of what the pass saw and did.
+
+    Args:
+        body (Mapping[str, Any]): The PolicyGroup the pass started from.
+        manifest (PolicyGroupManifest): Its validated spec.
+        done (_Pass): The Job, StatefulSet, attempt and what the pass did.
+        live_pods (list[dict[str, Any]]): The group's pods as watched (`watchcache.WatchCache.live_pods`); read only
+            while some are not ready (`status.pods_matter`).
+        unreachable (list[pods.Stranded]): Pods force-deleted from nodes that stopped answering, still remembered.
+        now (str): The time for new conditions (RFC 3339).
+
+    Returns:
+        status.Observation: The input of `status.compute_status`.
     """
-    metadata = obj.get("metadata") or {}
-    return {**obj, "metadata": {k: v for k, v in metadata.items() if k not in drop}}
+    job, stateful_set, current, conflicts = done.job, done.stateful_set, done.current, done.conflicts
+    restarts, name = done.restarts, body["metadata"]["name"]
+    current_status = body.get("status") or {}
+    nodes, replicas = manifest.spec.train.nodes, manifest.spec.eval.replicas
+    if _stop_evaluators(manifest, job, current):
+        replicas = 0
+    group_pods = live_pods if status.pods_matter(nodes, replicas, job, stateful_set) else []
+    previous = current_status.get("conditions") or []
+    return status.Observation(
+        name,
+        int(body["metadata"].get("generation") or 0),
+        nodes=nodes,
+        replicas=replicas,
+        job=job,
+        stateful_set=stateful_set,
+        pods=group_pods,
+        conflicts=conflicts,
+        previous=previous,
+        now=now,
+        attempt=current.attempt,
+        restarts=current_status.get("restarts") or {} if restarts is None else restarts,
+        max_restarts=manifest.spec.train.max_restarts,
+        after_training=manifest.spec.eval.after_training,
+        checkpoints_persistent=bool(manifest.spec.train.checkpoint.persistent_volume_claim),
+        fleet_data=launch.fleet_collects(manifest.spec),
+        training=current_status.get("training") or {},
+        stall_seconds=launch.stall_seconds(manifest.spec),
+        unreachable=unreachable,
+        grace_seconds=launch.grace_seconds(manifest.spec),
+    )
 
 
-def _packed(obj: Mapping[str, Any]) -> str:
-    """`obj` as compact JSON, the form the reconciler keeps watched objects in (`json.loads` gives each pass a copy of
-    its own). One string an object rather than the hundreds of small dicts and strings of a parsed body: about a
-    fifth of the memory, and nothing long-lived left among the small objects that bursts of watch events allocate
-    and free, so the allocator can return their memory.
+def _act(
+    client: kube.KubeClient, post_event: EventPoster, body: Mapping[str, Any], actions: list[planner.Action],
+    observed: dict[tuple[str, str], dict[str, Any] | None],
+) -> tuple[list[planner.Action], list[str], list[str]]:
+    """Apply a pass's actions in order (`_apply`; a child created meanwhile is read and planned again), with one
+    Event naming every child created; `observed` ((kind, name) -> child) gets each child as the pass left it.
+
+    Returns:
+        tuple[list[planner.Action], list[str], list[str]]: The actions applied, the children controlled by another
+        owner (with the reason), and the children (`Kind/name`) left for a later pass.
     """
-    return json.dumps(obj, separators=(",", ":"))
+    namespace = body["metadata"]["namespace"]
+    conflicts: list[str] = []
+    blocked: list[str] = []
+    created: list[str] = []
+    applied: list[planner.Action] = []
+    try:
+        for action in actions:
+            try:
+                result = _apply(client, post_event, action, namespace, body)
+            except kube.Conflict:  # created meanwhile (a restart, a stale read, a fresh group's leftover)
+                result = client.read(action.kind, namespace, action.name)
+                follow_up = planner.plan_child(action.body or {}, result)
+                if follow_up is None:
+                    observed[(action.kind, action.name)] = result
+                    continue
+                action = follow_up
+                result = _apply(client, post_event, action, namespace, body)
+            applied.append(action)
+            if action.type == "create":  # one Event a pass names them all (below)
+                attempt = f" (attempt {builders.attempt_of(action.body)})" if action.kind == "Job" else ""
+                created.append(f"{action.kind} {action.name}{attempt}")
+            if action.type in ("conflict", "wait"):
+                blocked.append(f"{action.kind}/{action.name}")
+                if action.type == "conflict":
+                    conflicts.append(f"{action.kind}/{action.name}: {action.reason}")
+            elif action.type == "recreate" and action.body is not None and result is None:
+                blocked.append(f"{action.kind}/{action.name}")  # the old one is still being deleted
+            elif result is not None or action.type == "recreate":
+                observed[(action.kind, action.name)] = result
+    finally:  # what was created is announced also when a later request failed; a group's first pass creates
+        # about 11 children, and an Event each was a third of the writes a group cost the API server
+        if created:
+            post_event(body, "Normal", _EVENT_REASONS["create"], f"created {', '.join(created)}"[:1000])
+    return applied, conflicts, blocked
 
 
-def _role(pod: Mapping[str, Any]) -> str | None:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE)
+def _apply(
+    client: kube.KubeClient, post_event: EventPoster, action: planner.Action, namespace: str,
+    body: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """Apply one action; returns the child as stored afterwards (None after a delete or for wait/conflict);
+    raises kube.Conflict when a child to create exists. Every action but a creation posts its own Event (the
+    caller names a pass's creations in one).
+    """
+    if action.type in ("wait", "conflict"):  # reported through Outcome.blocked and the status
+        return None
+    metrics.ACTIONS.labels(type=action.type, kind=action.kind).inc()
+    logger.info("%s/%s: %s %s %s (%s)", namespace, body["metadata"]["name"], action.type, action.kind,
+                action.name, action.reason)
+    if action.type == "recreate" and action.body is None:  # a Job: created again once its pods are gone
+        client.delete(action.kind, namespace, action.name, propagation="Foreground")
+        result = None
+    elif action.type == "recreate":  # nothing depends on it: delete and create at once
+        client.delete(action.kind, namespace, action.name, propagation="Background")
+        try:
+            result = client.create(action.body or {})
+        except kube.Conflict:  # a finalizer keeps the old one a while: created on a later pass
+            result = None
+    elif action.type == "create":  # kube.Conflict when it exists: the caller reads it and plans again
+        result = client.create(action.body or {})
+    else:
+        result = client.patch(action.kind, namespace, action.name, action.body or {})
+    if action.type != "create":
+        message = f"{_EVENT_VERBS[action.type]} {action.kind} {action.name}: {action.reason}"
+        post_event(body, "Normal", _EVENT_REASONS[action.type], message)
+    return result
+
+
+def _warn_of_new_problems(
+    post_event: EventPoster, body: Mapping[str, Any], observation: status.Observation, computed: Mapping[str, Any],
+) -> None:
+    """Log and post a Warning Event for children controlled by another owner, and for each condition whose reason
+    became a pod problem or a warning (`_pods.REASONS`, `_status.WARNING_REASONS`); call when the status was written.
+    """
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    if observation.conflicts:
+        conflicts = "; ".join(observation.conflicts)
+        logger.warning("%s/%s: children controlled by another owner: %s", namespace, name, conflicts)
+        post_event(body, "Warning", "Conflict", conflicts[:1000])
+    before = {c.get("type"): c.get("reason") for c in observation.previous}
+    for condition in computed["conditions"]:
+        warned = (*pods.REASONS, *status.WARNING_REASONS)
+        if condition["reason"] in warned and before.get(condition["type"]) != condition["reason"] and \
+                condition["type"] != "Ready":
+            logger.warning("%s/%s: %s: %s", namespace, name, condition["reason"], condition["message"])
+            post_event(body, "Warning", condition["reason"], condition["message"][:1000])
+
+
+def _gang_state(job: Mapping[str, Any] | None, attempt: int) -> str:
+    """The trainer gang of `attempt` as its Job tells: "none" (no Job of that attempt, or it completed), "failing"
+    (failed, failing, or with pods failed or terminating) or "running".
+    """
+    if job is None or builders.attempt_of(job) != attempt:
+        return "none"
+    job_status = job.get("status") or {}
+    conditions = {c.get("type") for c in job_status.get("conditions") or [] if c.get("status") == "True"}
+    if "Complete" in conditions:
+        return "none"
+    failing = conditions & {"FailureTarget", "Failed"} or job_status.get("failed") or job_status.get("terminating")
+    return "failing" if failing else "running"
 
 
 def _trainer_selector(group: str) -> str:

@@ -374,7 +374,7 @@ def watch_pod(api, reconciler, pod, deleted=False):
         api.objects.pop(key, None)
     else:
         api.objects[key] = pod
-    reconciler.note_pod(pod, deleted=deleted)
+    reconciler.cache.note_pod(pod, deleted=deleted)
 
 
 def trainer_pod(name, attempt, **status):
@@ -575,11 +575,11 @@ def test_a_pod_gone_before_the_pass_is_known_by_its_last_watched_state(api, even
     # kubectl delete pod: the watch saw it deleted; by the pass it is gone and the Job failed because of it.
     deleted = trainer_pod("cartpole-train-0-abcde", 0, phase="Failed")
     deleted["metadata"]["deletionTimestamp"] = "2026-12-01T10:01:15Z"
-    reconciler.note_pod(deleted)
-    reconciler.note_pod({**group(), "kind": "PolicyGroup"})  # not a pod of a role: ignored
+    reconciler.cache.note_pod(deleted)
+    reconciler.cache.note_pod({**group(), "kind": "PolicyGroup"})  # not a pod of a role: ignored
     if group_deleted:  # a pass finds the PolicyGroup gone: its pods are no evidence for a successor
         stored = api.objects.pop((contract.KIND, NS, "cartpole"))
-        reconciler.note_group(stored, deleted=True)
+        reconciler.cache.note_group(stored, deleted=True)
         assert reconciler.refresh(NS, "cartpole", full=True) is None
         api.objects[(contract.KIND, NS, "cartpole")] = stored  # created again under the same name
     api.objects[("Job", NS, "cartpole-train")]["status"] = {
@@ -611,23 +611,23 @@ def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_wri
     assert reconciler.read_group(NS, "cartpole") is not None and api.requests == ["get"], "not watched yet: read"
     watched = group()
     watched["metadata"]["resourceVersion"] = "5"
-    reconciler.note_group(watched)
+    reconciler.cache.note_group(watched)
     api.requests.clear()
     assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "5" and api.requests == []
     reconciler.reconcile(watched)  # writes status: resourceVersion 10
     assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api)
     api.requests.clear()
     assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api) and api.requests == []
-    reconciler.note_group(watched)  # another write's event before the write's own: older or newer? read
+    reconciler.cache.note_group(watched)  # another write's event before the write's own: older or newer? read
     reconciler.read_group(NS, "cartpole")
     assert api.requests == ["get"]
     echo = copy.deepcopy(api.objects[(contract.KIND, NS, "cartpole")])
     echo["metadata"]["resourceVersion"] = "10"
-    reconciler.note_group(echo)  # the write came back through the watch; what follows is newer
+    reconciler.cache.note_group(echo)  # the write came back through the watch; what follows is newer
     later = {**echo, "metadata": {**echo["metadata"], "resourceVersion": "11"}}
-    reconciler.note_group(later)
+    reconciler.cache.note_group(later)
     assert reconciler.read_group(NS, "cartpole")["metadata"]["resourceVersion"] == "11"
-    reconciler.note_group(later, deleted=True)
+    reconciler.cache.note_group(later, deleted=True)
     api.requests.clear()
     reconciler.read_group(NS, "cartpole")
     assert api.requests == ["get"]
@@ -635,18 +635,18 @@ def test_a_pass_takes_the_group_as_watched_and_reads_it_while_its_own_status_wri
 
 def test_a_status_write_whose_event_came_before_its_response_costs_no_read_later(monkeypatch, api, reconciler):
     """The watch may deliver a status write's event before the writing thread handles the response."""
-    monkeypatch.setattr("rlightning_operator._reconcile.STATUS_ECHO_SECONDS", 0.0)  # any later pass: echo overdue
+    monkeypatch.setattr("rlightning_operator._watchcache.STATUS_ECHO_SECONDS", 0.0)  # any later pass: echo overdue
     versioned(api)
     patch = api.patch
 
     def echoed_first(*args, **kwargs):
         stored = patch(*args, **kwargs)
-        reconciler.note_group(copy.deepcopy(stored))  # the kopf thread, before this one sees the response
+        reconciler.cache.note_group(copy.deepcopy(stored))  # the kopf thread, before this one sees the response
         return stored
     api.patch = echoed_first
     watched = group()
     watched["metadata"]["resourceVersion"] = "5"
-    reconciler.note_group(watched)
+    reconciler.cache.note_group(watched)
     reconciler.reconcile(watched)
     api.requests.clear()
     assert reconciler.read_group(NS, "cartpole")["status"] == stored_status(api) and api.requests == []
@@ -662,13 +662,13 @@ def test_an_event_that_hides_the_status_write_s_own_is_taken_when_it_carries_the
     versioned(api)
     watched = group()
     watched["metadata"]["resourceVersion"] = "5"
-    reconciler.note_group(watched)
+    reconciler.cache.note_group(watched)
     reconciler.reconcile(watched)  # writes status: resourceVersion 10
     event = copy.deepcopy(api.objects[(contract.KIND, NS, "cartpole")])
     event["metadata"]["resourceVersion"] = "11"
     if training is not None:
         event["status"]["training"] = training
-    reconciler.note_group(event)
+    reconciler.cache.note_group(event)
     api.requests.clear()
     kept = reconciler.read_group(NS, "cartpole")
     assert api.requests == reads
@@ -680,8 +680,8 @@ def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_
     api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2}
     api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1}
     for key in (("Job", NS, "cartpole-train"), ("StatefulSet", NS, "cartpole-eval")):
-        reconciler.note_child(api.objects[key])
-    reconciler.note_group(api.objects[(contract.KIND, NS, "cartpole")])
+        reconciler.cache.note_child(api.objects[key])
+    reconciler.cache.note_group(api.objects[(contract.KIND, NS, "cartpole")])
     api.requests.clear()
     outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
     assert outcome.actions == [] and api.requests == ["patch/status"], "the watches gave the group and its children"
@@ -689,7 +689,7 @@ def test_a_status_refresh_of_watched_children_reads_nothing_and_a_changed_child_
     scaled = copy.deepcopy(api.objects[("StatefulSet", NS, "cartpole-eval")])
     scaled["spec"]["replicas"] = 5  # scaled by hand: the refresh sees it and reconciles whole
     api.objects[("StatefulSet", NS, "cartpole-eval")] = scaled
-    reconciler.note_child(scaled)
+    reconciler.cache.note_child(scaled)
     outcome = reconciler.refresh_status(reconciler.read_group(NS, "cartpole"))
     assert [(a.type, a.kind) for a in outcome.actions] == [("scale", "StatefulSet")]
     assert api.objects[("StatefulSet", NS, "cartpole-eval")]["spec"]["replicas"] == 2
@@ -708,14 +708,14 @@ def test_a_group_left_alone_costs_no_request_across_its_rechecks(monkeypatch, ap
     api.objects[("StatefulSet", NS, "cartpole-eval")]["status"] = {"replicas": 2, "readyReplicas": 2, **revisions}
     api.objects[("Job", NS, "cartpole-train")]["status"] = {"ready": 1, "active": 1}
     for key in (("Job", NS, "cartpole-train"), ("StatefulSet", NS, "cartpole-eval")):
-        reconciler.note_child(api.objects[key])
+        reconciler.cache.note_child(api.objects[key])
 
     def recheck(seconds):
         """Advance the clock, run the pass a recheck runs, deliver its write as the watch would; its requests."""
         clock[0] += datetime.timedelta(seconds=seconds)
         api.requests.clear()
         outcome = reconciler.refresh(NS, "cartpole", full=False)
-        reconciler.note_group(api.objects[(contract.KIND, NS, "cartpole")])
+        reconciler.cache.note_group(api.objects[(contract.KIND, NS, "cartpole")])
         return outcome, list(api.requests)
 
     outcome, requests = recheck(0)
@@ -739,7 +739,7 @@ def test_what_is_kept_of_watched_objects_holds_no_managed_fields_or_annotations(
     annotations = {"rlightning.io/last-handled-configuration": '{"spec": {}}'}
     watched = group()
     watched["metadata"].update(managedFields=managed, annotations=annotations)
-    reconciler.note_group(watched)
+    reconciler.cache.note_group(watched)
     assert not {"managedFields", "annotations"} & set(reconciler.read_group(NS, "cartpole")["metadata"])
     api.objects[(contract.KIND, NS, "cartpole")]["metadata"].update(managedFields=managed, annotations=annotations)
     reconciler.reconcile(watched)  # its status write returns the object: kept until the watch delivers it
@@ -779,7 +779,7 @@ def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile
         await down.wait()
 
     listings, forgotten = [], []
-    note_pod = reconciler.note_pod
+    note_pod = reconciler.cache.note_pod
 
     def noted(pod, deleted=False):  # what the handlers tell the reconciler
         if deleted:
@@ -801,14 +801,14 @@ def test_a_listing_after_the_pod_watch_was_down_tells_the_pods_deleted_meanwhile
         task.cancel()
         await memo_closed(memo)
 
-    monkeypatch.setattr(reconciler, "note_pod", noted)
+    monkeypatch.setattr(reconciler.cache, "note_pod", noted)
     monkeypatch.setattr(watching, "infinite_watch", stream)
     asyncio.run(asyncio.wait_for(watch(), 10))
     assert listings == [(NS, {(NS, "cartpole-train-0-abcde"), (NS, "cartpole-eval-1"), (NS, "cartpole-train-0-fghij")}),
                         (NS, {(NS, "cartpole-eval-1")})]
     # the pod whose DELETED event came, then the one gone from the listing; never one listed
     assert forgotten == ["cartpole-train-0-fghij", "cartpole-train-0-abcde"]
-    assert reconciler.pods_not_listed(None, set()) == [_pods.trim(starting)]  # the trainers are known gone
+    assert reconciler.cache.pods_not_listed(None, set()) == [_pods.trim(starting)]  # the trainers are known gone
 
 
 def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanwhile(monkeypatch, reconciler):
@@ -820,8 +820,8 @@ def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanw
                 "spec": {}}
 
     kept, gone = child("Job", "cartpole-train"), child("Job", "pendulum-train")
-    reconciler.note_child(child("Job", "other-train", namespace="elsewhere"))
-    reconciler.note_child(child("StatefulSet", "cartpole-eval"))
+    reconciler.cache.note_child(child("Job", "other-train", namespace="elsewhere"))
+    reconciler.cache.note_child(child("StatefulSet", "cartpole-eval"))
     down = asyncio.Event()
 
     async def stream(**_):
@@ -833,7 +833,7 @@ def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanw
         await down.wait()
 
     forgotten, listings = [], []
-    note_child = reconciler.note_child
+    note_child = reconciler.cache.note_child
 
     def noted(child, deleted=False):  # what the handlers tell the reconciler
         if deleted:
@@ -856,10 +856,10 @@ def test_a_listing_after_a_child_watch_was_down_tells_the_children_deleted_meanw
         task.cancel()
         await memo_closed(memo)
 
-    monkeypatch.setattr(reconciler, "note_child", noted)
+    monkeypatch.setattr(reconciler.cache, "note_child", noted)
     monkeypatch.setattr(watching, "infinite_watch", stream)
     asyncio.run(asyncio.wait_for(watch(), 10))
     assert forgotten == ["pendulum-train"]
-    assert [job["metadata"]["name"] for job in reconciler.children_not_listed("Job", None, set())] == [
+    assert [job["metadata"]["name"] for job in reconciler.cache.children_not_listed("Job", None, set())] == [
         "other-train", "cartpole-train"
     ]
