@@ -5,7 +5,9 @@ What belongs here: pure builders (`_builders`), the pure planner (`_planner`) an
 (`_status`, with the pods' diagnosis `_pods`), the one module that calls the API (`_kube`), the reconcile
 that ties them (`_reconcile`), thin kopf handlers (`_handlers`, `_refresher`), the watches of pods, Jobs and
 StatefulSets (`_watches`, on kopf's watch stream), leader election over a Lease (`_leader`), the liveness endpoint
-(`_health`), settings, metrics and the `rlightning-operator` entry point.
+(`_health`), node disruption notices and restart reasons (`_disruption`, pure; `_notices`, the watched nodes' notices;
+`_checkpoint_ask`, a checkpoint asked of the trainers on notice), settings, metrics and the `rlightning-operator`
+entry point.
 From `rlightning` it imports only `rlightning.config`, `rlightning.contract` and `rlightning.launch` (no torch).
 Design notes and the user's flow: docs/operator.md.
 
@@ -48,11 +50,13 @@ networking.k8s.io networkpolicies      get, create, patch                       
 "" events                               create                                      Events (kopf posts core/v1)
 coordination.k8s.io leases              create; get, update (one name)              leader election, in the
                                                                                     Lease's namespace only
+"" nodes (ClusterRole in either mode)   get, list, watch                            disruption notices of the
+                                                                                    trainers' nodes (`_notices`)
 ======================================  ==========================================  ===============================
 
-Nothing on secrets, nodes, namespaces or CRDs; on pods, reading and one forced deletion: kopf's scanning is off, so it
-serves the PolicyGroup CRD present at start. kopf runs standalone (no peering objects): with --leader-elect
-the process starts kopf only while it holds the Lease.
+Nothing on secrets, namespaces or CRDs; nodes only read; on pods, reading and one forced deletion: kopf's scanning
+is off, so it serves the PolicyGroup CRD present at start. kopf runs standalone (no peering objects): with
+--leader-elect the process starts kopf only while it holds the Lease.
 """
 
 from rlightning_operator._builders import build_children, owner_reference, with_owner

@@ -45,6 +45,7 @@ ALLOWED = [
     ("create", "events", ()),
     ("watch", "pods", ()),
     ("delete", "pods", ()),  # force-deletes a pod stranded on a node that stopped answering
+    ("watch", "nodes", ()),  # the trainers' nodes, for a disruption notice (cluster-scoped: a ClusterRole)
     ("create", "leases.coordination.k8s.io", ()),
     ("update", f"leases.coordination.k8s.io/{RELEASE}-rlightning-operator", ()),
 ]
@@ -64,7 +65,7 @@ DENIED = [
     ("escalate", "roles.rbac.authorization.k8s.io", ()),
     ("bind", "roles.rbac.authorization.k8s.io", ()),
     ("impersonate", "serviceaccounts", ()),
-    ("get", "nodes", ()),
+    ("patch", "nodes", ()),
     ("list", "namespaces", ()),
     ("list", "customresourcedefinitions.apiextensions.k8s.io", ()),
     ("create", "clusterroles.rbac.authorization.k8s.io", ()),

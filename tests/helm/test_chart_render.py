@@ -146,15 +146,21 @@ def test_metrics_off_removes_port_and_service(offline_helm):
 
 
 def _serving(docs: list[dict], kind: str) -> list[dict]:
-    """The Roles or RoleBindings that grant the served namespaces' rules (not the leader election's)."""
-    return [doc for doc in by_kind(docs, kind) if not doc["metadata"]["name"].endswith("-leader-election")]
+    """The (Cluster)Roles or their bindings that grant the served namespaces' rules (not the leader election's, nor
+    the nodes' ClusterRole)."""
+    return [doc for doc in by_kind(docs, kind) if not doc["metadata"]["name"].endswith(("-leader-election", "-nodes"))]
+
+
+def _nodes_role(docs: list[dict], kind: str) -> list[dict]:
+    """The ClusterRole (or its binding) that lets the operator read nodes, in either mode."""
+    return [doc for doc in by_kind(docs, kind) if doc["metadata"]["name"].endswith("-nodes")]
 
 
 def test_all_namespaces_uses_a_cluster_role(offline_helm):
     docs = documents(offline_helm.template())
     assert not _serving(docs, "Role") and not _serving(docs, "RoleBinding")
-    (role,) = by_kind(docs, "ClusterRole")
-    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    (role,) = _serving(docs, "ClusterRole")
+    (binding,) = _serving(docs, "ClusterRoleBinding")
     (account,) = by_kind(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
@@ -166,7 +172,7 @@ def test_all_namespaces_uses_a_cluster_role(offline_helm):
 
 def test_watch_namespaces_use_a_role_in_each(offline_helm):
     docs = documents(offline_helm.template(*NAMESPACED))
-    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert not _serving(docs, "ClusterRole") and not _serving(docs, "ClusterRoleBinding")
     roles = _serving(docs, "Role")
     bindings = _serving(docs, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
@@ -177,7 +183,7 @@ def test_watch_namespaces_use_a_role_in_each(offline_helm):
 
 
 def test_rules_are_least_privilege(offline_helm):
-    (cluster_role,) = by_kind(documents(offline_helm.template()), "ClusterRole")
+    (cluster_role,) = _serving(documents(offline_helm.template()), "ClusterRole")
     roles = _serving(documents(offline_helm.template(*NAMESPACED)), "Role")
     rules = cluster_role["rules"]
     assert all(role["rules"] == rules for role in roles), "both scopes grant the same rules"
@@ -199,16 +205,27 @@ def test_rules_are_least_privilege(offline_helm):
 
 
 @pytest.mark.parametrize("args", [(), NAMESPACED], ids=["all namespaces", "namespaced"])
+def test_nodes_are_read_only_through_a_cluster_role_of_their_own(offline_helm, args):
+    docs = documents(offline_helm.template(*args))
+    (role,) = _nodes_role(docs, "ClusterRole")
+    (binding,) = _nodes_role(docs, "ClusterRoleBinding")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (account,) = by_kind(docs, "ServiceAccount")
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+
+
+@pytest.mark.parametrize("args", [(), NAMESPACED], ids=["all namespaces", "namespaced"])
 def test_network_policies_are_switched_by_one_value(offline_helm, args):
     docs = documents(offline_helm.template(*args, "--set", "networkPolicy.metricsNamespace=monitoring"))
     options = _settings(_container(docs)).network_policy_options
     assert options is not None and options.metrics_namespace == "monitoring"
     assert all("networkpolicies" in _granted(role["rules"], {"networkpolicies"})
-               for role in _serving(docs, "Role") + by_kind(docs, "ClusterRole"))
+               for role in _serving(docs, "Role") + _serving(docs, "ClusterRole"))
     off = documents(offline_helm.template(*args, "--set", "networkPolicy.enabled=false"))
     assert _settings(_container(off)).network_policy_options is None
     assert not any(_granted(role["rules"], {"networkpolicies"})
-                   for role in _serving(off, "Role") + by_kind(off, "ClusterRole")), "no access it does not use"
+                   for role in _serving(off, "Role") + _serving(off, "ClusterRole")), "no access it does not use"
 
 
 def _granted(rules: list[dict], resources: set[str]) -> set[str]:

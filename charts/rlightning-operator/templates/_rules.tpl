@@ -1,7 +1,7 @@
 {{/*
 The RBAC rules of the operator, the same for the ClusterRole (all namespaces) and for each namespace's Role.
-Only what rlightning_operator calls (its docstring lists the same table) and what kopf does on its behalf;
-no Secrets, on pods reading and the forced deletion of one stranded on a lost node, no wildcards. kopf runs standalone, so no peering objects (leader
+Only what rlightning_operator calls (its docstring lists the same table; nodes, cluster-scoped, are in
+rbac-nodes.yaml) and what kopf does on its behalf; no Secrets, on pods reading and the forced deletion of one stranded on a lost node, no wildcards. kopf runs standalone, so no peering objects (leader
 election uses one Lease in the release namespace, granted by leader-election.yaml); it finds the PolicyGroup
 resource through API discovery, which every authenticated user may read (system:discovery), and is given no
 access to CustomResourceDefinitions or Namespaces (cluster-scoped, so a per-namespace install could not grant
