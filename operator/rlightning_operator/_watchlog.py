@@ -71,7 +71,7 @@ class StreamLog:
         async def on_exception(_session: aiohttp.ClientSession, _context: SimpleNamespace,
                                params: aiohttp.TraceRequestExceptionParams) -> None:
             if params.method == "GET":
-                self.failed(params.url, repr(params.exception))
+                self.failed(params.url, f"{type(params.exception).__name__}: {params.exception}")
 
         trace.on_request_end.append(on_end)
         trace.on_request_exception.append(on_exception)
