@@ -119,7 +119,16 @@ class WatchCache:
                     and (child_namespace, name) not in listed]
 
     def child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Job or StatefulSet as last watched (without its pod template); None when not delivered (or deleted)."""
+        """A Job or StatefulSet as last watched (without its pod template).
+
+        Args:
+            kind (str): `Job` or `StatefulSet`.
+            namespace (str): Its namespace.
+            name (str): Its name.
+
+        Returns:
+            dict[str, Any] | None: A copy of its own; None when not delivered (or deleted).
+        """
         with self._groups_guard:
             seen = self._children_seen.get((kind, namespace, name))
         return json.loads(seen) if seen is not None else None
@@ -153,6 +162,13 @@ class WatchCache:
         """The PolicyGroup as the watch last delivered it (or as the operator's own status write returned it); None
         when it must be read from the API server: the watch has not delivered it, or delivered another write before
         the operator's own (`note_group`), or not the operator's own within `STATUS_ECHO_SECONDS`.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+
+        Returns:
+            dict[str, Any] | None: A copy of its own, or None.
         """
         with self._groups_guard:
             seen = self._groups_seen.get((namespace, name))
@@ -181,7 +197,15 @@ class WatchCache:
                                                     time.monotonic())
 
     def written_status(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The status this operator last wrote for a PolicyGroup; None if it wrote none."""
+        """The status this operator last wrote for a PolicyGroup.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+
+        Returns:
+            dict[str, Any] | None: That status; None if it wrote none.
+        """
         with self._groups_guard:
             return self._written_status((namespace, name))
 
@@ -230,7 +254,15 @@ class WatchCache:
                     for name, seen in kept.items() if not seen.gone and (pod_namespace, name) not in listed]
 
     def live_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        """The pods of a PolicyGroup the status may read (trainers, evaluators not settled), as last watched."""
+        """The pods of a PolicyGroup the status may read (trainers, evaluators not settled), as last watched.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+
+        Returns:
+            list[dict[str, Any]]: Copies of their own (`_pods.trim`med); none known gone.
+        """
         with self._pods_guard:
             return [seen.pod for seen in self._pods_seen.get((namespace, name), {}).values() if not seen.gone]
 
@@ -238,6 +270,15 @@ class WatchCache:
         """The trainer pods of attempt `attempt` as last watched, by name (a pod gone already included); those of
         other attempts, and all of them while the Job is `suspended` (a suspension's removals are no evidence of a
         loss once the Job runs again), are forgotten.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+            attempt (int): The trainer gang's current attempt.
+            suspended (bool): Its Job is suspended.
+
+        Returns:
+            dict[str, dict[str, Any]]: Pod name -> the pod (`_pods.trim`med).
         """
         with self._pods_guard:
             seen = self._pods_seen.get((namespace, name), {})
@@ -254,7 +295,16 @@ class WatchCache:
             return remembered
 
     def node_of(self, namespace: str, name: str, pod: str) -> str:
-        """The node of a PolicyGroup's pod as the pod watch last delivered it ("" when unknown)."""
+        """The node of a PolicyGroup's pod as the pod watch last delivered it.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+            pod (str): The pod's name.
+
+        Returns:
+            str: spec.nodeName; "" when unknown.
+        """
         with self._pods_guard:
             seen = self._pods_seen.get((namespace, name), {}).get(pod)
         return str((seen.pod.get("spec") or {}).get("nodeName") or "") if seen is not None else ""
@@ -262,17 +312,36 @@ class WatchCache:
     def note_unreachable(self, namespace: str, name: str, stranded: list[pods.Stranded]) -> None:
         """Remember pods force-deleted from nodes that stopped answering, for the status, until `keep_unreachable`
         drops them.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+            stranded (list[pods.Stranded]): The pods force-deleted.
         """
         with self._pods_guard:
             self._unreachable.setdefault((namespace, name), []).extend(stranded)
 
     def unreachable(self, namespace: str, name: str) -> list[pods.Stranded]:
-        """The pods of a PolicyGroup force-deleted from nodes that stopped answering, still remembered."""
+        """The pods of a PolicyGroup force-deleted from nodes that stopped answering, still remembered.
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+
+        Returns:
+            list[pods.Stranded]: A list of its own.
+        """
         with self._pods_guard:
             return list(self._unreachable.get((namespace, name), ()))
 
     def keep_unreachable(self, namespace: str, name: str, left: list[pods.Stranded]) -> None:
-        """Remember only `left` of those pods (`status.unreachable_left`: the others' role is ready again)."""
+        """Remember only `left` of those pods (`status.unreachable_left`: the others' role is ready again).
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+            left (list[pods.Stranded]): The pods still to name.
+        """
         with self._pods_guard:
             if left:
                 self._unreachable[(namespace, name)] = left
@@ -280,7 +349,12 @@ class WatchCache:
                 self._unreachable.pop((namespace, name), None)
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop everything kept of a PolicyGroup (call once it is gone)."""
+        """Drop everything kept of a PolicyGroup (call once it is gone).
+
+        Args:
+            namespace (str): The PolicyGroup's namespace.
+            name (str): Its name.
+        """
         with self._pods_guard:
             self._pods_seen.pop((namespace, name), None)
             self._unreachable.pop((namespace, name), None)
