@@ -157,7 +157,7 @@ def run_receiver(args: argparse.Namespace) -> None:
         return InPlace(state) if args.in_place and state else None
 
     while not receiver.sender_closed:
-        store = receiver._store  # benchmark only: its keys share the sender's store
+        store = receiver._session.store  # benchmark only: its keys share the sender's store
         if (
             store is not None and "profile" not in done and store.check([PROFILE_KEY])
             and receiver.version == int(store.get(PROFILE_KEY)) - 1
@@ -178,7 +178,7 @@ def run_receiver(args: argparse.Namespace) -> None:
             got = receiver.receive(timeout=0.2, into=into())
         if got is not None:
             state = got[1]
-        store = receiver._store
+        store = receiver._session.store
         if store is None or receiver.sender_closed:
             continue
         if "naive" not in done and store.check([NAIVE_KEY]):
@@ -373,7 +373,7 @@ def run_capped_receiver(args: argparse.Namespace) -> None:
         receiver = WeightReceiver(capped_config(args, topology, args.n), sender_ip, port, args.ordinal)
         while not receiver.sender_closed:
             got = receiver.receive(timeout=1.0)
-            store = receiver._store  # benchmark only: its keys share the sender's store
+            store = receiver._session.store  # benchmark only: its keys share the sender's store
             if got is not None and store is not None:
                 store.set(PID_KEY.format(ordinal=args.ordinal), str(os.getpid()))  # for --kill-relay
             final = got is not None and store is not None and store.check([FINAL_KEY])

@@ -7,9 +7,10 @@ versioned sender/receiver protocol over the weight-sync store. Not here:
 training, evaluation loops, process launching (see `rlightning.policy` and `rlightning.runtime`).
 
 Layers, as in TorchRL's weight_update: transport (`_transport`, `_nccl`: how bytes move), strategy
-(`_state`, `_buckets`: what is extracted and applied), scheme (`_sender`, `_receiver`, `_membership`,
-`_topology`, `_relay`: versions, relay trees and acknowledgements over `_store`, in the typed messages of
-`_messages`). The sender owns the weight version: it assigns each publish the next one.
+(`_state`, `_buckets`: what is extracted and applied), scheme (`_sender`, `_receiver` with its session
+`_receiver_session` and one publish's `_receiver_round`, `_membership`, `_topology`, `_relay`: versions, relay trees
+and acknowledgements over `_store`, in the typed messages of `_messages`). The sender owns the weight version: it
+assigns each publish the next one.
 
 `__all__` holds what users call; the layers' internals (bucket layouts, group plans, messages) are imported
 from their private modules by the modules (and tests and benchmarks) that need them.
