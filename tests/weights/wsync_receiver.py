@@ -34,7 +34,7 @@ from rlightning.runtime._exit import exit_now  # noqa: E402
 from rlightning.weights import _transport  # noqa: E402
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ordinal", type=int, required=True)
@@ -54,7 +54,27 @@ def main() -> None:
                         help="leave cleanly (as on SIGTERM in a pod) once this version is applied: a scale-down")
     parser.add_argument("--in-place", action="store_true", help="receive into the policy's tensors")
     parser.add_argument("--log", action="store_true", help="log INFO and above to stderr")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _die_in_version(receiver: WeightReceiver, version: int) -> None:
+    """SIGKILL this process in the middle of receiving `version`: header and first bucket done, the rest in flight."""
+    waits = {"n": 0}
+    original = _transport.BroadcastGroup.wait_work
+
+    def wait_work(self, work, deadline=None):
+        if receiver.version == version - 1:
+            waits["n"] += 1
+            if waits["n"] == 3:
+                print(json.dumps({"event": "dying"}), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, work, deadline)
+
+    _transport.BroadcastGroup.wait_work = wait_work
+
+
+def main() -> None:
+    args = _arguments()
     if args.log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = WeightSyncConfig(
@@ -66,18 +86,7 @@ def main() -> None:
     if args.dtype:
         policy.to(getattr(torch, args.dtype))  # a reduced-precision fleet: every floating tensor in it
     if args.die_in_version:
-        waits = {"n": 0}
-        original = _transport.BroadcastGroup.wait_work
-
-        def wait_work(self, work, deadline=None):
-            if receiver.version == args.die_in_version - 1:
-                waits["n"] += 1
-                if waits["n"] == 3:  # header and first bucket done, the rest in flight
-                    print(json.dumps({"event": "dying"}), flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
-            return original(self, work, deadline)
-
-        _transport.BroadcastGroup.wait_work = wait_work
+        _die_in_version(receiver, args.die_in_version)
 
     def apply(version: int, state: dict) -> None:
         if version == args.fail_apply_version:
