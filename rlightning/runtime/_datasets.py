@@ -7,8 +7,8 @@ same number of minibatch steps): `[rolloutSteps, env.numEnvs]` collected by the 
 Each source owns what differs between the two modes, so the trainer loop never asks which one it has: whether
 rank 0 publishes after every update (`publishes_every_update`), the fleet's totals at the end (`totals`), pulling an
 evaluator's weights for a restart without a checkpoint (`pull_weights`) and asking for an evaluation
-(`ask_evaluation`). `open_source` picks the source from `ENV_FLEET_DATA` (`ProcessSettings.fleet_data`), the one
-place the runtime reads it on the trainer's side.
+(`ask_evaluation`). `open_source` picks the source from `ENV_FLEET_DATA` (`ProcessSettings.fleet_data`), and
+`open_sink` the evaluators' side of the same mode (where their batches go): the one place the runtime reads it.
 
 With the fleet, the ranks wait for their batches together: each rank fills its own intake for at most
 `FLEET_POLL_SECONDS`, then one MAX all-reduce tells every rank whether any is still short, whether any was asked to
@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
@@ -282,3 +283,36 @@ def open_source(spec: PolicyGroupSpec, policy: BasePolicy, settings: ProcessSett
         return FleetExperience(spec, policy, spec.ports.trajectories + settings.torchrun.local_rank,
                                settings.bind_host, epoch=settings.epoch)  # fmt: skip
     return OwnExperience(spec, policy, seed=seed + dist.get_world_size() * policy.iteration)
+
+
+def open_sink(
+    settings: ProcessSettings,
+    ordinal: int,
+    *,
+    batch_credits: int,
+    ack_timeout: float,
+    held_weights: Callable[[], tuple[int, dict[str, torch.Tensor]]],
+) -> trajectories.TrajectorySender | None:
+    """Where an evaluator's batches go: the trainer ranks' intakes when the evaluators produce the data
+    (`ENV_FLEET_DATA`), else nowhere (the evaluator only plays evaluation episodes).
+
+    Args:
+        settings (ProcessSettings): The process environment (`fleet_data`, `trajectory_endpoints`).
+        ordinal (int): The evaluator's stable ordinal.
+        batch_credits (int): Batches it may have sent and not yet had acknowledged.
+        ack_timeout (float): Seconds a rank may take to acknowledge a batch.
+        held_weights (Callable[[], tuple[int, dict[str, torch.Tensor]]]): The version and weights it holds, for a
+            restarted trainer gang that pulls them (`TrajectorySender`).
+
+    Returns:
+        trajectories.TrajectorySender | None: The sender, or None when the trainers collect their own data.
+    """
+    if not settings.fleet_data:
+        return None
+    return trajectories.TrajectorySender(
+        settings.trajectory_endpoints,
+        ordinal,
+        credits=batch_credits,
+        ack_timeout=ack_timeout,
+        held_weights=held_weights,
+    )

@@ -69,7 +69,7 @@ import torch
 from rlightning import contract, trajectories, weights
 from rlightning.config import ManifestError, PolicyGroupSpec
 from rlightning.policy import EnvMeta, PolicyRole, build_policy
-from rlightning.runtime import _errors, _exit, _health, collector
+from rlightning.runtime import _datasets, _errors, _exit, _health, collector
 from rlightning.runtime._prometheus import EvaluatorMetrics
 from rlightning.runtime._signals import StopRequest
 from rlightning.runtime.settings import ProcessSettings, SettingsError, eval_ordinal
@@ -190,16 +190,12 @@ class Evaluator:
             spec.weight_sync, settings.master_addr, settings.weight_sync_port, ordinal
         )
         self.metrics = EvaluatorMetrics(settings.metrics_port, settings.bind_host)
-        self.data_sender = (
-            trajectories.TrajectorySender(
-                settings.trajectory_endpoints,
-                ordinal,
-                credits=BATCH_CREDITS[min(spec.train.max_policy_lag, 1)],
-                ack_timeout=spec.weight_sync.timeout_seconds,
-                held_weights=self.held_weights,
-            )
-            if settings.fleet_data
-            else None
+        self.data_sender = _datasets.open_sink(
+            settings,
+            ordinal,
+            batch_credits=BATCH_CREDITS[min(spec.train.max_policy_lag, 1)],
+            ack_timeout=spec.weight_sync.timeout_seconds,
+            held_weights=self.held_weights,
         )
         self.record = EvaluationRecord(spec.eval.episodes_per_report)
         self._env_steps = 0

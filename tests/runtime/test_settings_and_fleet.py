@@ -15,7 +15,7 @@ import yaml
 from rlightning import contract, launch
 from rlightning.config import PolicyGroupManifest
 from rlightning.runtime import eval as eval_mod
-from rlightning.runtime import _fleet, local
+from rlightning.runtime import _datasets, _fleet, local
 from rlightning.runtime.rundir import RunDir
 from rlightning.runtime.settings import ProcessSettings, SettingsError
 
@@ -63,6 +63,24 @@ def test_fleet_data_and_trajectory_endpoints_are_read_and_checked() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_an_evaluator_sends_batches_only_when_the_fleet_produces_the_data() -> None:
+    base = {contract.ENV_SPEC_PATH: "/x.yaml", contract.ENV_TRAJECTORY_ENDPOINTS: "127.0.0.1:1,127.0.0.1:2"}
+
+    def held() -> tuple[int, dict]:
+        return 0, {}
+
+    own = ProcessSettings.from_env({**base, contract.ENV_FLEET_DATA: "0"})
+    assert _datasets.open_sink(own, 3, batch_credits=2, ack_timeout=5.0, held_weights=held) is None
+    fleet = ProcessSettings.from_env({**base, contract.ENV_FLEET_DATA: "1"})
+    sink = _datasets.open_sink(fleet, 3, batch_credits=1, ack_timeout=5.0, held_weights=held)
+    assert sink is not None
+    try:
+        assert (sink.ordinal, sink.credits, sink.ack_timeout) == (3, 1, 5.0)
+        assert [rank.endpoint for rank in sink._ranks] == ["127.0.0.1:1", "127.0.0.1:2"]
+    finally:
+        sink.close()
+
+
 def test_an_entrypoint_started_as_the_other_role_exits_with_a_clear_error(tmp_path: Path, run_helpers) -> None:
     tiny_manifest = run_helpers[0]
     spec = tmp_path / contract.SPEC_FILE_NAME
