@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from devcluster import _build
 from devcluster import _cluster
 from devcluster import _ports
 from devcluster import _process
+from tests._polling import wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SPARE_SLOT = (_ports.slot_from_env() + 5) % (_ports.MAX_SLOT + 1)
@@ -137,10 +137,8 @@ def test_processes_die_with_a_killed_launcher(tmp_path):
     finally:
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while _process.alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _process.alive(child)
+    wait_for(f"child {child} of the killed launcher to die", lambda: not _process.alive(child), timeout=10,
+             interval=0.05)
 
 
 def test_sweep_frees_data_of_dead_clusters_only(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import time
 
 import pytest
 import torch
@@ -203,10 +202,12 @@ def test_remote_evaluator_through_a_weight_sender() -> None:
     thread.start()
     group = PolicyGroup(_trainer(), sender=sender)
     try:
-        deadline = time.monotonic() + 60
-        while 0 not in sender.members and time.monotonic() < deadline:
+
+        def registered() -> bool:
             sender.reports()
-            time.sleep(0.1)
+            return 0 in sender.members
+
+        wait_for("evaluator 0 to register", registered, timeout=60, interval=0.1)
         assert group.sync_weights() == 1
         assert group.last_sync_stats is not None and group.last_sync_stats.receivers_acked == [0]
         wait_for("the evaluator consistent with the trainer", group.verify_eval_weight_consistency, timeout=30)

@@ -21,6 +21,7 @@ from wsync_helpers import BUCKET_BYTES, HERE, PYTHON, start_receiver, stop, wait
 
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightReceiver, WeightSender, _store
+from tests._polling import wait_for
 from tests._ports import WEIGHTS_SYNC
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
@@ -155,10 +156,8 @@ def test_a_receiver_that_ignores_a_version_is_not_counted_as_acked():
         wait_members(sender, {0}, timeout=30.0)
         first = sender.publish(weights_for(1))
         assert first.receivers_acked == [0] and first.receivers_ignored == []
-        end = time.monotonic() + 10.0
-        while got != [1] and time.monotonic() < end:  # `receive` returns just after its acknowledgement
-            time.sleep(0.05)
-        assert got == [1]
+        # `receive` returns just after its acknowledgement
+        wait_for("receive to return version 1", lambda: got == [1], timeout=10.0, interval=0.05)
         receiver.version = 10  # it holds a newer version than the sender knows of (e.g. a registration race)
         second = sender.publish(weights_for(2))
         assert second.version == 2 and second.failed == {}

@@ -25,6 +25,7 @@ from wsync_helpers import (
 from rlightning.config import WeightSyncConfig
 from rlightning.weights import WeightSender, WeightSyncError, tensor_digests
 from rlightning.weights._topology import Place, relay_tree, subtree
+from tests._polling import wait_for
 from tests._ports import WEIGHTS_IN_PLACE, WEIGHTS_SYNC
 
 torch.set_num_threads(1)
@@ -245,16 +246,15 @@ def test_stalled_relay_holds_up_only_its_subtree_and_rejoins(procs):
         assert info.value.stats.receivers_acked == [0, 2]
         assert digests_match(wait_reports(sender, lambda r: digests_match(r, [0, 2], 2)), [0, 2], 2)
         os.kill(procs[1].pid, signal.SIGCONT)  # it finds its publish failed, as does its child: both register again
-        deadline = time.monotonic() + 60
-        while True:  # publishes while they re-register may miss them; the tree is re-planned each time
+
+        def acked_by_fleet():  # publishes while they re-register may miss them; the tree is re-planned each time
             try:
                 stats = sender.publish(weights_for(sender.version + 1))  # the version it will get
             except WeightSyncError as error:
                 stats = error.stats
-            if stats.receivers_acked == fleet or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert stats.receivers_acked == fleet
+            return stats if stats.receivers_acked == fleet else None
+
+        stats = wait_for(f"a publish acknowledged by ordinals {fleet}", acked_by_fleet, timeout=60, interval=0.2)
         version = stats.version
         assert digests_match(wait_reports(sender, lambda r: digests_match(r, fleet, version)), fleet, version)
     finally:

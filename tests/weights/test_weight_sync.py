@@ -31,6 +31,7 @@ from rlightning.weights import (
     mismatched_fingerprints,
     tensor_digests,
 )
+from tests._polling import wait_for
 from tests._ports import WEIGHTS_SYNC
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
@@ -135,17 +136,15 @@ def test_scale_up_reforms_only_the_affected_group(procs):
         procs[1].send_signal(signal.SIGTERM)
         procs[1].wait(10)
         procs.append(start_receiver(port, 1))
-        deadline = time.monotonic() + 60
-        third = None
-        while time.monotonic() < deadline:  # publishes while ordinal 1 is gone may fail for group 0
+
+        def acked_by_all():  # publishes while ordinal 1 is gone may fail for group 0
             try:
-                third = sender.publish(weights_for(3))
+                stats = sender.publish(weights_for(3))
             except WeightSyncError:
-                continue
-            if third.receivers_acked == [0, 1, 2]:
-                break
-            time.sleep(0.2)
-        assert third is not None and third.receivers_acked == [0, 1, 2]
+                return None
+            return stats if stats.receivers_acked == [0, 1, 2] else None
+
+        third = wait_for("a publish acknowledged by ordinals 0, 1 and 2", acked_by_all, timeout=60, interval=0.2)
         assert third.groups[1] == second.groups[1]
         assert third.groups[0] > second.groups[1]
     finally:
