@@ -79,9 +79,16 @@ class ForkedModule:
     def __init__(self, module: str, args: Sequence[str], env: Mapping[str, str], log_fd: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # else the child writes this process's buffered output again
+        session_read, session_write = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _run_child(module, args, env, log_fd)
+            os.close(session_read)
+            _run_child(module, args, env, log_fd, session_write)
+        os.close(session_write)
+        # EOF once the child leads its own session (or died): only then does its process group exist to be
+        # signalled (`os.killpg(pid, ...)`), as after `subprocess.Popen(start_new_session=True)`.
+        os.read(session_read, 1)
+        os.close(session_read)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -146,11 +153,15 @@ def run_module(module: str, args: Sequence[str]) -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-def _run_child(module: str, args: Sequence[str], env: Mapping[str, str], log_fd: int) -> NoReturn:
-    """In the forked child: become a fresh `python -m module args` as far as it can see, run it, exit."""
+def _run_child(module: str, args: Sequence[str], env: Mapping[str, str], log_fd: int, session_fd: int) -> NoReturn:
+    """In the forked child: become a fresh `python -m module args` as far as it can see, run it, exit.
+
+    `session_fd` is closed once the child leads its own session: the parent waits for that.
+    """
     code = 1
     try:
         os.setsid()
+        os.close(session_fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
