@@ -24,7 +24,6 @@ of its own on its own ports, and tests/_ports.py moves the tests' own ports with
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import pytest
@@ -32,6 +31,7 @@ import pytest
 import devcluster
 from devcluster import _ports as devcluster_ports
 from rlightning import launch
+from tests._polling import wait_for
 from tests.operator.operator_cluster import OperatorProcess, install_crd
 
 # As `rlightning run` gives its children: a lost DNS reply to c10d's reverse lookups costs 1 s, not 5 (the 8-receiver
@@ -80,13 +80,9 @@ def namespace(cluster):
     """A new namespace (``t-<8 hex>``) whose default ServiceAccount exists; deleted (without waiting) after."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
-    deadline = time.monotonic() + NAMESPACE_READY_SECONDS
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise devcluster.ClusterError(
-                f"namespace {name}: no default ServiceAccount after {NAMESPACE_READY_SECONDS}s"
-            )
-        time.sleep(0.2)
+    wait_for(f"namespace {name}'s default ServiceAccount",
+             lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+             timeout=NAMESPACE_READY_SECONDS, interval=0.2)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -12,6 +12,7 @@ from policy_helpers import BOX_META, ToyPolicy, obs
 
 from rlightning import weights
 from rlightning.config import PolicyConfig, WeightBufferConfig
+from tests._polling import wait_for
 
 torch.set_num_threads(1)
 
@@ -258,10 +259,8 @@ def test_a_receive_in_place_waits_for_a_running_rollout() -> None:
         waiter.start()
         # the receive waits for it: seen waiting (the gate counts it) before the wait for it to get through starts,
         # so that wait is long enough whatever the machine's load
-        deadline = time.monotonic() + 5.0
-        while policy._gate.updates_waiting == 0 and not entered.is_set():
-            assert time.monotonic() < deadline, "the receive never began to wait"
-            time.sleep(0.01)
+        wait_for("the receive to begin waiting", lambda: policy._gate.updates_waiting > 0 or entered.is_set(),
+                 timeout=5.0, interval=0.01)
         assert not entered.wait(0.3)
         policy._gate.exit_rollout()
         assert entered.wait(5.0)

@@ -13,6 +13,7 @@ import pytest
 from traj_helpers import INTAKE, SENDER, WorkerProcess, fill_until_done, is_whole
 
 from rlightning.trajectories import TrajectoryIntake
+from tests._polling import wait_for
 from tests._ports import TRAJECTORIES
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch (seconds apiece)
@@ -66,11 +67,16 @@ def test_two_ranks_both_receive_from_one_sender(senders, intakes):
     sender = WorkerProcess(SENDER, "--endpoints", ",".join(f"127.0.0.1:{port}" for port in ports), "--count", "0",
                            "--deadline", "120")
     senders.append(sender)
-    deadline = time.monotonic() + EVENT_SECONDS
-    while min(rank.stats.accepted + rank.held for rank in ranks) < 3:
-        assert time.monotonic() < deadline, [rank.held for rank in ranks]
+
+    def three_each() -> bool:
+        if min(rank.stats.accepted + rank.held for rank in ranks) >= 3:
+            return True
         for rank in ranks:
             rank.fill(rank.held + 1, version=0, max_policy_lag=0, timeout=0.2)
+        return False
+
+    wait_for("3 batches at each rank", three_each, EVENT_SECONDS, interval=0,
+             explain=lambda: f"held {[rank.held for rank in ranks]}")
     sequences = [{stamp.sequence for _, stamp in rank.drain()} for rank in ranks]
     assert not sequences[0] & sequences[1], "one batch went to both ranks"
 

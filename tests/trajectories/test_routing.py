@@ -15,6 +15,7 @@ import pytest
 from traj_helpers import INTAKE, SENDER, WorkerProcess, make_batch
 
 from rlightning.trajectories import BatchStamp, TrajectoryIntake, TrajectorySender
+from tests._polling import wait_for
 from tests._ports import TRAJECTORIES
 
 EVENT_SECONDS = 60.0
@@ -27,10 +28,14 @@ def send_next(sender: TrajectorySender, sequence: int, version: int) -> None:
 
 def wait_until(condition, what: str, sender: TrajectorySender, timeout: float = EVENT_SECONDS) -> None:
     """Process the sender's acknowledgements and connection events until `condition()` holds, at most `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        sender.wait_for_credit(0.05)
+
+    def pumped() -> bool:
+        if condition():
+            return True
+        sender.wait_for_credit(0.05)  # bounded: the sender handles its acknowledgements and events meanwhile
+        return False
+
+    wait_for(what, pumped, timeout, interval=0)
 
 
 @pytest.mark.slow  # starts a process that imports torch
