@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -54,7 +55,9 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def _wait_rows(run_dir: Path, done, timeout: float, what: str, proc: subprocess.Popen) -> list[dict]:
+def _wait_rows(
+    run_dir: Path, done: Callable[[list[dict]], bool], timeout: float, what: str, proc: subprocess.Popen[bytes]
+) -> list[dict]:
     """Poll metrics.jsonl every 50 ms until `done(rows)`; SystemExit after `timeout` s or when the run ends."""
     deadline = time.monotonic() + timeout
     while True:
