@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlightning.runtime.rundir import RunDir, read_jsonl
+from tests._polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -150,10 +151,8 @@ def test_dead_trainer_stops_the_evaluators_and_its_resume_issues_no_version_twic
     assert code == 1, out
     assert "error: trainer failed with signal 9; stopping the others" in out
     assert not _alive(trainer) and not any(_alive(pid) for pid in evals)
-    deadline = time.monotonic() + 30
-    while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_running(pid) for pid in ranks), f"orphaned ranks still running: {ranks}"
+    wait_for(f"the ranks {ranks} of the killed torchrun to exit", lambda: not any(_running(pid) for pid in ranks),
+             timeout=30, interval=0.1)
 
     # The resume starts from the older checkpoint with fresh evaluators: its versions continue above every one
     # published before the kill, never naming other weights with a version already issued.
