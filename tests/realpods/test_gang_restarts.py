@@ -19,8 +19,10 @@ import http.client
 import json
 import re
 import statistics
+import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
 from rlightning import contract
@@ -37,8 +39,9 @@ METRIC_VERSION = re.compile(r"^rlightning_weight_version(?:\{[^}]*\})? (\S+)$", 
 
 
 class Observer:
-    """Polls the PolicyGroup and its pods; keeps every weight version seen (status and rank 0's /metrics, with the
-    time each was first seen), the status counts and any moment two attempts' trainer pods coexist."""
+    """Polls the PolicyGroup and its pods, to wait for a moment of the run and to time status against rank 0's
+    /metrics: keeps every weight version seen (status and /metrics, with the time each was first seen). What must
+    hold at every moment is checked on `WatchEvents`, which a poll could miss."""
 
     def __init__(self, cluster, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
@@ -46,8 +49,6 @@ class Observer:
         self.exported: list[int] = []
         # (attempt, version) -> when first seen, in status.training and in rank 0's /metrics
         self.first_seen: dict[str, dict[tuple[int, int], float]] = {"status": {}, "metrics": {}}
-        self.counts: list[tuple[int, int]] = []  # (iteration, envSteps) of status.training, in order seen
-        self.mixed: list[dict[str, list[str]]] = []
 
     def group(self) -> dict:
         group = get_json(self.cluster, "pg", NAME, "-n", self.namespace)
@@ -56,15 +57,7 @@ class Observer:
             self.versions.append(int(training["weightVersion"]))
             key = (int(training.get("attempt", 0)), self.versions[-1])
             self.first_seen["status"].setdefault(key, time.monotonic())
-            self.counts.append((int(training.get("iteration", 0)), int(training.get("envSteps", 0))))
-        trainers: dict[str, list[str]] = {}
-        pods = self.pods("train")
-        for pod in pods:
-            trainers.setdefault(pod["metadata"]["labels"].get(contract.LABEL_ATTEMPT, "?"), []).append(
-                pod["metadata"]["name"])
-        if len(trainers) > 1:
-            self.mixed.append(trainers)
-        self._read_exported(pods)
+        self._read_exported(self.pods("train"))
         return group
 
     def _read_exported(self, trainer_pods: list[dict]) -> None:
@@ -107,6 +100,53 @@ class Observer:
         return group if status.get("phase") == phase else None
 
 
+class WatchEvents:
+    """Every event of `kubectl get ARGS -w -o json --output-watch-events` from now to `close`, in the API server's
+    order: what held for a moment only is there too. Written to `path`, parsed on demand."""
+
+    def __init__(self, cluster, path: Path, *args: str) -> None:
+        self.path = path
+        with path.open("w") as out:
+            self.proc = subprocess.Popen(
+                [str(cluster.bin("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get", *args, "-w", "-o", "json",
+                 "--output-watch-events"], stdout=out, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def events(self) -> list[dict]:
+        """The events written so far: `{"type": "ADDED" | "MODIFIED" | "DELETED", "object": {...}}`."""
+        text, found, at = self.path.read_text(), [], 0
+        while (start := text.find("{", at)) >= 0:
+            try:
+                event, at = json.JSONDecoder().raw_decode(text, start)
+            except json.JSONDecodeError:  # the last one half written
+                break
+            found.append(event)
+        return found
+
+    def close(self) -> bool:
+        """Stop watching; whether the watch still ran (else events after it ended are missing)."""
+        ran = self.proc.poll() is None
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        return ran
+
+
+def attempts_at_once(pod_events: list[dict]) -> list[dict[str, list[str]]]:
+    """Replaying the trainer pods' events: every moment when pods of more than one attempt existed (attempt -> pod
+    names). A pod exists from its first event to its DELETED one."""
+    live: dict[str, str] = {}
+    mixed = []
+    for event in pod_events:
+        pod = event["object"]["metadata"]
+        if event["type"] == "DELETED":
+            live.pop(pod["name"], None)
+        else:
+            live[pod["name"]] = pod["labels"].get(contract.LABEL_ATTEMPT, "?")
+        if len(set(live.values())) > 1:
+            mixed.append({attempt: sorted(n for n, a in live.items() if a == attempt) for attempt in live.values()})
+    return mixed
+
+
 KILL_TRAINER = """
 import os, signal
 for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -130,14 +170,38 @@ def lose(cluster, namespace: str, pod: str, how: str) -> None:
 
 
 def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reaches_its_target(
-    cluster, real_namespace, real_operator, checkpoint_claim
+    cluster, real_namespace, real_operator, checkpoint_claim, tmp_path
 ):
     run_dir = checkpoint_claim
     group = real_cartpole(NAME, **{
         "spec.train.nodes": 2, "spec.train.procsPerNode": 1, "spec.train.batchesPerUpdate": 1,
         "spec.train.checkpoint": {"persistentVolumeClaim": CLAIM, "intervalIterations": 2},
     })
-    apply(cluster, real_namespace, group)
+    trainer_events = WatchEvents(cluster, tmp_path / "trainer-pods.json", "pods", "-n", real_namespace, "-l",
+                                 f"{contract.LABEL_GROUP}={NAME},{contract.LABEL_ROLE}=train")
+    try:
+        apply(cluster, real_namespace, group)
+        group_events = WatchEvents(cluster, tmp_path / "policygroup.json", "pg", NAME, "-n", real_namespace)
+        try:
+            _run_through_two_losses(cluster, real_namespace, run_dir)
+        finally:
+            group_ran = group_events.close()
+    finally:
+        trainers_ran = trainer_events.close()
+    # Every state the API server held, from watches that ran throughout: no moment missed between polls.
+    assert group_ran and trainers_ran, "a watch ended early: its events after that are missing"
+    pods_seen = trainer_events.events()
+    attempts = {e["object"]["metadata"]["labels"].get(contract.LABEL_ATTEMPT) for e in pods_seen}
+    assert attempts == {"0", "1", "2"}, f"the trainer pods' watch saw attempts {attempts}"
+    assert not attempts_at_once(pods_seen), f"trainer pods of two attempts at once: {attempts_at_once(pods_seen)}"
+    trainings = [(e["object"].get("status") or {}).get("training") or {} for e in group_events.events()]
+    for name in ("weightVersion", "iteration", "envSteps"):
+        seen = [t[name] for t in trainings if t.get(name) is not None]
+        assert seen and seen == sorted(seen), f"status.training.{name} went back: {seen}"
+
+
+def _run_through_two_losses(cluster, real_namespace: str, run_dir) -> None:
+    """Lose rank 1 twice (attempts 0 and 1), check each restart, then the run's end, polling."""
     watch = Observer(cluster, real_namespace)
     evaluators: dict[str, str] = {}
     # One run, both ways of losing rank 1 (a failure, then a disruption): each restart is a whole training run less.
@@ -164,15 +228,11 @@ def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reache
                     interval=2.0)
     training = done["status"]["training"]
     assert training["consistent"] is True and training["evalReturn"] >= 475, training
-    assert watch.versions == sorted(watch.versions), f"weight version went back: {watch.versions}"
     assert watch.exported and watch.exported == sorted(watch.exported), f"exported version went back: {watch.exported}"
-    for name, seen in zip(("iteration", "envSteps"), zip(*watch.counts, strict=True), strict=True):
-        assert list(seen) == sorted(seen), f"status.training.{name} went back: {seen}"
     lags = watch.status_lags()
     print(f"status.training behind rank 0's /metrics: median {statistics.median(lags):.1f} s, max {max(lags):.1f} s "
           f"over {len(lags)} versions")
     assert max(lags) <= STATUS_LAG_BOUND_SECONDS, lags
-    assert not watch.mixed, f"trainer pods of two attempts at once: {watch.mixed}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"], "attempt 2 resumed from the newest checkpoint on the claim"
     assert all(p["metadata"]["labels"][contract.LABEL_ATTEMPT] == "2" for p in watch.pods("train"))
