@@ -10,7 +10,7 @@ import devcluster
 from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
 from rlightning import contract
 from rlightning.runtime.rundir import RunDir
-from tests.operator.operator_cluster import apply, get_json, items
+from tests.operator.operator_cluster import apply, condition, get_json, items
 
 NAME = "spot"
 KARPENTER = "karpenter.sh/disrupted"
@@ -44,6 +44,7 @@ def test_a_checkpoint_written_on_notice_is_where_the_gang_resumes_after_the_drai
     apply(cluster, real_namespace, real_cartpole(NAME, **{
         "spec.train.checkpoint": {"persistentVolumeClaim": CLAIM, "intervalIterations": 1000},
         "spec.train.targetEvalReturn": None,
+        "spec.train.totalEnvSteps": 10_000_000,  # never reached: the test ends once the next attempt resumed
         "spec.eval.replicas": 1,
     }))
     try:
@@ -70,6 +71,8 @@ def test_a_checkpoint_written_on_notice_is_where_the_gang_resumes_after_the_drai
             restarts := (get_json(cluster, "pg", NAME, "-n", real_namespace).get("status") or {}).get(
                 "restarts") or {}).get("total") == 1 and restarts, timeout=60.0)
         assert (restarted["reason"], restarted["byReason"]) == ("Preempted", {"Preempted": 1}), restarted
+        fits = condition(get_json(cluster, "pg", NAME, "-n", real_namespace), "CheckpointWithinGracePeriod")
+        assert (fits["status"], fits["reason"]) == ("True", "WithinGracePeriod"), fits
     finally:
         cluster.kubectl("taint", "node", devcluster.NODE_NAME, f"{KARPENTER}:NoSchedule-", check=False)
 
