@@ -19,9 +19,10 @@ Complete yet are a gang finishing (`Finishing`: phase Running, TrainersReady Tru
 
 Restarts of the trainer gang (`_planner.plan_restart`): while attempt N+1 forms (the Job of attempt N goes, the
 new one's pods are not all ready) the phase is `Restarting`, TrainersReady says `Restarting` with the lost pod,
-and TrainerRestarting is True with the loss's reason (PodFailed, PodDeleted, EvictionByEvictionAPI, ...). A Job
-failed after spec.train.maxRestarts restarts caused by failures gives reason MaxRestartsReached. Once training
-has ended, evaluators are `Stopped` (scaled to zero) or `Serving` (spec.eval.afterTraining).
+and TrainerRestarting is True with the restart's reason (`_disruption.restart_reason`: Preempted, NodeLost, Evicted,
+Failed, PodDeleted). A Job failed after spec.train.maxRestarts restarts caused by failures gives reason
+MaxRestartsReached. Once training has ended, evaluators are `Stopped` (scaled to zero) or `Serving`
+(spec.eval.afterTraining).
 
 Validity has two sources: the operator's structural validation (`Observation.problems`, reason InvalidSpec)
 and the pods' deep checks (policyClass, policyKwargs, env id; only the runtime can run them): a trainer Job
