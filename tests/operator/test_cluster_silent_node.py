@@ -17,6 +17,7 @@ import yaml
 
 from devcluster import _nodes
 from rlightning import contract
+from tests import _json_stream
 
 from operator_cluster import apply, condition, get_json, items, pods, running, small, wait_for
 
@@ -98,14 +99,7 @@ def statuses(cluster, namespace, path):
                                  stderr=subprocess.DEVNULL)
 
     def seen() -> list[dict]:
-        text, found, at = path.read_text(), [], 0
-        while (start := text.find("{", at)) >= 0:
-            try:
-                version, at = json.JSONDecoder().raw_decode(text, start)
-            except json.JSONDecodeError:  # the last one half written
-                break
-            found.append(version)
-        return found
+        return _json_stream.decode_all(path.read_text())
 
     try:
         yield seen

@@ -195,3 +195,28 @@ def local_claim(cluster, node: devcluster.RealNode, namespace: str, claim: str) 
         cluster.kubectl("delete", "pvc", claim, "-n", namespace, timeout, check=False)
         cluster.kubectl("delete", "pv", volume, timeout, check=False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+SIGNAL_TRAINER = """
+import os, signal, sys
+signum, workers_only = getattr(signal, sys.argv[1]), sys.argv[2] == "workers"
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"rlightning.runtime.train" in argv and not (workers_only and b"torch.distributed.run" in argv):
+        os.kill(int(pid), signum)
+        print("signalled", pid)
+"""
+"""Run in a trainer container: signal its training processes (torchrun's workers, and torchrun too unless
+`workers`)."""
+
+
+def signal_trainer(cluster, namespace: str, pod: str, signame: str, *, workers_only: bool) -> None:
+    """Send `signame` (e.g. `SIGKILL`) to the training processes in `pod`'s `train` container; at least one must be
+    found (AssertionError otherwise)."""
+    which = "workers" if workers_only else "all"
+    out = cluster.kubectl("exec", pod, "-n", namespace, "-c", "train", "--", "python", "-c", SIGNAL_TRAINER,
+                          signame, which).stdout  # fmt: skip
+    assert "signalled" in out, out

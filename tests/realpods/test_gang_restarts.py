@@ -24,8 +24,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
+from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, signal_trainer, wait_for
 from rlightning import contract
+from tests import _json_stream
 from tests.operator.operator_cluster import apply, get_json
 
 NAME = "restarted"
@@ -114,14 +115,7 @@ class WatchEvents:
 
     def events(self) -> list[dict]:
         """The events written so far: `{"type": "ADDED" | "MODIFIED" | "DELETED", "object": {...}}`."""
-        text, found, at = self.path.read_text(), [], 0
-        while (start := text.find("{", at)) >= 0:
-            try:
-                event, at = json.JSONDecoder().raw_decode(text, start)
-            except json.JSONDecodeError:  # the last one half written
-                break
-            found.append(event)
-        return found
+        return _json_stream.decode_all(self.path.read_text())
 
     def close(self) -> bool:
         """Stop watching; whether the watch still ran (else events after it ended are missing)."""
@@ -147,26 +141,11 @@ def attempts_at_once(pod_events: list[dict]) -> list[dict[str, list[str]]]:
     return mixed
 
 
-KILL_TRAINER = """
-import os, signal
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-    except OSError:
-        continue
-    if b"rlightning.runtime.train" in argv and b"torch.distributed.run" not in argv:
-        os.kill(int(pid), signal.SIGKILL)
-        print("killed", pid)
-"""
-"""Run in the trainer container: SIGKILL its training process (torchrun's worker), not torchrun itself."""
-
-
 def lose(cluster, namespace: str, pod: str, how: str) -> None:
     if how == "delete":
         cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
     else:
-        out = cluster.kubectl("exec", pod, "-n", namespace, "-c", "train", "--", "python", "-c", KILL_TRAINER).stdout
-        assert "killed" in out, out
+        signal_trainer(cluster, namespace, pod, "SIGKILL", workers_only=True)  # torchrun's worker, not torchrun
 
 
 def test_a_gang_that_loses_a_trainer_twice_restarts_each_time_resumes_and_reaches_its_target(

@@ -7,25 +7,13 @@ the restart `Preempted`."""
 from __future__ import annotations
 
 import devcluster
-from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, wait_for
+from realpods_helpers import CLAIM, TRAIN_SECONDS, real_cartpole, signal_trainer, wait_for
 from rlightning import contract
 from rlightning.runtime.rundir import RunDir
 from tests.operator.operator_cluster import apply, condition, get_json, items
 
 NAME = "spot"
 KARPENTER = "karpenter.sh/disrupted"
-STOP_TRAINER = """
-import os, signal
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-    except OSError:
-        continue
-    if b"rlightning.runtime.train" in argv:
-        os.kill(int(pid), signal.SIGSTOP)
-        print("stopped", pid)
-"""
-"""Run in the trainer container: SIGSTOP torchrun and its worker, so that no iteration and no checkpoint follows."""
 
 
 def training(cluster, namespace: str) -> dict:
@@ -62,9 +50,8 @@ def test_a_checkpoint_written_on_notice_is_where_the_gang_resumes_after_the_drai
         assert newest is not None and newest.name.startswith(f"iter-{iteration:08d}-"), newest
 
         (pod,) = trainer_pods(cluster, real_namespace, 0)
-        stopped = cluster.kubectl("exec", pod["metadata"]["name"], "-n", real_namespace, "-c", "train", "--",
-                                  "python", "-c", STOP_TRAINER).stdout
-        assert "stopped" in stopped, stopped
+        # torchrun and its worker stopped: no iteration and no checkpoint follows
+        signal_trainer(cluster, real_namespace, pod["metadata"]["name"], "SIGSTOP", workers_only=False)
         cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", real_namespace, "--grace-period=1",
                         "--wait=false")
         restarted = wait_for("the restart recorded", lambda: (

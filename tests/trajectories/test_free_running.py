@@ -10,11 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from traj_helpers import make_batch
+from traj_helpers import make_batch, pump_until
 
 from rlightning.runtime.eval import BatchPacing
 from rlightning.trajectories import BatchStamp, TrajectoryIntake, TrajectorySender
-from tests._polling import wait_for
 from tests._ports import TRAJECTORIES
 
 EVENT_SECONDS = 60.0
@@ -28,14 +27,7 @@ def _send(sender: TrajectorySender, sequence: int, version: int) -> None:
 
 def _wait_until(condition: Callable[[], bool], what: str, sender: TrajectorySender) -> None:
     """Process the sender's acknowledgements and notices until `condition()` holds, at most `EVENT_SECONDS`."""
-
-    def pumped() -> bool:
-        if condition():
-            return True
-        sender.wait_for_credit(0.05)  # bounded: the sender handles its acknowledgements and notices meanwhile
-        return False
-
-    wait_for(what, pumped, EVENT_SECONDS, interval=0)
+    pump_until(what, condition, sender, EVENT_SECONDS)
 
 
 def test_a_correcting_policy_free_runs_within_the_lag_and_a_batch_beyond_it_is_refused_and_counted(

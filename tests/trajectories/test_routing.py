@@ -12,10 +12,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from traj_helpers import INTAKE, SENDER, WorkerProcess, make_batch
+from traj_helpers import INTAKE, SENDER, WorkerProcess, make_batch, pump_until
 
 from rlightning.trajectories import BatchStamp, TrajectoryIntake, TrajectorySender
-from tests._polling import wait_for
 from tests._ports import TRAJECTORIES
 
 EVENT_SECONDS = 60.0
@@ -28,14 +27,7 @@ def send_next(sender: TrajectorySender, sequence: int, version: int) -> None:
 
 def wait_until(condition, what: str, sender: TrajectorySender, timeout: float = EVENT_SECONDS) -> None:
     """Process the sender's acknowledgements and connection events until `condition()` holds, at most `timeout`."""
-
-    def pumped() -> bool:
-        if condition():
-            return True
-        sender.wait_for_credit(0.05)  # bounded: the sender handles its acknowledgements and events meanwhile
-        return False
-
-    wait_for(what, pumped, timeout, interval=0)
+    pump_until(what, condition, sender, timeout)
 
 
 @pytest.mark.slow  # starts a process that imports torch

@@ -125,3 +125,17 @@ def fill_until_done(intake, senders: list[WorkerProcess], version: int, max_poli
         if time.monotonic() > deadline:
             raise AssertionError(f"senders not done within {timeout}s: {[s.seen[-3:] for s in senders]}")
         intake.fill(intake.held + 1_000_000, version=version, max_policy_lag=max_policy_lag, timeout=0.2)
+
+
+def pump_until(what: str, condition, sender, timeout: float) -> None:
+    """Process `sender`'s acknowledgements and notices until `condition()` holds, at most `timeout` seconds
+    (`tests._polling.wait_for`, which names `what` when it times out)."""
+    from tests._polling import wait_for  # here: the worker scripts import this module without the repository root
+
+    def pumped() -> bool:
+        if condition():
+            return True
+        sender.wait_for_credit(0.05)  # bounded: the sender handles its acknowledgements and notices meanwhile
+        return False
+
+    wait_for(what, pumped, timeout, interval=0)
