@@ -24,6 +24,7 @@ of its own on its own ports, and tests/_ports.py moves the tests' own ports with
 from __future__ import annotations
 
 import os
+import pathlib
 import uuid
 
 import pytest
@@ -103,10 +104,27 @@ def operator(crd, namespace, tmp_path):
     print(f"--- operator log (exit {code}) ---\n{process.log()[-20000:]}")
 
 
+def same_named_test_files(root: pathlib.Path) -> dict[str, list[str]]:
+    """Test modules under `root` whose file names repeat across folders: basename -> their paths.
+
+    The test folders are not packages, so pytest imports each test module by its basename (rootdir-relative
+    imports, `rootdir/conftest`); a second folder's module of the same name fails to collect ("import file
+    mismatch"), and only in a run that collects both.
+    """
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.glob("*/test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(root.parent)))
+    return {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
 def pytest_configure(config):
-    """Give each pytest-xdist worker a devcluster slot of its own (see the module docstring)."""
+    """Refuse test modules of the same name; give each pytest-xdist worker a devcluster slot of its own (see the
+    module docstring)."""
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker is None:
+        if clashes := same_named_test_files(pathlib.Path(__file__).parent):
+            raise pytest.UsageError("test modules share a file name, so only one of each can be imported: " +
+                                    "; ".join(" and ".join(paths) for paths in clashes.values()) + ": rename one")
         return
     slot = devcluster_ports.slot_from_env() + int(worker.removeprefix("gw"))
     if slot > devcluster_ports.MAX_SLOT:
