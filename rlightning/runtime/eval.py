@@ -201,6 +201,7 @@ class Evaluator:
         self._env_steps = 0
         self._cut_batches = 0  # on-policy batches not sent: a new version was applied while they were collected
         self._lock = threading.Lock()
+        self._post_lock = threading.Lock()  # held from reading the state to posting it (`_post`)
         self._weights_lock = threading.Lock()  # held while a received version is applied, and while it is copied
         self._applied_record: weights.WeightRecord | None = None  # what the policy holds, as last reported
         self._report: dict[str, float] = {}
@@ -302,13 +303,19 @@ class Evaluator:
             self._post()
 
     def _post(self) -> None:
-        with self._lock:
-            record = self._applied_record
-            report = {**self._report, "env_steps": float(self._env_steps), "cut_batches": float(self._cut_batches),
-                      "refused_publishes": float(self.receiver.refused),
-                      "in_place_versions": float(self._in_place_versions)}
-        if record is not None:
-            self.receiver.report(record, report)
+        """Post the applied record with the newest report; both threads post, one at a time, so the last one posted
+        is the last one read (the sender keeps only the last).
+        """
+        with self._post_lock:
+            with self._lock:
+                record = self._applied_record
+                report = {**self._report, "env_steps": float(self._env_steps),
+                          "cut_batches": float(self._cut_batches), "refused_publishes": float(self.receiver.refused),
+                          "in_place_versions": float(self._in_place_versions)}  # fmt: skip
+            # Episodes of a version the receiving thread applied but has not digested yet would go out paired with
+            # the older record; that thread posts them with the new record as soon as it has it.
+            if record is not None and report.get("return_version", 0.0) <= record.version:
+                self.receiver.report(record, report)
 
     # -- main loop --------------------------------------------------------------------------------------------
     def run(self) -> int:
