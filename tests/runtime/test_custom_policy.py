@@ -99,7 +99,7 @@ def test_the_package_policy_trains_with_evaluators_in_sync(
     assert code == 0, out
     summary, rows = json.loads(run.summary_path.read_text()), read_jsonl(run.metrics_path)
     assert summary["stop_reason"] == "total_env_steps" and summary["iterations"] >= 4, summary
-    assert summary["consistent"] is True, summary  # every evaluator holds the final weights bit for bit
+    assert summary["consistent"] is True, str(summary)  # every evaluator holds the final weights bit for bit
     assert all(row["consistent"] is not False for row in rows), rows  # no iteration found a mismatch
     assert sum(summary["env_steps_by_evaluator"].values()) == summary["env_steps"]  # the evaluators' data
     assert {e["applied_version"] for e in summary["evaluators"].values()} == {summary["weight_version"]}

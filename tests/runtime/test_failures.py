@@ -86,7 +86,7 @@ def test_killed_evaluator_is_dropped_then_rejoins(tmp_path: Path, write_manifest
     assert code == 0, out
     assert "eval-0 exited with code -9; restarting it (1/3)" in out
     summary = json.loads(run.summary_path.read_text())
-    assert summary["consistent"] is True, summary  # the restarted evaluator caught up with the final version
+    assert summary["consistent"] is True, str(summary)  # the restarted evaluator caught up with the final version
     assert summary["evaluators"]["0"]["applied_version"] == summary["weight_version"]
     assert _pid(run, "eval-0") != victim
     # Killed mid-batch (it sends batches without pause): nothing partial was trained on, and once restarted it
@@ -127,6 +127,7 @@ def test_ctrl_c_checkpoints_and_stops_every_child(tmp_path: Path, write_manifest
     code, out = finish(proc, timeout=120)
     assert code == 130, out
     assert "interrupted" in out
+    assert run.summary_path.exists(), out
     summary = json.loads(run.summary_path.read_text())
     assert summary["stop_reason"] == "interrupted"
     assert run.newest_checkpoint() == run.checkpoint_path(summary["iterations"])

@@ -34,7 +34,7 @@ def test_appo_trains_on_every_batch_within_the_lag_and_records_its_distribution(
     code, out = finish(start_run(write_manifest(manifest), run.root))
     assert code == 0, out
     summary, rows = json.loads(run.summary_path.read_text()), read_jsonl(run.metrics_path)
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     assert summary["dropped"]["reasons"]["stale"] == 0 and summary["dropped_batches"] == 0, summary["dropped"]
     counts = summary["policy_lag_counts"]
     assert len(counts) == LAG + 1, counts

@@ -31,7 +31,7 @@ def test_on_policy_every_sample_comes_from_the_version_before_the_update(
     tmp_path: Path, write_manifest, run_helpers
 ) -> None:
     summary, rows, _ = _run(tmp_path, write_manifest, run_helpers, total_env_steps=6000)
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     # Every sample trained on came from the fleet, in whole batches, from several evaluators and into each rank
     # (an evaluator whose process starts late on a loaded machine may join after the 4,000 steps are done).
     by_evaluator = summary["env_steps_by_evaluator"]
@@ -62,7 +62,7 @@ def test_max_policy_lag_bounds_the_age_of_every_batch(tmp_path: Path, write_mani
         tmp_path, write_manifest, run_helpers, total_env_steps=4000,
         train={"maxPolicyLag": 2, "procsPerNode": 1}, eval={"replicas": 4},
     )  # fmt: skip
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     lags = [r["policy_lag_max"] for r in rows]
     assert all(lag is not None and lag <= 2 for lag in lags), lags
     assert summary["policy_lag_max"] <= 2
@@ -82,7 +82,7 @@ def test_with_lag_allowed_evaluators_collect_while_the_rank_learns_and_drop_noth
         tmp_path, write_manifest, run_helpers, total_env_steps=6000,
         train={"maxPolicyLag": 1, "procsPerNode": 1, "batchesPerUpdate": 2},
     )  # fmt: skip
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     assert summary["dropped"]["share"] <= 0.25, summary["dropped"]
     assert summary["policy_lag_max"] <= 1
     assert sum(summary["env_steps_by_evaluator"].values()) == summary["env_steps"]
@@ -104,7 +104,7 @@ def test_a_bfloat16_fleet_holds_the_trainers_weights_as_sent(tmp_path: Path, wri
     summary, rows, run = _run(
         tmp_path, write_manifest, run_helpers, total_env_steps=2000, weightSync={"dtype": "bfloat16"}
     )
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     assert summary["final_eval_version"] == summary["weight_version"]
     assert all(e["applied_version"] == summary["weight_version"] for e in summary["evaluators"].values())
     assert all(r["consistent"] is not False for r in rows)
@@ -124,7 +124,7 @@ def test_async_rollout_mode_trains_on_batches_of_concurrent_env_shards(
         tmp_path, write_manifest, run_helpers, total_env_steps=3000,
         policy={"rolloutMode": "async"}, eval={"rolloutWorkers": 2, "replicas": 1},
     )  # fmt: skip
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     assert summary["iterations"] >= 3 and len(rows) == summary["iterations"]
     by_evaluator = summary["env_steps_by_evaluator"]
     assert set(by_evaluator) == {"0"} and by_evaluator["0"] % BATCH_STEPS == 0, by_evaluator

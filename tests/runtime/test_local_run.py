@@ -23,7 +23,7 @@ def test_run_then_resume(tmp_path: Path, write_manifest, run_helpers) -> None:
     code, out = finish(start_run(write_manifest(tiny_manifest(total_env_steps=3000)), run.root))
     assert code == 0, out
     summary = json.loads(run.summary_path.read_text())
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     assert summary["weight_version"] > 0
     assert summary["stop_reason"] == "total_env_steps"
     assert summary["env_steps"] >= 3000
@@ -108,7 +108,7 @@ def test_evaluators_apply_weights_without_a_buffer(tmp_path: Path, write_manifes
     code, out = finish(start_run(write_manifest(manifest), run.root))
     assert code == 0, out
     summary = json.loads(run.summary_path.read_text())
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     assert summary["final_eval_version"] == summary["weight_version"]
     # each evaluator says it received its versions in place (`single` stages them, and reports 0)
     assert set(summary["evaluators"]) == {"0", "1"}

@@ -52,7 +52,7 @@ def test_a_mujoco_env_learns_and_evaluators_normalize_with_the_trainers_statisti
     assert summary["final_eval_return"] >= TARGET, summary
     # Every version an evaluator reported was checked bit for bit against what the trainer published: the
     # normalisation statistics are buffers of the network, so they are in that check.
-    assert summary["consistent"] is True, summary
+    assert summary["consistent"] is True, str(summary)
     rows = read_jsonl(run.metrics_path)
     assert rows and all(row["consistent"] is True for row in rows), [row["consistent"] for row in rows]
     state = torch.load(run.checkpoints()[-1], map_location="cpu", weights_only=False)
