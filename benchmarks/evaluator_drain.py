@@ -131,6 +131,9 @@ def run(latency_ms: float, warmup: int, seconds_after: float, drained: int) -> d
 
 
 def main() -> int:
+    """Run the drill (module docstring) and print its figures in one line (`--record`: appended to
+    docs/measurements.md); 0 when it ran to the end.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step-latency-ms", type=float, default=5.0, help="added latency per env step (ms)")
     parser.add_argument("--warmup", type=int, default=8, help="iterations before the drain")

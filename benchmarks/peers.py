@@ -216,6 +216,7 @@ def sb3_worker(config: dict[str, Any]) -> int:
     eval_env = Monitor(gymnasium.make(env_id, **kwargs))
 
     def linear(start: float) -> Any:
+        """SB3's linear schedule from `start` down to 0 over the run."""
         return lambda progress: progress * start  # SB3's progress_remaining goes from 1 to 0
 
     class Solve(BaseCallback):
@@ -332,6 +333,7 @@ def run_workloads(args: argparse.Namespace, cases: list[str]) -> int:
 
 
 def main() -> int:
+    """Run the chosen cases for every system and seed and print the table (module docstring); 0 once printed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="seeds per case and system (>= 5 for a recorded figure)")
     parser.add_argument("--cases", default="cartpole,slow", help="comma-separated: cartpole, slow")

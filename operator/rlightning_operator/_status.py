@@ -241,6 +241,7 @@ class Trainers:
 
     @property
     def job_status(self) -> Mapping[str, Any]:
+        """The trainer Job's `.status` (empty before the Job exists or has one)."""
         return (self.job or {}).get("status") or {}
 
 
