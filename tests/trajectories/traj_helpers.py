@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from tests._polling import wait_for
+
 HERE = Path(__file__).resolve().parent
 FEATURES = 16
 
@@ -72,7 +74,8 @@ class WorkerProcess:
     """`SENDER` or `INTAKE` in its own process; its JSON stdout lines are parsed on a reader thread."""
 
     def __init__(self, script: str, *args: str) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        path = [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]  # its neighbours, and `tests`
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / script), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -130,8 +133,6 @@ def fill_until_done(intake, senders: list[WorkerProcess], version: int, max_poli
 def pump_until(what: str, condition, sender, timeout: float) -> None:
     """Process `sender`'s acknowledgements and notices until `condition()` holds, at most `timeout` seconds
     (`tests._polling.wait_for`, which names `what` when it times out)."""
-    from tests._polling import wait_for  # here: the worker scripts import this module without the repository root
-
     def pumped() -> bool:
         if condition():
             return True
