@@ -1,4 +1,5 @@
-"""Fixtures of the runtime tests: tiny manifests on distinct ports, and `rlightning run` as a subprocess."""
+"""Fixtures of the runtime tests: tiny manifests on distinct ports, `rlightning run` as a subprocess, and an
+evaluator in this process."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from rlightning import weights
+from rlightning.config import parse_manifest
+from rlightning.runtime.eval import Evaluator
+from rlightning.runtime.settings import ProcessSettings
 from tests._ports import RUNTIME_RUNS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,3 +97,42 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
 def run_helpers() -> tuple:
     """(tiny_manifest, start_run, finish), for tests that drive `rlightning run`."""
     return tiny_manifest, start_run, finish
+
+
+InProcessEvaluator = Callable[..., tuple[Evaluator, weights.WeightSender, threading.Thread]]
+"""`evaluator_in_process(name, **spec_overrides)` -> (evaluator, sender, runner)."""
+
+
+@pytest.fixture
+def evaluator_in_process(tmp_path: Path) -> Iterator[InProcessEvaluator]:
+    """A factory of evaluators of the tiny manifest run in this process: `make(name, **spec_overrides)` returns the
+    `Evaluator` (ordinal 0, its readiness file `tmp_path / "ready"`), a real `WeightSender` on its weight-sync port and
+    the thread that runs it (not started). At teardown each is stopped as SIGTERM would, its sender closed, the
+    signal handlers the evaluators installed restored, and every runner must have ended.
+    """
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    made: list[tuple[Evaluator, weights.WeightSender, threading.Thread]] = []
+
+    def make(name: str, **spec_overrides: dict) -> tuple[Evaluator, weights.WeightSender, threading.Thread]:
+        spec = parse_manifest(tiny_manifest(name, **spec_overrides)).spec
+        settings = ProcessSettings(
+            group_name=name, namespace=None, spec_path=tmp_path / "unused.yaml", run_dir=tmp_path,
+            master_addr="127.0.0.1", weight_sync_port=spec.ports.weight_sync, metrics_port=0, report_status=False,
+            role="eval", health_file=tmp_path / "ready",
+        )  # fmt: skip
+        evaluator = Evaluator(spec, settings, ordinal=0)
+        sender = weights.WeightSender(spec.weight_sync, "127.0.0.1", spec.ports.weight_sync)
+        made.append((evaluator, sender, threading.Thread(target=evaluator.run, daemon=True)))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for evaluator, sender, runner in made:
+            evaluator.stop._handle(signal.SIGTERM, None)
+            if runner.ident is not None:
+                runner.join(30.0)
+            sender.close()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert not any(runner.is_alive() for _, _, runner in made)

@@ -9,17 +9,13 @@ real `WeightSender`; the digest of version 2 is held until the main thread has r
 
 from __future__ import annotations
 
-import signal
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 
 from rlightning import weights
-from rlightning.config import parse_manifest
 from rlightning.runtime.eval import Evaluator
-from rlightning.runtime.settings import ProcessSettings
 from tests._polling import wait_for
 
 
@@ -31,16 +27,9 @@ def _played(evaluator: Evaluator, version: int) -> int:
 
 @pytest.mark.timeout(120)
 def test_a_report_on_episodes_of_a_version_carries_that_versions_record(
-    tmp_path: Path, run_helpers, monkeypatch: pytest.MonkeyPatch
+    evaluator_in_process, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = parse_manifest(run_helpers[0]("reports")).spec
-    settings = ProcessSettings(
-        group_name="reports", namespace=None, spec_path=tmp_path / "unused.yaml", run_dir=tmp_path,
-        master_addr="127.0.0.1", weight_sync_port=spec.ports.weight_sync, metrics_port=0, report_status=False,
-        role="eval", health_file=tmp_path / "ready",
-    )  # fmt: skip
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    evaluator = Evaluator(spec, settings, ordinal=0)
+    evaluator, sender, runner = evaluator_in_process("reports")
     posted: list[tuple[int, float | None]] = []  # (record's version, episodes' return_version) of every post
     post = evaluator.receiver.report
 
@@ -58,29 +47,18 @@ def test_a_report_on_episodes_of_a_version_carries_that_versions_record(
         return digest(cls, version, state, digest_bytes, cast)
 
     monkeypatch.setattr(weights.WeightRecord, "of", classmethod(late_digest))
-    sender = weights.WeightSender(spec.weight_sync, "127.0.0.1", spec.ports.weight_sync)
-    runner = threading.Thread(target=evaluator.run, daemon=True)
-    try:
-        runner.start()
-        wait_for("the evaluator to register", lambda: 0 in sender.members, 30.0, interval=0.05)
-        state = {n: torch.full_like(t, 0.01) for n, t in weights.named_state(evaluator.policy).items()}
-        assert sender.publish(state).receivers_acked == [0]
-        assert sender.publish({n: t + 0.01 for n, t in state.items()}).receivers_acked == [0]
+    runner.start()
+    wait_for("the evaluator to register", lambda: 0 in sender.members, 30.0, interval=0.05)
+    state = {n: torch.full_like(t, 0.01) for n, t in weights.named_state(evaluator.policy).items()}
+    assert sender.publish(state).receivers_acked == [0]
+    assert sender.publish({n: t + 0.01 for n, t in state.items()}).receivers_acked == [0]
 
-        def reported_on_2() -> bool:
-            last = sender.reports().get(0)
-            return last is not None and last.metrics.get("return_version") == 2.0
+    def reported_on_2() -> bool:
+        last = sender.reports().get(0)
+        return last is not None and last.metrics.get("return_version") == 2.0
 
-        wait_for("a report on version 2", reported_on_2, 30.0, interval=0.05)
-        assert sender.reports()[0].applied.version == 2
-        assert posted, "nothing was posted"
-        # Positive control: the main thread did finish a report on version 2 while the digest was held.
-        assert _played(evaluator, 2) >= 3
-        assert all(rv is None or rv <= version for version, rv in posted), posted
-    finally:
-        evaluator.stop._handle(signal.SIGTERM, None)
-        runner.join(30.0)
-        sender.close()
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    assert not runner.is_alive()
+    wait_for("a report on version 2", reported_on_2, 30.0, interval=0.05)
+    assert sender.reports()[0].applied.version == 2
+    # Positive control: the main thread did finish a report on version 2 while the digest was held.
+    assert _played(evaluator, 2) >= 3
+    assert all(rv is None or rv <= version for version, rv in posted), posted
