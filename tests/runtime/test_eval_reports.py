@@ -15,14 +15,7 @@ import pytest
 import torch
 
 from rlightning import weights
-from rlightning.runtime.eval import Evaluator
 from tests._polling import wait_for
-
-
-def _played(evaluator: Evaluator, version: int) -> int:
-    """Evaluation episodes played entirely with `version` since it was applied."""
-    record = evaluator.record
-    return len(record.pure) if record.pure_version == version else 0
 
 
 @pytest.mark.timeout(120)
@@ -43,7 +36,8 @@ def test_a_report_on_episodes_of_a_version_carries_that_versions_record(
     def late_digest(cls, version: int, state, digest_bytes: bool = True, cast: str | None = None):
         if version == 2 and threading.current_thread().name == "weight-receiver":
             # Past the report after the second episode of version 2 (episodesPerReport 2): the third has begun.
-            wait_for("the main thread to report on version 2", lambda: _played(evaluator, 2) >= 3, 30.0, interval=0.01)
+            wait_for("the main thread to report on version 2", lambda: evaluator.record.complete(2, 3), 30.0,
+                     interval=0.01)
         return digest(cls, version, state, digest_bytes, cast)
 
     monkeypatch.setattr(weights.WeightRecord, "of", classmethod(late_digest))
@@ -60,5 +54,5 @@ def test_a_report_on_episodes_of_a_version_carries_that_versions_record(
     wait_for("a report on version 2", reported_on_2, 30.0, interval=0.05)
     assert sender.reports()[0].applied.version == 2
     # Positive control: the main thread did finish a report on version 2 while the digest was held.
-    assert _played(evaluator, 2) >= 3
+    assert evaluator.record.complete(2, 3)
     assert all(rv is None or rv <= version for version, rv in posted), posted
